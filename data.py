@@ -1,0 +1,127 @@
+"""Reading prepared datasets (format: prepare/common.py) into (x, y) training batches.
+
+Sampling is stateless: the global batch of iteration `it` is drawn from numpy's generator seeded
+with (seed, it), and DDP rank r takes its own slice of it. So the data position of a run is just its
+iteration number (resume is exact), and N ranks with gradient accumulation A/N see the same global
+batch as one process with accumulation A.
+"""
+
+import json
+import os
+
+import numpy as np
+import torch
+
+
+class Dataset:
+    """A prepared dataset folder: meta.json plus one memmapped .bin per split.
+
+    Raises FileNotFoundError naming the prepare command when the folder or a split is missing.
+    """
+
+    def __init__(self, data_dir, prepare_hint=None):
+        self.dir = data_dir
+        path = os.path.join(data_dir, "meta.json")
+        if not os.path.exists(path):
+            name = os.path.basename(os.path.normpath(data_dir))
+            hint = prepare_hint or f"python prepare/{name}.py --out_dir={data_dir}"
+            raise FileNotFoundError(f"no prepared dataset at {data_dir} (meta.json missing). Run: {hint}")
+        with open(path) as f:
+            self.meta = json.load(f)
+        self.layout, self.loss = self.meta["layout"], self.meta.get("loss", "all")
+        self.pad_id = self.meta.get("pad_id")
+        self.vocab_size = self.meta["vocab_size"]
+        self._arrays = {}
+
+    def has_split(self, split):
+        return split in self.meta["splits"]
+
+    def array(self, split):
+        """The split as a read-only np.memmap: 1-D (stream) or (n_rows, row_len) (rows)."""
+        if split not in self._arrays:
+            if not self.has_split(split):
+                raise KeyError(f"{self.dir} has no split {split!r}; it has {sorted(self.meta['splits'])}")
+            s = self.meta["splits"][split]
+            self._arrays[split] = np.memmap(os.path.join(self.dir, s["file"]), dtype=self.meta["dtype"],
+                                            mode="r", shape=tuple(s["shape"]))
+        return self._arrays[split]
+
+    def check_block_size(self, block_size):
+        """Raise ValueError if rows would not fit a block_size context (row_len - 1 inputs)."""
+        if self.layout == "rows":
+            row_len = self.meta["splits"][next(iter(self.meta["splits"]))]["shape"][1]
+            if row_len - 1 > block_size:
+                raise ValueError(f"{self.dir} has rows of {row_len} tokens: set block_size >= {row_len - 1}")
+
+    def _rows_to_xy(self, rows):
+        rows = torch.from_numpy(rows.astype(np.int64))
+        x, y = rows[:, :-1], rows[:, 1:].clone()
+        if self.pad_id is None:
+            return x.contiguous(), y
+        real = (rows != self.pad_id).sum(1)  # rows are right-padded
+        y[y == self.pad_id] = -1
+        if self.loss == "last":
+            last = real - 2  # index in y of the final real token
+            keep = torch.full_like(y, -1)
+            keep[torch.arange(len(y)), last] = y[torch.arange(len(y)), last]
+            y = keep
+        width = max(int(real.max()) - 1, 1)  # drop columns that are padding in every row
+        return x[:, :width].contiguous(), y[:, :width].contiguous()
+
+    def _windows_to_xy(self, arr, starts, block_size):
+        w = np.stack([arr[i:i + block_size + 1] for i in starts]).astype(np.int64)
+        w = torch.from_numpy(w)
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+    def random_batch(self, split, batch_size, block_size, rng):
+        """(x, y) int64 CPU tensors (batch_size, <= block_size) drawn with `rng` (np.random.Generator)."""
+        arr = self.array(split)
+        if self.layout == "rows":
+            return self._rows_to_xy(arr[np.sort(rng.integers(0, len(arr), batch_size))])
+        if len(arr) <= block_size + 1:
+            raise ValueError(f"split {split!r} has {len(arr)} tokens, fewer than block_size + 1 = {block_size + 1}")
+        return self._windows_to_xy(arr, rng.integers(0, len(arr) - block_size - 1, batch_size), block_size)
+
+    def train_batch(self, it, micro_step, seed, batch_size, block_size, grad_accum, rank=0, world_size=1):
+        """Micro-batch `micro_step` of rank `rank` at iteration `it` (stateless, see module docstring).
+
+        grad_accum is the per-rank number of micro-steps; the global batch holds
+        grad_accum * world_size * batch_size examples, identical for any world_size at a fixed product.
+        """
+        rng = np.random.default_rng([seed, it])
+        n_chunks = grad_accum * world_size
+        arr = self.array("train")
+        chunk = micro_step * world_size + rank
+        if self.layout == "rows":
+            idx = rng.integers(0, len(arr), n_chunks * batch_size).reshape(n_chunks, batch_size)[chunk]
+            return self._rows_to_xy(arr[np.sort(idx)])
+        starts = rng.integers(0, len(arr) - block_size - 1, n_chunks * batch_size).reshape(n_chunks, batch_size)
+        return self._windows_to_xy(arr, starts[chunk], block_size)
+
+    def fixed_batches(self, split, n_batches, batch_size, block_size, seed=0):
+        """The same n_batches random batches of `split` on every call (periodic evaluation)."""
+        rng = np.random.default_rng([seed, 7919])
+        return [self.random_batch(split, batch_size, block_size, rng) for _ in range(n_batches)]
+
+    def full_split_batches(self, split, batch_size, block_size, rank=0, world_size=1):
+        """Yield (x, y) covering the whole split once, rank r taking batches r, r + W, ...
+
+        rows: every row in order. stream: consecutive non-overlapping windows of block_size
+        predictions, so every token but the first is predicted exactly once.
+        """
+        arr = self.array(split)
+        if self.layout == "rows":
+            starts = range(0, len(arr), batch_size)
+            for b, s in enumerate(starts):
+                if b % world_size == rank:
+                    yield self._rows_to_xy(np.asarray(arr[s:s + batch_size]))
+            return
+        n_windows = (len(arr) - 1) // block_size
+        tail = (len(arr) - 1) - n_windows * block_size
+        starts = [i * block_size for i in range(n_windows)]
+        for b, s in enumerate(range(0, len(starts), batch_size)):
+            if b % world_size == rank:
+                yield self._windows_to_xy(arr, starts[s:s + batch_size], block_size)
+        if tail and rank == 0:  # the last < block_size predictions
+            w = torch.from_numpy(np.asarray(arr[-tail - 1:]).astype(np.int64))[None]
+            yield w[:, :-1].contiguous(), w[:, 1:].contiguous()

@@ -1,0 +1,303 @@
+"""A GPT with a switch between RoPE, PoPE and no positional encoding.
+
+GPT-2 (pre-norm blocks, GELU MLP, tied token embedding / lm_head) with the paper's one change:
+RMSNorm instead of LayerNorm. `pos_encoding` picks how attention sees positions:
+
+    'rope'  RoFormer rotary embedding on d/2 channel pairs, frequencies rope_theta^(-2(c-1)/d)
+    'pope'  Polar Coordinate Position Embedding (paper, Method section): d frequencies
+            rope_theta^(-(c-1)/d), magnitudes softplus(q), softplus(k), a learnable per-head phase
+            bias delta (n_head, head_dim) in radians kept in [-2*pi, 0]; see pope_kernel.py
+    'none'  no positional encoding (NoPE): causal masking is the only source of order
+
+Attention logits are scaled by 1/sqrt(head_dim) for every encoding (for PoPE, head_dim is d, not
+the 2d of its Cartesian form). Relative encodings have no maximum length: sequences longer than
+block_size are accepted, because evaluating beyond the training length is part of the point.
+"""
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pope_kernel import pope_attention, sdpa_attention
+
+POS_ENCODINGS = ("rope", "pope", "none")
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # training context in tokens
+    vocab_size: int = 50304  # GPT-2's 50257 rounded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0  # on embeddings and residual branches (not on attention probabilities)
+    bias: bool = False  # biases in Linear layers
+    pos_encoding: str = "pope"  # 'rope' | 'pope' | 'none'
+    rope_theta: float = 10000.0  # frequency base for both RoPE and PoPE
+    pope_delta_init: str = "uniform"  # 'zero' | 'uniform' (on [-2*pi, 0])
+    pope_magnitude: str = "softplus"  # 'softplus' (paper) | 'relu' | 'identity' (ablations, Table "PoPE ablations")
+    pope_delta: bool = True  # learnable phase bias on; False is the "no delta" ablation
+    attn_backend: str = "auto"  # pope_attention backend: 'auto' | 'triton' | 'torch'
+
+    def __post_init__(self):
+        if self.pos_encoding not in POS_ENCODINGS:
+            raise ValueError(f"pos_encoding must be one of {POS_ENCODINGS}, got {self.pos_encoding!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError("RoPE needs an even head_dim (n_embd // n_head)")
+        if self.pope_delta_init not in ("zero", "uniform"):
+            raise ValueError(f"pope_delta_init must be 'zero' or 'uniform', got {self.pope_delta_init!r}")
+        if self.pope_magnitude not in ("softplus", "relu", "identity"):
+            raise ValueError(f"pope_magnitude must be softplus, relu or identity, got {self.pope_magnitude!r}")
+
+
+def apply_rope(x, positions, theta=10000.0):
+    """Rotate channel pairs (c, c + d/2) of x (B, H, T, d) by positions * theta^(-2c/d) radians.
+
+    positions: (T,) absolute token positions. The angle and its cos/sin are computed in float32 even
+    under bf16 autocast (at 10k tokens the angle reaches 1e4 rad); the result has x's dtype.
+    """
+    d = x.shape[-1]
+    freqs = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        angle = positions.float()[:, None] * freqs.float()  # (T, d/2) radians
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        x1, x2 = x.float().chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.to(x.dtype)
+
+
+class KVCache:
+    """Per-layer key/value cache for incremental decoding, preallocated for max_len tokens.
+
+    RoPE caches rotated keys; PoPE and NoPE cache raw keys, since pope_attention applies the
+    magnitude and the key phase s*theta_c + delta_c itself (a key's phase depends only on its own
+    absolute position s, so caching before or after that step gives the same scores).
+    `pos` is the number of tokens already in the cache = the absolute position of the next token.
+    """
+
+    def __init__(self, n_layer, max_len):
+        self.n_layer, self.max_len, self.pos = n_layer, max_len, 0
+        self.k = [None] * n_layer
+        self.v = [None] * n_layer
+
+    def update(self, layer, k, v):
+        """Append k, v (B, H, T, d) at self.pos for `layer`; return all cached (B, H, pos + T, d)."""
+        B, H, T, d = k.shape
+        end = self.pos + T
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} tokens; cannot add {T} at position {self.pos}")
+        if self.k[layer] is None:
+            self.k[layer] = k.new_empty(B, H, self.max_len, d)
+            self.v[layer] = v.new_empty(B, H, self.max_len, v.shape[-1])
+        self.k[layer][:, :, self.pos:end] = k
+        self.v[layer][:, :, self.pos:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.config = config
+        if config.pos_encoding == "pope" and config.pope_delta:
+            delta = torch.zeros(config.n_head, self.head_dim)
+            if config.pope_delta_init == "uniform":
+                delta.uniform_(-2 * math.pi, 0.0)
+            self.pope_delta = nn.Parameter(delta)  # radians, kept in [-2*pi, 0] by GPT.clamp_pope_delta_
+        else:
+            self.pope_delta = None
+
+    def forward(self, x, kv_cache=None):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        pos0 = kv_cache.pos if kv_cache is not None else 0
+        cfg = self.config
+        if cfg.pos_encoding == "rope":
+            positions = torch.arange(pos0, pos0 + T, device=x.device)
+            q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, k, v)
+        if cfg.pos_encoding == "pope":
+            y = pope_attention(q, k, v, self.pope_delta, causal=True, theta=cfg.rope_theta, q_offset=pos0,
+                               magnitude=cfg.pope_magnitude, backend=cfg.attn_backend)
+        else:
+            y = sdpa_attention(q, k, v, causal=True, q_offset=pos0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.ln_1 = nn.RMSNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = nn.RMSNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None):
+        x = x + self.attn(self.ln_1(x), kv_cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=nn.RMSNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: scaled init of the residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def get_num_params(self):
+        """Number of parameters (the tied embedding counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _hidden(self, idx, kv_cache=None):
+        x = self.transformer.drop(self.transformer.wte(idx))
+        for block in self.transformer.h:
+            x = block(x, kv_cache)
+        if kv_cache is not None:
+            kv_cache.pos += idx.shape[1]
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx, targets=None, kv_cache=None):
+        """idx (B, T) int64 token ids -> (logits (B, T, vocab_size), loss or None).
+
+        targets (B, T) int64; positions whose target is -1 are ignored, so a dataset can put the loss
+        on the final token only. loss is the mean cross-entropy in nats over the other positions.
+        kv_cache: a KVCache; idx then continues the cached tokens (positions start at kv_cache.pos).
+        """
+        logits = self.lm_head(self._hidden(idx, kv_cache))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def clamp_pope_delta_(self):
+        """Project every PoPE phase bias delta back into [-2*pi, 0] radians, in place.
+
+        Called by train.py after each optimizer step (projected gradient descent). The forward pass
+        uses delta unclamped, so its gradient is never zeroed by a clamp: a delta that an update
+        pushes out of the box is put back on its edge and keeps learning from there.
+        """
+        for block in self.transformer.h:
+            if block.attn.pope_delta is not None:
+                block.attn.pope_delta.clamp_(-2 * math.pi, 0.0)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Continue idx (B, T) by max_new_tokens tokens with a KV cache; returns (B, T + max_new_tokens).
+
+        temperature 0 picks the argmax; top_k keeps the k most likely tokens. The prompt is run once,
+        then one token per step, each at absolute position kv_cache.pos.
+        """
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        cache = KVCache(self.config.n_layer, idx.shape[1] + max_new_tokens)
+        hidden = self._hidden(idx, cache)
+        for i in range(max_new_tokens):
+            logits = self.lm_head(hidden[:, -1, :]).float()
+            if temperature == 0:
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+            if i + 1 < max_new_tokens:
+                hidden = self._hidden(idx_next, cache)
+        return idx
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW with weight decay on matrices only: no decay on the PoPE phase biases delta (which
+        are 2-D but angles), the RMSNorm gains and biases. Fused AdamW on CUDA."""
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            (decay if p.dim() >= 2 and not name.endswith("pope_delta") else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward) at context seq_len: 6N + attention.
+
+        Attention costs 6 * n_layer * n_head * seq_len * (d_qk + d_v) per token, PaLM-style (no
+        causal halving): d_qk = d_v = head_dim for RoPE/NoPE, d_qk = 2 * head_dim for PoPE's
+        Cartesian scores. At 6 layers, 384 wide, T=1024 this gives PoPE/RoPE = 1.15 (paper).
+        """
+        cfg = self.config
+        hd = cfg.n_embd // cfg.n_head
+        d_qk = 2 * hd if cfg.pos_encoding == "pope" else hd
+        return 6 * self.get_num_params() + 6 * cfg.n_layer * cfg.n_head * seq_len * (d_qk + hd)
+
+    def estimate_mfu(self, tokens_per_iter, seq_len, dt, peak_flops):
+        """Model FLOPs utilisation: achieved FLOP/s over peak_flops (FLOP/s of the device for the
+        training dtype, see device_peak_flops). dt is seconds per iteration. None if peak unknown."""
+        if not peak_flops:
+            return None
+        return self.flops_per_token(seq_len) * tokens_per_iter / dt / peak_flops
+
+
+# Dense (no sparsity) tensor-core peak FLOP/s per device for bf16/fp16, from the vendors' datasheets.
+PEAK_FLOPS = {
+    "H200": 989e12, "H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 756e12,
+    "GH200": 989e12, "B200": 2250e12, "A100": 312e12, "A800": 312e12, "A10G": 70e12, "A10": 125e12,
+    "L40S": 362e12, "L4": 121e12, "V100": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "A6000": 155e12,
+}
+
+
+def device_peak_flops(device, dtype):
+    """Peak FLOP/s of `device` ('cuda', 'cuda:1', 'cpu', ...) for training in `dtype`, or None.
+
+    Looks the CUDA device name up in PEAK_FLOPS (bf16/fp16 figures; fp32 training uses 1/2 of that
+    as a TF32 estimate). CPUs and unknown GPUs return None, so MFU is reported as unknown rather
+    than against a wrong figure; set train.py's peak_flops to override.
+    """
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    for key, flops in PEAK_FLOPS.items():  # longest keys first where names overlap (H100 SXM before H100)
+        if key in name:
+            return flops / 2 if dtype == "float32" else flops
+    return None

@@ -1,0 +1,172 @@
+"""The on-disk dataset format shared by every prepare script, and its atomic writers.
+
+A prepared dataset is a folder holding one raw binary per split plus `meta.json`:
+
+    data/<name>/train.bin, val.bin, test.bin   token ids, C order, dtype from meta.json
+    data/<name>/meta.json                      written last: its presence means the folder is complete
+
+meta.json keys (format 1):
+    format       1
+    dataset      name of the prepare script
+    vocab_size   number of token ids the model needs (ids lie in [0, vocab_size))
+    dtype        numpy dtype of the .bin files ('uint8', 'uint16' or 'int32')
+    layout       'stream': each split is one 1-D token stream; training takes random crops
+                 'rows':   each split is a 2-D (n_rows, row_len) array of whole examples, padded
+                           on the right with pad_id; training samples whole rows
+    splits       {split: {"file": "train.bin", "shape": [...], "tokens": n_real_tokens}}
+    pad_id       id that fills rows past their end (rows layout), else null
+    loss         'all': predict every next real token; 'last': only each row's final token
+    tokenizer    {"kind": "char" | "gpt2" | ..., plus what decoding needs, e.g. "itos"}
+Prepare scripts may add keys (bos_id, eos_id, documents, notes, ...); readers ignore unknown keys.
+
+Everything is written to a temporary file in the same folder and renamed into place, so a crash
+leaves either the previous complete dataset or no meta.json, never a half-written one that looks
+complete.
+"""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+
+FORMAT = 1
+
+
+def _fsync_replace(tmp, path):
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_bytes(path, data):
+    """Write bytes to `path` via a temporary file in the same folder and os.replace."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        _fsync_replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def atomic_write_json(path, obj):
+    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+class BinWriter:
+    """Streams token arrays into `path` atomically: chunks go to a temporary file that is renamed
+    to `path` only when the `with` block exits without error. Use for splits too large for RAM.
+
+        with BinWriter("data/owt/train.bin", np.uint16) as w:
+            for ids in chunks:
+                w.write(ids)
+        w.count  # tokens written
+    """
+
+    def __init__(self, path, dtype):
+        self.path, self.dtype, self.count = path, np.dtype(dtype), 0
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+        self.f = os.fdopen(fd, "wb")
+
+    def write(self, ids):
+        arr = np.asarray(ids)
+        info = np.iinfo(self.dtype)
+        if arr.size and (arr.min() < info.min or arr.max() > info.max):
+            raise ValueError(f"token ids outside {self.dtype} range [{info.min}, {info.max}] while writing {self.path}")
+        arr.astype(self.dtype, copy=False).tofile(self.f)
+        self.count += arr.size
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.f.close()
+        if exc_type is None:
+            _fsync_replace(self.tmp, self.path)
+        elif os.path.exists(self.tmp):
+            os.remove(self.tmp)
+        return False
+
+
+def smallest_dtype(vocab_size):
+    """uint8, uint16 or int32: the narrowest dtype that holds ids 0..vocab_size-1."""
+    for dt in (np.uint8, np.uint16):
+        if vocab_size - 1 <= np.iinfo(dt).max:
+            return np.dtype(dt).name
+    return "int32"
+
+
+def write_meta(out_dir, meta):
+    """Validate `meta` against the .bin files already in out_dir and write meta.json last, atomically.
+    Raises ValueError if a split file is missing or its size disagrees with its declared shape."""
+    meta = {"format": FORMAT, **meta}
+    for key in ("dataset", "vocab_size", "dtype", "layout", "splits", "loss", "tokenizer"):
+        if key not in meta:
+            raise ValueError(f"meta.json needs key {key!r}")
+    _check_files(out_dir, meta)
+    atomic_write_json(os.path.join(out_dir, "meta.json"), meta)
+    return meta
+
+
+def write_rows_dataset(out_dir, splits, **meta):
+    """Write in-memory 2-D splits {name: (n_rows, row_len) int array} plus meta.json (rows layout).
+    `meta` must give dataset, vocab_size, pad_id, loss, tokenizer; dtype is chosen from vocab_size."""
+    dtype = meta.pop("dtype", None) or smallest_dtype(meta["vocab_size"])
+    entries = {}
+    for name, arr in splits.items():
+        arr = np.asarray(arr)
+        if arr.ndim != 2:
+            raise ValueError(f"split {name!r} must be 2-D (n_rows, row_len), got shape {arr.shape}")
+        with BinWriter(os.path.join(out_dir, f"{name}.bin"), dtype) as w:
+            w.write(arr)
+        real = int((arr != meta["pad_id"]).sum()) if meta.get("pad_id") is not None else int(arr.size)
+        entries[name] = {"file": f"{name}.bin", "shape": list(arr.shape), "tokens": real}
+    return write_meta(out_dir, {**meta, "dtype": dtype, "layout": "rows", "splits": entries})
+
+
+def _check_files(out_dir, meta):
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for name, s in meta["splits"].items():
+        path = os.path.join(out_dir, s["file"])
+        if not os.path.exists(path):
+            raise ValueError(f"split {name!r}: {path} is missing")
+        want = int(np.prod(s["shape"])) * itemsize
+        if os.path.getsize(path) != want:
+            raise ValueError(f"split {name!r}: {path} has {os.path.getsize(path)} bytes, meta says {want}")
+
+
+def is_complete(out_dir, splits=("train", "val", "test")):
+    """True if out_dir holds a meta.json whose split files all exist with the declared sizes.
+    Prepare scripts call this first and skip their work when it returns True (idempotence)."""
+    path = os.path.join(out_dir, "meta.json")
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        if any(s not in meta["splits"] for s in splits):
+            return False
+        _check_files(out_dir, meta)
+    except (ValueError, KeyError, json.JSONDecodeError):
+        return False
+    return True
+
+
+def summarize(out_dir):
+    """One line per split (tokens, shape, bytes) plus vocab size, printed at the end of a prepare run."""
+    with open(os.path.join(out_dir, "meta.json")) as f:
+        meta = json.load(f)
+    lines = [f"{meta['dataset']}: vocab_size {meta['vocab_size']}, dtype {meta['dtype']}, layout {meta['layout']}"]
+    for name, s in meta["splits"].items():
+        nbytes = os.path.getsize(os.path.join(out_dir, s["file"]))
+        lines.append(f"  {name:>5}: {s['tokens']:>14,} tokens  shape {s['shape']}  {nbytes / 1e6:,.1f} MB")
+    text = "\n".join(lines)
+    print(text)
+    return text

@@ -1,0 +1,355 @@
+"""Train a GPT with RoPE or PoPE. One process or DDP:
+
+    python train.py                                   # CPU-sized PoPE on indirect indexing
+    python train.py config/train_owt_pope.py          # a paper run
+    torchrun --standalone --nproc_per_node=8 train.py config/train_owt_pope.py
+    python train.py config/train_jsb_pope.py --eval_only=True --init_from=resume
+
+The defaults below are overridden by a config file, then by --key=value (see configurator.py).
+Checkpoints: out_dir/ckpt.pt (latest, for init_from='resume') and out_dir/best.pt (best val loss,
+for evaluation and sampling), both written atomically. Logs: out_dir/log.jsonl, one line per
+log/eval step. Final metrics of best.pt on the full val and test splits: out_dir/metrics.json.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from configurator import configure
+from data import Dataset
+from model import GPT, GPTConfig, device_peak_flops
+
+# -----------------------------------------------------------------------------
+# defaults: a PoPE model on the paper's indirect-indexing task sized for a 2-core CPU (~12 min)
+# I/O
+out_dir = "out-indirect"
+eval_interval = 500  # iterations between evaluations and checkpoints
+log_interval = 50
+eval_iters = 20  # fixed validation batches per periodic evaluation
+eval_only = False  # evaluate the checkpoint (init_from='resume') and exit
+init_from = "scratch"  # 'scratch' | 'resume'
+seed = 1337
+wandb_log = False
+wandb_project = "pope"
+wandb_run_name = "run"
+# data
+dataset = "indirect_indexing"  # folder under data_root, made by prepare/<dataset>.py
+data_root = "data"
+batch_size = 64  # micro-batch per process
+gradient_accumulation_steps = 1  # global: divided by the number of DDP processes
+block_size = 64
+# model
+n_layer = 4
+n_head = 4
+n_embd = 128
+dropout = 0.0
+bias = False
+pos_encoding = "pope"  # 'rope' | 'pope' | 'none'
+rope_theta = 10000.0
+pope_delta_init = "uniform"  # 'zero' | 'uniform'
+pope_magnitude = "softplus"  # 'softplus' | 'relu' | 'identity'
+pope_delta = True
+attn_backend = "auto"  # PoPE attention: 'auto' (Triton on CUDA) | 'triton' | 'torch'
+# AdamW with linear warmup then cosine decay to min_lr
+learning_rate = 1e-3
+max_iters = 6000
+weight_decay = 0.01
+beta1 = 0.9
+beta2 = 0.99
+grad_clip = 1.0  # 0 disables
+decay_lr = True
+warmup_iters = 200
+lr_decay_iters = None  # None: max_iters
+min_lr = 1e-4
+# system
+device = "auto"  # 'auto' | 'cpu' | 'cuda' | 'cuda:1' ...
+dtype = "auto"  # 'auto' (bf16 on CUDA if supported, else fp16; fp32 on CPU) | 'float32' | 'bfloat16' | 'float16'
+compile = None  # torch.compile; None: on for CUDA, off for CPU
+peak_flops = 0.0  # device peak FLOP/s for MFU; 0: look it up (model.device_peak_flops)
+# -----------------------------------------------------------------------------
+DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+AUTO_PREPARE = {"indirect_indexing"}  # datasets cheap enough to build on the fly (no download)
+
+
+def main(argv):
+    cfg = configure(DEFAULTS, argv)
+    globals().update(cfg)
+    t_start = time.time()
+
+    # --- processes, device, precision
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if ddp:
+        dist.init_process_group(backend="nccl" if dev.startswith("cuda") else "gloo")
+        rank, local_rank, world_size = dist.get_rank(), int(os.environ["LOCAL_RANK"]), dist.get_world_size()
+        if dev.startswith("cuda"):
+            dev = f"cuda:{local_rank}"
+            torch.cuda.set_device(dev)
+    else:
+        rank, world_size = 0, 1
+    master = rank == 0
+    if gradient_accumulation_steps % world_size:
+        _exit(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the "
+              f"{world_size} processes (it is the global number of micro-batches per step)")
+    grad_accum = gradient_accumulation_steps // world_size
+    device_type = "cuda" if dev.startswith("cuda") else "cpu"
+    ptdtype_name = dtype
+    if dtype == "auto":
+        ptdtype_name = "float32" if device_type == "cpu" else (
+            "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
+    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[ptdtype_name]
+    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+    torch.manual_seed(seed + rank)
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    use_compile = (device_type == "cuda") if compile is None else compile
+
+    # --- data
+    data_dir = os.path.join(data_root, dataset)
+    if dataset in AUTO_PREPARE and not os.path.exists(os.path.join(data_dir, "meta.json")):
+        if master:
+            from prepare.indirect_indexing import prepare
+            print(f"preparing {dataset} into {data_dir} (first run only)")
+            prepare(data_dir)
+        if ddp:
+            dist.barrier()
+    try:
+        data = Dataset(data_dir)
+        data.check_block_size(block_size)
+    except (FileNotFoundError, ValueError) as e:
+        _exit(str(e))
+    if master:
+        os.makedirs(out_dir, exist_ok=True)
+        print(f"{world_size} process(es) on {dev} in {ptdtype_name}; global batch "
+              f"{gradient_accumulation_steps * batch_size} sequences of <= {block_size} tokens per step")
+
+    # --- model and optimizer
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    iter_num, best_val_loss, checkpoint = 0, float("inf"), None
+    model_args = dict(block_size=block_size, vocab_size=_round_vocab(data.vocab_size), n_layer=n_layer, n_head=n_head,
+                      n_embd=n_embd, dropout=dropout, bias=bias, pos_encoding=pos_encoding, rope_theta=rope_theta,
+                      pope_delta_init=pope_delta_init, pope_magnitude=pope_magnitude, pope_delta=pope_delta,
+                      attn_backend=attn_backend)
+    if init_from == "resume":
+        if not os.path.exists(ckpt_path):
+            _exit(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
+        checkpoint = torch.load(ckpt_path, map_location=dev, weights_only=True)
+        model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
+        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+    elif init_from != "scratch":
+        _exit(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+    try:
+        gptconf = GPTConfig(**model_args)
+    except ValueError as e:
+        _exit(str(e))
+    model = GPT(gptconf)
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
+    model.to(dev)
+    raw_model = model
+    scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
+    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+    if checkpoint is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scaler.load_state_dict(checkpoint["scaler"])
+        _restore_rng(checkpoint["rng"], rank, world_size, device_type)
+    checkpoint = None
+    if use_compile:
+        model = torch.compile(model)
+    if ddp:
+        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+    if master:
+        print(f"{pos_encoding} GPT: {raw_model.get_num_params() / 1e6:.2f}M parameters, "
+              f"{n_layer} layers x {n_head} heads x {n_embd} wide")
+    peak = peak_flops or device_peak_flops(dev, ptdtype_name)
+
+    def to_dev(x, y):
+        if device_type == "cuda":
+            return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
+        return x.to(dev), y.to(dev)
+
+    @torch.no_grad()
+    def evaluate(batches):
+        """Token-weighted mean loss (nats), perplexity and accuracy over the targets != -1 of
+        `batches` (already sharded by rank), summed across processes."""
+        raw_model.eval()
+        tot = torch.zeros(3, dtype=torch.float64, device=dev)  # loss sum, correct, count
+        for x, y in batches:
+            x, y = to_dev(x, y)
+            with ctx:
+                logits, _ = raw_model(x)
+            mask = y != -1
+            logits, y = logits[mask].float(), y[mask]
+            tot += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
+                                (logits.argmax(-1) == y).sum().double(), mask.sum().double()])
+        if ddp:
+            dist.all_reduce(tot)
+        raw_model.train()
+        loss = (tot[0] / tot[2]).item()
+        return {"loss": loss, "ppl": math.exp(min(loss, 700)), "acc": (tot[1] / tot[2]).item(), "targets": int(tot[2])}
+
+    val_batches = data.fixed_batches("val", eval_iters, batch_size, block_size, seed)[rank::world_size]
+
+    def save(path, state):
+        tmp = path + ".tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def log(row):
+        with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if wandb_log:
+            wandb.log(row, step=row["iter"])
+
+    if wandb_log and master and not eval_only:
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name, config=cfg)
+
+    # --- training loop: eval/checkpoint at the top of iteration iter_num (= steps done so far)
+    decay_iters = lr_decay_iters or max_iters
+    t0, loss_acc, tokens_seen = time.time(), torch.zeros((), device=dev), 0
+    while not eval_only:
+        if iter_num % eval_interval == 0 or iter_num == max_iters:
+            val = evaluate(val_batches)
+            if not math.isfinite(val["loss"]):
+                _exit(f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
+                      f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
+            rng = _gather_rng(ddp, world_size, device_type)
+            if master:
+                print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
+                log({"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
+                if iter_num > 0:
+                    state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
+                             "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]),
+                             "rng": rng, "data_position": {"seed": seed, "iter_num": iter_num}}
+                    if val["loss"] < best_val_loss:
+                        save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in ("model", "model_args", "config", "iter_num", "best_val_loss")})
+                    save(ckpt_path, state)
+            best_val_loss = min(best_val_loss, val["loss"])
+        if iter_num >= max_iters:
+            break
+
+        lr = _lr(iter_num, decay_iters) if decay_lr else learning_rate
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        for micro_step in range(grad_accum):
+            x, y = to_dev(*data.train_batch(iter_num, micro_step, seed, batch_size, block_size, grad_accum, rank, world_size))
+            if ddp:  # all-reduce gradients only on the last micro-step
+                model.require_backward_grad_sync = micro_step == grad_accum - 1
+            with ctx:
+                _, loss = model(x, y)
+            loss_acc += loss.detach()
+            tokens_seen += x.numel() * world_size
+            scaler.scale(loss / grad_accum).backward()
+        if grad_clip:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        raw_model.clamp_pope_delta_()
+        iter_num += 1
+
+        if iter_num % log_interval == 0:
+            if ddp:
+                dist.all_reduce(loss_acc)
+            lossf = loss_acc.item() / (grad_accum * world_size * log_interval)
+            loss_acc.zero_()
+            if not math.isfinite(lossf):
+                _exit(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
+                      f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
+            dt = (time.time() - t0) / log_interval
+            tok_per_iter, seq_len = tokens_seen / log_interval, tokens_seen / (log_interval * gradient_accumulation_steps * batch_size)
+            t0, tokens_seen = time.time(), 0
+            if master:
+                mfu = raw_model.estimate_mfu(tok_per_iter, seq_len, dt, peak)
+                mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
+                print(f"iter {iter_num}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
+                      f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}")
+                log({"iter": iter_num, "loss": lossf, "lr": lr, "ms_per_iter": 1000 * dt,
+                     "tokens_per_s": tok_per_iter / dt, "mfu": mfu})
+
+    # --- final evaluation of the best checkpoint on the full val and test splits
+    best_path = os.path.join(out_dir, "best.pt")
+    if os.path.exists(best_path):
+        raw_model.load_state_dict(torch.load(best_path, map_location=dev, weights_only=True)["model"])
+    elif master:
+        print(f"warning: {best_path} not found; evaluating the current weights")
+    metrics = {"dataset": dataset, "pos_encoding": pos_encoding, "iter_num": iter_num,
+               "best_val_loss_fixed_batches": best_val_loss, "checkpoint": best_path,
+               "wall_time_s": round(time.time() - t_start, 1)}
+    for split in ("val", "test"):
+        if data.has_split(split):
+            metrics[split] = evaluate(data.full_split_batches(split, batch_size, block_size, rank, world_size))
+    if master:
+        _atomic_json(os.path.join(out_dir, "metrics.json"), metrics)
+        for split in ("val", "test"):
+            if split in metrics:
+                m = metrics[split]
+                print(f"{split}: loss {m['loss']:.4f} nats, ppl {m['ppl']:.3f}, accuracy {100 * m['acc']:.2f}% "
+                      f"over {m['targets']:,} targets")
+        print(f"checkpoint: {best_path}\nmetrics: {os.path.join(out_dir, 'metrics.json')}")
+    if ddp:
+        dist.destroy_process_group()
+    return metrics
+
+
+def _lr(it, decay_iters):
+    """Linear warmup over warmup_iters, then cosine decay from learning_rate to min_lr at decay_iters."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it >= decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+def _round_vocab(n, multiple=64):
+    return ((n + multiple - 1) // multiple) * multiple
+
+
+def _gather_rng(ddp, world_size, device_type):
+    """Every process's torch RNG states (dropout), gathered so a resumed run continues them exactly."""
+    state = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
+    if not ddp:
+        return [state]
+    states = [None] * world_size
+    dist.all_gather_object(states, state)
+    return states
+
+
+def _restore_rng(states, rank, world_size, device_type):
+    if len(states) != world_size:
+        print(f"warning: checkpoint has RNG states of {len(states)} processes, this run has {world_size}; "
+              "dropout masks will differ from an uninterrupted run")
+        return
+    torch.set_rng_state(states[rank]["torch"].cpu())
+    if device_type == "cuda" and states[rank]["cuda"] is not None:
+        torch.cuda.set_rng_state(states[rank]["cuda"].cpu())
+
+
+def _atomic_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _exit(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
