@@ -282,6 +282,8 @@ def main(argv):
 
     # --- final evaluation of the best checkpoint on the full val and test splits
     best_path = os.path.join(out_dir, "best.pt")
+    if ddp:
+        dist.barrier()  # rank 0 may still be writing best.pt
     if os.path.exists(best_path):
         raw_model.load_state_dict(torch.load(best_path, map_location=dev, weights_only=True)["model"])
     elif master:

@@ -1,0 +1,17 @@
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+
+@pytest.fixture(scope="session")
+def tiny_indirect(tmp_path_factory):
+    """A small indirect-indexing dataset (2,000 / 200 / 200 examples) in a session temp dir."""
+    from prepare.indirect_indexing import prepare
+    root = tmp_path_factory.mktemp("data")
+    prepare(str(root / "indirect_indexing"), n_train=2000, n_val=200, n_test=200, seed=0)
+    return str(root)

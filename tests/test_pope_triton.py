@@ -1,0 +1,191 @@
+"""Fused Triton PoPE kernel (pope_kernel.pope_attention_triton) against the float64 polar reference.
+
+Without CUDA the kernel runs in the Triton interpreter on CPU tensors: TRITON_INTERPRET=1 is set
+below before triton or pope_kernel is imported by this module. pope_kernel reads the flag at call
+time, so this also works when another test module imported triton / pope_kernel first (checked in a
+subprocess by test_interpreter_flag_set_after_triton_import). With CUDA the same tests run on the GPU
+with the compiled kernels, plus the bf16 test. Keep shapes small: the interpreter is slow.
+"""
+import os
+
+import torch  # importing torch does not import triton
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import pope_kernel as pk  # noqa: E402
+
+pytestmark = pytest.mark.skipif(pk.triton is None, reason="triton is not importable")
+DEV = "cuda" if CUDA else "cpu"
+
+# (name, B, H, Tq, Tk, d, dv, causal, q_offset, magnitude, with_delta)
+CASES = [
+    ("causal_T37_softplus", 2, 2, 37, 37, 16, 16, True, 0, "softplus", True),
+    ("bottom_right_chunk", 1, 2, 19, 53, 16, 16, True, 34, "softplus", True),
+    ("offset_keys_unseen", 1, 2, 21, 50, 16, 16, True, 5, "relu", True),
+    ("decode_one_token", 2, 2, 1, 29, 16, 16, True, 28, "softplus", True),
+    ("noncausal_d64_relu", 1, 1, 33, 33, 64, 64, False, 0, "relu", True),
+    ("noncausal_identity_nodelta", 1, 2, 30, 45, 16, 16, False, 7, "identity", False),
+    ("causal_d64_identity", 1, 2, 40, 40, 64, 64, True, 0, "identity", True),
+    ("causal_dv32_nodelta", 1, 2, 24, 24, 16, 32, True, 0, "softplus", False),
+]
+# max |kernel - reference| <= TOL * max(1, max |reference|), per output / gradient
+TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 8e-2}
+
+
+def _inputs(B, H, Tq, Tk, d, dv, with_delta, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Tq, d, generator=g)
+    k = torch.randn(B, H, Tk, d, generator=g)
+    v = torch.randn(B, H, Tk, dv, generator=g)
+    delta = -2 * torch.pi * torch.rand(H, d, generator=g) if with_delta else None
+    q, k, v = (t.to(DEV, dtype).requires_grad_() for t in (q, k, v))
+    if delta is not None:
+        delta = delta.to(DEV).requires_grad_()
+    return q, k, v, delta
+
+
+def _check_against_reference(B, H, Tq, Tk, d, dv, causal, q_offset, magnitude, with_delta, dtype):
+    q, k, v, delta = _inputs(B, H, Tq, Tk, d, dv, with_delta, dtype)
+    kw = dict(causal=causal, q_offset=q_offset, magnitude=magnitude)
+    out = pk.pope_attention(q, k, v, delta, backend="triton", **kw)
+    assert out.shape == (B, H, Tq, dv) and out.dtype == dtype
+    leaves = [t for t in (q, k, v, delta) if t is not None]
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    rq, rk, rv = ref_leaves[:3]
+    rdelta = ref_leaves[3] if delta is not None else None
+    ref = pk.pope_attention_reference(rq, rk, rv, rdelta, **kw)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEV)
+    grads = torch.autograd.grad(out, leaves, grad.to(dtype))
+    ref_grads = torch.autograd.grad(ref, ref_leaves, grad.double())
+    errors = {}
+    for name, got, want in zip(("out", "dq", "dk", "dv", "ddelta"), (out, *grads), (ref, *ref_grads)):
+        assert got.shape == want.shape, name
+        assert torch.isfinite(got).all(), name
+        err = (got.double() - want).abs().max().item()
+        errors[name] = err
+        assert err <= TOL[dtype] * max(1.0, want.abs().max().item()), (name, err, errors)
+    return errors
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_fp32_forward_and_grads_match_reference(case):
+    _check_against_reference(*case[1:], dtype=torch.float32)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[4]], ids=[CASES[1][0], CASES[4][0]])
+def test_fp16_forward_and_grads_match_reference(case):
+    _check_against_reference(*case[1:], dtype=torch.float16)
+
+
+@pytest.mark.skipif(not CUDA, reason="bf16 only on CUDA: the Triton interpreter's bf16 tl.dot is wrong "
+                                     "(triton-lang/triton issue 11584)")
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bf16_cuda_forward_and_grads_match_reference(case):
+    _check_against_reference(*case[1:], dtype=torch.bfloat16)
+
+
+def test_other_block_sizes(monkeypatch):
+    """Tile sizes the other way round (BLOCK_M < BLOCK_N in forward / dq, > in dkdv)."""
+    if CUDA:
+        pytest.skip("interpreter block sizes only; CUDA uses the autotuned ones")
+    monkeypatch.setitem(pk._INTERPRET_BLOCKS, "fwd", (16, 32))
+    monkeypatch.setitem(pk._INTERPRET_BLOCKS, "dq", (16, 32))
+    monkeypatch.setitem(pk._INTERPRET_BLOCKS, "dkdv", (32, 16))
+    _check_against_reference(1, 2, 29, 61, 16, 16, True, 32, "softplus", True, dtype=torch.float32)
+
+
+def test_auto_backend_on_cpu_uses_torch(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("backend='auto' must not use the Triton kernel for CPU tensors")
+    monkeypatch.setattr(pk, "pope_attention_triton", fail)
+    q, k, v, delta = (t.detach().cpu() for t in _inputs(1, 2, 9, 9, 16, 16, True, torch.float32))
+    out = pk.pope_attention(q, k, v, delta)  # default backend is 'auto'
+    torch.testing.assert_close(out, pk.pope_attention(q, k, v, delta, backend="torch"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("d", [8, 24, 256])
+def test_unsupported_head_dim_raises(d):
+    q, k, v, _ = _inputs(1, 1, 4, 4, d, d, False, torch.float32)
+    with pytest.raises(ValueError, match="head dims"):
+        pk.pope_attention(q, k, v, backend="triton")
+
+
+def test_float64_raises():
+    q, k, v, _ = _inputs(1, 1, 4, 4, 16, 16, False, torch.float64)
+    with pytest.raises(ValueError, match="float16, bfloat16 and float32"):
+        pk.pope_attention(q, k, v, backend="triton")
+
+
+def test_triton_on_cpu_without_interpreter_raises(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = (t.detach().cpu() for t in _inputs(1, 1, 4, 4, 16, 16, False, torch.float32)[:3])
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        pk.pope_attention(q, k, v, backend="triton")
+
+
+def test_bad_backend_raises():
+    q, k, v = (t.detach().cpu() for t in _inputs(1, 1, 4, 4, 16, 16, False, torch.float32)[:3])
+    with pytest.raises(ValueError, match="backend"):
+        pk.pope_attention(q, k, v, backend="cuda")
+
+
+def test_torch_compile_keeps_custom_op_in_graph():
+    """fullgraph=True fails on a graph break, so the custom op (with its fake kernel) must trace."""
+    q, k, v, delta = _inputs(1, 2, 20, 20, 16, 16, True, torch.float32)
+
+    def f(q, k, v, delta):
+        return pk.pope_attention(q, k, v, delta, backend="triton", q_offset=0).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    got = compiled(q, k, v, delta)
+    got.backward()
+    grads = [t.grad.clone() for t in (q, k, v, delta)]
+    for t in (q, k, v, delta):
+        t.grad = None
+    want = f(q, k, v, delta)
+    want.backward()
+    torch.testing.assert_close(got, want)
+    for a, t in zip(grads, (q, k, v, delta)):
+        torch.testing.assert_close(a, t.grad)
+
+
+def test_opcheck():
+    q, k, v, delta = _inputs(1, 1, 12, 12, 16, 16, True, torch.float32)
+    torch.library.opcheck(torch.ops.pope.attention_fwd.default,
+                          (q, k, v, delta, True, 10000.0, 0.25, 0, "softplus"))
+    torch.library.opcheck(torch.ops.pope.attention_fwd.default,
+                          (q, k, v, None, False, 500.0, 0.25, 3, "relu"))
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU interpreter path")
+def test_interpreter_flag_set_after_triton_import():
+    """Another test module may import triton and pope_kernel before TRITON_INTERPRET=1 is set."""
+    code = (
+        "import os, sys\n"
+        "os.environ.pop('TRITON_INTERPRET', None)\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "import torch, triton, triton.language, pope_kernel as pk\n"
+        "os.environ['TRITON_INTERPRET'] = '1'\n"
+        "torch.manual_seed(0)\n"
+        "q, k, v = (torch.randn(1, 1, 20, 16, requires_grad=True) for _ in range(3))\n"
+        "out = pk.pope_attention(q, k, v, backend='triton')\n"
+        "ref = pk.pope_attention_reference(q, k, v)\n"
+        "out.sum().backward()\n"
+        "assert (out.double() - ref).abs().max() < 1e-5, 'forward mismatch'\n"
+        "assert torch.isfinite(q.grad).all()\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]

@@ -1,0 +1,142 @@
+"""train.py end to end on tiny data: config errors, resume, DDP, learning, divergence."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from prepare.common import BinWriter, write_meta
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=1",
+        "--warmup_iters=2", "--attn_backend=torch", "--compile=False"]
+
+
+def run(argv):
+    return train.main(list(argv))
+
+
+def losses(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return {r["iter"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("--no_such_key=1", "unknown config key 'no_such_key'"),
+    ("--n_layer=two", "n_layer must be int"),
+    ("--dropout=True", "dropout must be float"),
+    ("config/does_not_exist.py", "not found"),
+    ("n_layer=2", "not found"),
+])
+def test_config_errors_exit_2_with_the_valid_keys(arg, message):
+    p = subprocess.run([sys.executable, "train.py", arg], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr and "valid keys" in p.stderr and "learning_rate" in p.stderr
+
+
+def test_config_file_then_overrides(tmp_path):
+    from configurator import configure
+    cfg_file = tmp_path / "c.py"
+    cfg_file.write_text("import math\nn_layer = 3\nlearning_rate = 2 * 1e-4\nmin_lr = learning_rate / 10\n")
+    cfg = configure(train.DEFAULTS, [str(cfg_file), "--n_layer=5", "--compile=True", "--dtype=bfloat16"])
+    assert (cfg["n_layer"], cfg["learning_rate"], cfg["min_lr"]) == (5, 2e-4, 2e-5)
+    assert cfg["compile"] is True and cfg["dtype"] == "bfloat16" and cfg["n_head"] == train.DEFAULTS["n_head"]
+
+
+def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
+    common = TINY + [f"--data_root={tiny_indirect}", "--eval_interval=5", "--lr_decay_iters=12", "--dropout=0.1"]
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    run(common + ["--max_iters=12", f"--out_dir={full}"])
+    run(common + ["--max_iters=5", f"--out_dir={part}"])
+    ckpt = torch.load(os.path.join(part, "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] == 5 and ckpt["data_position"]["iter_num"] == 5
+    run(common + ["--max_iters=12", f"--out_dir={part}", "--init_from=resume"])
+    a, b = losses(full), losses(part)
+    assert sorted(a) == sorted(b) == list(range(1, 13))
+    assert [a[i] for i in range(6, 13)] == [b[i] for i in range(6, 13)]  # bit-identical
+
+
+def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
+    common = TINY + [f"--data_root={tiny_indirect}", "--max_iters=6", "--eval_interval=3",
+                     "--gradient_accumulation_steps=2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    subprocess.run([sys.executable, "train.py", *common, f"--out_dir={one}"], cwd=REPO, env=env, check=True,
+                   capture_output=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "train.py", *common, f"--out_dir={two}"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    a, b = losses(one), losses(two)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    np.testing.assert_allclose([b[i] for i in a], [a[i] for i in a], rtol=1e-5)
+    ma = json.load(open(os.path.join(one, "metrics.json")))
+    mb = json.load(open(os.path.join(two, "metrics.json")))
+    assert ma["test"]["targets"] == mb["test"]["targets"] == 200
+    np.testing.assert_allclose(mb["test"]["loss"], ma["test"]["loss"], rtol=1e-5)
+
+
+@pytest.fixture
+def toy_stream(tmp_path):
+    """A stream dataset whose next token is a fixed function of the current one: learnable fast."""
+    root = tmp_path / "data"
+    path = root / "toy"
+    seq = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7] * 300) % 16
+    for split in ("train", "val", "test"):
+        with BinWriter(str(path / f"{split}.bin"), np.uint16) as w:
+            w.write(seq)
+    write_meta(str(path), {"dataset": "toy", "vocab_size": 16, "dtype": "uint16", "layout": "stream",
+                           "splits": {s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)} for s in ("train", "val", "test")},
+                           "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    return str(root)
+
+
+def test_training_drives_the_loss_down(toy_stream, tmp_path):
+    out = str(tmp_path / "out")
+    m = run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=32", "--max_iters=60",
+                    "--eval_interval=30", f"--out_dir={out}", "--learning_rate=3e-3"])
+    first, last = losses(out)[1], m["test"]["loss"]
+    assert first > 3.5 and last < 1.5, (first, last)  # ln(64) = 4.16 at the start (vocab padded to 64)
+    assert m["test"]["acc"] > 0.9 and os.path.exists(m["checkpoint"])
+
+
+def test_divergence_stops_and_keeps_the_last_good_checkpoint(toy_stream, tmp_path):
+    out = str(tmp_path / "out")
+    real_ce, calls = torch.nn.functional.cross_entropy, {"n": 0}
+
+    def poisoned(*args, **kw):  # training losses turn NaN after 10 steps
+        loss = real_ce(*args, **kw)
+        if kw.get("ignore_index") == -1:
+            calls["n"] += 1
+            if calls["n"] > 10:
+                return loss * float("nan")
+        return loss
+    with mock.patch("model.F.cross_entropy", poisoned), pytest.raises(SystemExit) as e:
+        run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--max_iters=30",
+                    "--eval_interval=4", f"--out_dir={out}"])
+    assert e.value.code == 2
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] == 8 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+def test_missing_dataset_exits_2_with_the_prepare_command(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        run(TINY + [f"--data_root={tmp_path}", "--dataset=shakespeare", f"--out_dir={tmp_path / 'o'}"])
+    assert e.value.code == 2
+
+
+def test_eval_only_recomputes_metrics(tiny_indirect, tmp_path):
+    out = str(tmp_path / "out")
+    common = TINY + [f"--data_root={tiny_indirect}", f"--out_dir={out}"]
+    first = run(common + ["--max_iters=4", "--eval_interval=2"])
+    os.remove(os.path.join(out, "metrics.json"))
+    again = run(common + ["--eval_only=True", "--init_from=resume"])
+    assert again["test"] == first["test"] and os.path.exists(os.path.join(out, "metrics.json"))
