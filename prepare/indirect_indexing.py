@@ -7,9 +7,10 @@ character found at that shift from the source character:
 
 Sampling (sample_example): the string length L is uniform on [20, 40]; its letters are L distinct
 draws without replacement from [A-Za-z]; the source position i is uniform on [0, L); the target
-position j is uniform over the positions inside the string with 1 <= |j - i| <= 15. So the shift
-j - i lies in [-15, -1] U [+1, +15]: 0 never occurs (it would be a plain copy), and positive shifts
-carry a '+' sign. Near the ends of the string only the shifts that stay inside it are possible.
+position j is uniform over the positions inside the string with 1 <= |j - i| <= 15. That equals
+drawing the shift uniformly from [-15, +15] without 0 and redrawing until the target lies inside
+the string (the paper samples "shifts in the range [-15, +15]" and shows only nonzero ones; a shift
+of 0 would be a plain copy of the source, so it never occurs here). Positive shifts carry a '+'.
 
 Tokens: one per character: 52 letters, 10 digits, ',', '+', '-' (ids 0..64) and a padding id 65.
 Rows are padded to 48 = 40 + len(",X,+15,Y"). The model sees everything but the target; the loss

@@ -190,7 +190,8 @@ def test_maestro_prepare(midi_dir, tmp_path):
     low = maestro.encode_score(tok, Score(str(midi_dir / "low.mid")))
     assert maestro.transpose(low, -2, lo, hi) is None and maestro.transpose(low, -1, lo, hi) is not None
 
-    val_ids = arr["val"][0][arr["val"][0] != 0]
+    val_ids = np.concatenate([arr["val"][0]] + [r[1:] for r in arr["val"][1:]])  # the one val piece, whole
+    val_ids = val_ids[val_ids != 0]
     assert val_ids[0] == 1 and val_ids[-1] == 2  # BOS ... EOS
     assert np.array_equal(maestro.encode_score(tok, maestro.decode(tok, val_ids)), val_ids)  # encode(decode(x)) == x
     assert_second_run_is_noop(maestro.prepare, out, input=str(midi_dir))
@@ -292,3 +293,21 @@ def test_genome_fraction_split_and_clear_error(tmp_path):
         for k in range(0, len(seq), 6000):
             expected[genome.split_of(header, k // 6000, "fraction")] += seq[k:k + 6000]
     assert {s: genome.decode(a.ravel()) for s, a in arr.items()} == expected
+
+
+def test_maestro_official_split_from_csv(tmp_path):
+    root = tmp_path / "maestro-v3.0.0"
+    (root / "2018").mkdir(parents=True)
+    rows = [("2018/a.midi", "train"), ("2018/b.midi", "validation"), ("2018/c.midi", "test")]
+    for i, (name, _) in enumerate(rows + [("2018/unlisted.midi", None)]):
+        write_midi(str(root / name), [(0, 240, 60 + i, 80)])
+    (root / "maestro-v3.0.0.csv").write_text(
+        "canonical_composer,canonical_title,split,year,midi_filename,audio_filename,duration\n"
+        + "".join(f"X,T{i},{s},2018,{n},{n}.wav,1.0\n" for i, (n, s) in enumerate(rows)))
+    out = str(tmp_path / "out")
+    maestro.prepare(out_dir=out, input=str(tmp_path), split="official", num_proc=1)
+    meta, arr = load(out)
+    assert meta["split_files"] == {"train": ["maestro-v3.0.0/2018/a.midi"], "val": ["maestro-v3.0.0/2018/b.midi"],
+                                   "test": ["maestro-v3.0.0/2018/c.midi"]}
+    assert meta["not_in_csv"] == ["maestro-v3.0.0/2018/unlisted.midi"]
+    assert [len(a) for a in arr.values()] == [7, 1, 1]
