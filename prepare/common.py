@@ -34,6 +34,9 @@ FORMAT = 1
 
 
 def _fsync_replace(tmp, path):
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the final file the usual mode
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

