@@ -9,10 +9,16 @@ the d channels of a query at position t and a key at position s becomes a comple
 
 and the attention logit is sm_scale * Re[q~^H k~] = sm_scale * sum_c mu_q mu_k cos((s-t) theta_c + delta_c).
 Writing x = mu cos(phi), y = mu sin(phi) turns that into a real dot product over 2d channels, which
-is what the PyTorch path below hands to scaled_dot_product_attention.
+is what the PyTorch path below hands to scaled_dot_product_attention. The Triton path (second half of
+this file) fuses all of it into one FlashAttention-2 style kernel that never stores the 2d-wide
+Cartesian tensors.
 
 Public API
-    pope_attention(q, k, v, delta, *, causal, theta, sm_scale, q_offset, magnitude)  -> (B, H, Tq, d)
+    pope_attention(q, k, v, delta, *, causal, theta, sm_scale, q_offset, magnitude, backend='auto')
+        -> (B, H, Tq, dv); backend 'auto' = Triton kernel for CUDA tensors, torch path otherwise
+    pope_attention_triton(...)  the fused Triton kernel (torch.library custom op pope::attention_fwd
+        with its backward pope::attention_bwd, so torch.compile keeps it in the graph)
+    triton_supported(q, k, v), triton_unsupported_reason(q, k, v), TRITON_HEAD_DIMS
     pope_attention_reference(...)  float64 polar-form reference for tests (O(T^2) memory)
     sdpa_attention(q, k, v, *, causal, sm_scale, q_offset)  plain attention with the same
         causal/q_offset convention, used by the RoPE and NoPE paths of model.py
@@ -20,6 +26,9 @@ Public API
 """
 
 import math
+import os
+import types
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -107,7 +116,7 @@ def _polar_to_cartesian(x, positions, freqs, delta, magnitude, out_dtype):
 
 
 def pope_attention(q, k, v, delta=None, *, causal=True, theta=10000.0, sm_scale=None, q_offset=0,
-                   magnitude="softplus", backend="torch"):
+                   magnitude="softplus", backend="auto"):
     """PoPE softmax attention (paper, Method section, the score equation).
 
     Args:
@@ -122,18 +131,30 @@ def pope_attention(q, k, v, delta=None, *, causal=True, theta=10000.0, sm_scale=
         q_offset: absolute position of the first query relative to the first key, in tokens
             (Tk - Tq when decoding with a KV cache).
         magnitude: 'softplus' (the paper), or the ablations 'relu' and 'identity'.
-        backend: 'torch' (this file's SDPA path).
+        backend: 'auto' (default): the fused Triton kernel when the tensors are on CUDA, Triton
+            imports and the kernel supports the case (see triton_supported), else 'torch'.
+            'triton': the fused Triton kernel (pope_attention_triton); on CPU tensors only under
+            the Triton interpreter (os.environ['TRITON_INTERPRET'] == '1', slow, for tests).
+            'torch': this file's SDPA path.
 
     Returns:
-        (B, H, Tq, dv) in v's dtype.
+        (B, H, Tq, dv) in v's dtype (in the autocast dtype under autocast, for both backends).
 
     The torch path builds the 2d-wide Cartesian q~, k~ and pads v with zeros to 2d so that SDPA can
     use its fused O(T)-memory kernel (SDPA falls back to the O(T^2) math kernel when the q/k and v
-    head dims differ). Raises ValueError on shape, magnitude or q_offset errors.
+    head dims differ). Raises ValueError on shape, magnitude, q_offset or backend errors, and for
+    backend='triton' on cases the kernel does not support (see pope_attention_triton).
     """
     _check(q, k, v, delta, q_offset)
+    if magnitude not in MAGNITUDES:
+        raise ValueError(f"magnitude must be one of {MAGNITUDES}, got {magnitude!r}")
+    if backend == "auto":
+        backend = "triton" if (q.is_cuda and triton_supported(q, k, v)) else "torch"
+    if backend == "triton":
+        return pope_attention_triton(q, k, v, delta, causal=causal, theta=theta, sm_scale=sm_scale,
+                                     q_offset=q_offset, magnitude=magnitude)
     if backend != "torch":
-        raise ValueError(f"backend must be 'torch', got {backend!r}")
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     d, dv, Tq, Tk = q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     freqs = pope_frequencies(d, theta, device=q.device)
@@ -168,3 +189,779 @@ def pope_attention_reference(q, k, v, delta=None, *, causal=True, theta=10000.0,
     if causal:
         logits = logits.masked_fill(~causal_mask(Tq, Tk, q_offset, device=q.device), float("-inf"))
     return torch.softmax(logits, dim=-1) @ v.double()
+
+
+# =============================================================================================
+# Triton path: one fused FlashAttention-2 style kernel that never materialises the 2d-wide
+# Cartesian q~, k~ (nor a frequency table) in GPU memory.
+#
+# Per tile, in fp32 registers: mu = magnitude(raw), phase = position * theta_c (+ delta_c for keys),
+# theta_c = exp2(c * (-log2(base) / d)), X = mu cos(phase), Y = mu sin(phase); then
+# S = X_q X_k^T + Y_q Y_k^T as two tl.dot's of width d, with sm_scale * log2(e) folded into X_q, Y_q
+# so that the online softmax runs in base 2. V, O and dO keep their own width dv.
+#
+# Backward (FlashAttention-2): a preprocess kernel computes Di = rowsum(dO * O); one kernel per key
+# block accumulates dV, dX_k, dY_k over query blocks and turns them into dK and per-block partial sums
+# of d(delta); one kernel per query block accumulates dX_q, dY_q over key blocks and turns them into dQ.
+# No atomics: d(delta) partials go to a (B, n_key_blocks, H, d) buffer that torch sums.
+#
+# Chain rule (per channel c; X = mu cos a, Y = mu sin a):
+#   d mu = cos(a) dX + sin(a) dY,   d raw = d mu * magnitude'(raw),
+#   d a  = mu (-sin(a) dX + cos(a) dY),   d delta_c = sum over batch and keys of d a_k.
+#
+# The raw kernel bodies below are plain Python functions; they are wrapped lazily at call time, as
+# triton.jit (+ autotune) kernels on CUDA, or as interpreter functions when TRITON_INTERPRET=1 (that
+# choice is made per call, so the interpreter works even if triton was imported before the flag was set).
+# =============================================================================================
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice as _libdevice
+    from triton.runtime.jit import JITFunction as _JITFunction
+    _TRITON_IMPORT_ERROR = None
+except Exception as _e:  # pragma: no cover - depends on the environment
+    triton = None
+    _TRITON_IMPORT_ERROR = _e
+
+    class tl:  # minimal stand-in so that the kernel definitions below still parse
+        constexpr = None
+
+TRITON_HEAD_DIMS = (16, 32, 64, 128)
+_MAG_CODE = {"softplus": 0, "relu": 1, "identity": 2}
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---- device helpers (inlined into the kernels) ---------------------------------------------------
+
+def _tl_magnitude(x, MAG: tl.constexpr, FAST: tl.constexpr):
+    """mu = magnitude(x) for an fp32 tile; softplus in the stable form max(x, 0) + log1p(exp(-|x|)).
+
+    FAST (CUDA only) uses the hardware lg2.approx for log2 on (1, 2], absolute error ~1e-7.
+    """
+    if MAG == 0:
+        e = tl.exp2(-tl.abs(x) * 1.4426950408889634)  # exp(-|x|) in (0, 1]
+        if FAST:
+            l2 = _libdevice.fast_log2f(1.0 + e)
+        else:
+            l2 = tl.log2(1.0 + e)
+        log1p_e = tl.where(e < 1e-4, e - 0.5 * e * e, l2 * 0.6931471805599453)
+        mu = tl.maximum(x, 0.0) + log1p_e
+    elif MAG == 1:
+        mu = tl.maximum(x, 0.0)
+    else:
+        mu = x
+    return mu
+
+
+def _tl_magnitude_grad(x, MAG: tl.constexpr):
+    """d magnitude / dx for an fp32 tile: sigmoid(x) (stable), 1[x > 0], or 1."""
+    if MAG == 0:
+        e = tl.exp2(-tl.abs(x) * 1.4426950408889634)
+        r = 1.0 / (1.0 + e)
+        g = tl.where(x >= 0, r, e * r)
+    elif MAG == 1:
+        g = tl.where(x > 0, 1.0, 0.0)
+    else:
+        g = tl.full(x.shape, 1.0, tl.float32)
+    return g
+
+
+def _tl_cos_sin(phase, FAST: tl.constexpr):
+    """cos and sin of an fp32 phase tile (radians) after reduction to [-pi, pi].
+
+    Two-constant Cody-Waite reduction: 6.28125 has 8 significant bits, so n * 6.28125 is exact for
+    |n| < 2^16 (phases up to ~4e5 rad); the remainder of 2*pi is subtracted separately. This keeps
+    cos/sin accurate with the hardware approximations (FAST, CUDA: sin/cos.approx.f32, absolute error
+    ~5e-7 on [-pi, pi], degrading outside it); tl.cos/tl.sin lower to the exact libdevice routines,
+    whose large-argument path costs registers. The phase itself carries the fp32 rounding of
+    position * theta_c, as in the torch path.
+    """
+    n = tl.floor(phase * 0.15915494309189535 + 0.5)
+    r = phase - n * 6.28125
+    r = r - n * 0.0019353071795864769
+    if FAST:
+        c = _libdevice.fast_cosf(r)
+        s = _libdevice.fast_sinf(r)
+    else:
+        c = tl.cos(r)
+        s = tl.sin(r)
+    return c, s
+
+
+def _tl_sum(x, AXIS: tl.constexpr):
+    """tl.sum without going through triton.language.standard's jit wrapper (see _tl_rowmax)."""
+    return tl.reduce(x, AXIS, tl.standard._sum_combine)
+
+
+def _tl_rowmax(x):
+    """Max over axis 1. tl.max, tl.sum and tl.zeros are @jit functions, built as compiler or interpreter
+    functions when triton is imported, so an interpreter launch after a non-interpreter import cannot
+    call them. tl.reduce is a builtin, and the interpreter maps these two combine functions to numpy."""
+    return tl.reduce(x, 1, tl.standard._elementwise_max)
+
+
+def _tl_theta(D: tl.constexpr, freq_exp):
+    """theta_c = exp2(c * freq_exp), c = 0..D-1, freq_exp = -log2(base) / D: radians per token."""
+    c = tl.arange(0, D).to(tl.float32)
+    return tl.exp2(c * freq_exp)
+
+
+# ---- forward ------------------------------------------------------------------------------------
+
+def _pope_fwd_kernel(
+    Q, K, V, DELTA, O, LSE,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    H, Tq, Tk, q_offset, qk_scale, freq_exp,
+    TQ_BUCKET, TK_BUCKET,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, MAG: tl.constexpr, HAS_DELTA: tl.constexpr, DOT_PREC: tl.constexpr,
+    FAST: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    DT = Q.dtype.element_ty
+    q_base = Q + b * stride_qb + h * stride_qh
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    offs_dv = tl.arange(0, DV)
+    theta = _tl_theta(D, freq_exp)
+
+    # query tile -> scaled Cartesian components, kept in registers for the whole loop
+    row_ok = offs_m < Tq
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    mu_q = _tl_magnitude(q.to(tl.float32), MAG, FAST)
+    cq, sq = _tl_cos_sin((offs_m + q_offset).to(tl.float32)[:, None] * theta[None, :], FAST)
+    xq = (mu_q * cq * qk_scale).to(DT)
+    yq = (mu_q * sq * qk_scale).to(DT)
+    if HAS_DELTA:
+        dlt = tl.load(DELTA + h * D + offs_d).to(tl.float32)
+    else:
+        dlt = tl.full([D], 0.0, tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, DV], 0.0, tl.float32)
+
+    # key blocks [0, n_full) need no mask; [n_full, hi) need the causal and/or key-boundary mask;
+    # key blocks past hi are fully masked for every query of this block and are skipped.
+    if CAUSAL:
+        hi = tl.minimum(Tk, q_offset + m0 + BLOCK_M)
+        n_full = tl.minimum((q_offset + m0 + 1) // BLOCK_N, Tk // BLOCK_N) * BLOCK_N
+    else:
+        hi = Tk
+        n_full = (Tk // BLOCK_N) * BLOCK_N
+    for phase in tl.static_range(2):
+        if phase == 0:
+            lo_n = 0
+            hi_n = n_full
+        else:
+            lo_n = n_full
+            hi_n = hi
+        for start_n in range(lo_n, hi_n, BLOCK_N):
+            offs_n = start_n + offs_n0
+            if phase == 0:
+                k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
+                v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :])
+            else:
+                col_ok = offs_n < Tk
+                k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+                v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
+            mu_k = _tl_magnitude(k.to(tl.float32), MAG, FAST)
+            ck, sk = _tl_cos_sin(offs_n.to(tl.float32)[:, None] * theta[None, :] + dlt[None, :], FAST)
+            xk = (mu_k * ck).to(DT)
+            yk = (mu_k * sk).to(DT)
+            s = tl.dot(xq, tl.trans(xk), input_precision=DOT_PREC)
+            s = tl.dot(yq, tl.trans(yk), s, input_precision=DOT_PREC)  # logits * log2(e)
+            if phase == 1:
+                ok = offs_n[None, :] < Tk
+                if CAUSAL:
+                    ok = ok & (offs_n[None, :] <= (offs_m + q_offset)[:, None])
+                s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, _tl_rowmax(s))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + _tl_sum(p, 1)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(DT), v, acc, input_precision=DOT_PREC)
+            m_i = m_new
+
+    out = acc / l_i[:, None]
+    o_base = O + b * stride_ob + h * stride_oh
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :], out.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # nats
+    tl.store(LSE + pid_bh.to(tl.int64) * Tq + offs_m, lse, mask=row_ok)
+
+
+# ---- backward -----------------------------------------------------------------------------------
+
+def _pope_bwd_pre_kernel(
+    O, DO, DI,
+    stride_ob, stride_oh, stride_om,
+    stride_dob, stride_doh, stride_dom,
+    H, Tq,
+    DV: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, DV)
+    row_ok = offs_m < Tq
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :],
+                mask=row_ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_dv[None, :],
+                 mask=row_ok[:, None], other=0.0).to(tl.float32)
+    tl.store(DI + pid_bh.to(tl.int64) * Tq + offs_m, _tl_sum(o * do, 1), mask=row_ok)
+
+
+def _pope_bwd_dkdv_kernel(
+    Q, K, V, DELTA, DO, LSE, DI, DK, DV_, DDELTA_PART,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    H, Tq, Tk, q_offset, qk_scale, freq_exp, n_kblocks, remat_zero,
+    TQ_BUCKET, TK_BUCKET,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, MAG: tl.constexpr, HAS_DELTA: tl.constexpr, DOT_PREC: tl.constexpr,
+    FAST: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    DT = Q.dtype.element_ty
+    q_base = Q + b * stride_qb + h * stride_qh
+    do_base = DO + b * stride_dob + h * stride_doh
+    row_base = pid_bh.to(tl.int64) * Tq
+
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    offs_dv = tl.arange(0, DV)
+    theta = _tl_theta(D, freq_exp)
+    col_ok = offs_n < Tk
+
+    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+    k = tl.load(k_ptrs, mask=col_ok[:, None], other=0.0).to(tl.float32)
+    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_dv[None, :],
+                mask=col_ok[:, None], other=0.0)
+    mu_k = _tl_magnitude(k, MAG, FAST)
+    if HAS_DELTA:
+        dlt = tl.load(DELTA + h * D + offs_d).to(tl.float32)
+    else:
+        dlt = tl.full([D], 0.0, tl.float32)
+    ck, sk = _tl_cos_sin(offs_n.to(tl.float32)[:, None] * theta[None, :] + dlt[None, :], FAST)
+    xk = (mu_k * ck).to(DT)
+    yk = (mu_k * sk).to(DT)
+
+    dxk = tl.full([BLOCK_N, D], 0.0, tl.float32)
+    dyk = tl.full([BLOCK_N, D], 0.0, tl.float32)
+    dv = tl.full([BLOCK_N, DV], 0.0, tl.float32)
+
+    # query blocks: [lo, mid) straddle the causal diagonal (masked), [mid, full_hi) are unmasked,
+    # [max(mid, full_hi), Tq) hold the query boundary (masked). Queries i < lo see none of these keys.
+    if CAUSAL:
+        lo = (tl.maximum(n0 - q_offset, 0) // BLOCK_M) * BLOCK_M
+        mid = ((tl.maximum(n0 + BLOCK_N - 1 - q_offset, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+        mid = 0
+    full_hi = (Tq // BLOCK_M) * BLOCK_M
+    for phase in tl.static_range(3):
+        if phase == 0:
+            lo_m = lo
+            hi_m = tl.minimum(mid, Tq)
+        elif phase == 1:
+            lo_m = mid
+            hi_m = full_hi
+        else:
+            lo_m = tl.maximum(mid, full_hi)
+            hi_m = Tq
+        for start_m in range(lo_m, hi_m, BLOCK_M):
+            offs_m = start_m + offs_m0
+            if phase == 1:
+                q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :])
+                do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :])
+                lse = tl.load(LSE + row_base + offs_m)
+                di = tl.load(DI + row_base + offs_m)
+            else:
+                row_ok = offs_m < Tq
+                q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+                do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :], mask=row_ok[:, None],
+                             other=0.0)
+                lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
+                di = tl.load(DI + row_base + offs_m, mask=row_ok, other=0.0)
+            mu_q = _tl_magnitude(q.to(tl.float32), MAG, FAST)
+            cq, sq = _tl_cos_sin((offs_m + q_offset).to(tl.float32)[:, None] * theta[None, :], FAST)
+            xq = (mu_q * cq * qk_scale).to(DT)
+            yq = (mu_q * sq * qk_scale).to(DT)
+            s_t = tl.dot(xk, tl.trans(xq), input_precision=DOT_PREC)
+            s_t = tl.dot(yk, tl.trans(yq), s_t, input_precision=DOT_PREC)  # (BLOCK_N, BLOCK_M), base 2
+            p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)
+            if phase != 1:
+                ok = offs_m[None, :] < Tq
+                if CAUSAL:
+                    ok = ok & (offs_n[:, None] <= (offs_m + q_offset)[None, :])
+                p_t = tl.where(ok, p_t, 0.0)
+            dv = tl.dot(p_t.to(DT), do, dv, input_precision=DOT_PREC)
+            dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+            ds_t = (p_t * (dp_t - di[None, :])).to(DT)
+            dxk = tl.dot(ds_t, xq, dxk, input_precision=DOT_PREC)
+            dyk = tl.dot(ds_t, yq, dyk, input_precision=DOT_PREC)
+
+    # xq carried sm_scale * log2(e); multiplying by ln 2 leaves sm_scale * dS^T Xq
+    dxk = dxk * 0.6931471805599453
+    dyk = dyk * 0.6931471805599453
+    # Recompute k, mu_k, cos, sin rather than keeping them live through the loop (3-4 fp32 tiles of
+    # registers). remat_zero is a runtime 0, so the compiler cannot merge this with the prologue (CSE).
+    k = tl.load(k_ptrs + remat_zero, mask=col_ok[:, None], other=0.0).to(tl.float32)
+    mu_k = _tl_magnitude(k, MAG, FAST)
+    ck, sk = _tl_cos_sin((offs_n + remat_zero).to(tl.float32)[:, None] * theta[None, :] + dlt[None, :], FAST)
+    dmu = ck * dxk + sk * dyk
+    dk = dmu * _tl_magnitude_grad(k, MAG)
+    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV_ + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :],
+             dv.to(DV_.dtype.element_ty), mask=col_ok[:, None])
+    if HAS_DELTA:
+        dphase = mu_k * (ck * dyk - sk * dxk)
+        dphase = tl.where(col_ok[:, None], dphase, 0.0)
+        part = _tl_sum(dphase, 0)
+        tl.store(DDELTA_PART + ((b * n_kblocks + pid_n) * H + h) * D + offs_d, part)
+
+
+def _pope_bwd_dq_kernel(
+    Q, K, V, DELTA, DO, LSE, DI, DQ,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dqb, stride_dqh, stride_dqm,
+    H, Tq, Tk, q_offset, qk_scale, sm_scale, freq_exp, remat_zero,
+    TQ_BUCKET, TK_BUCKET,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, MAG: tl.constexpr, HAS_DELTA: tl.constexpr, DOT_PREC: tl.constexpr,
+    FAST: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    DT = Q.dtype.element_ty
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    row_base = pid_bh.to(tl.int64) * Tq
+
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    offs_dv = tl.arange(0, DV)
+    theta = _tl_theta(D, freq_exp)
+    row_ok = offs_m < Tq
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    mu_q = _tl_magnitude(q, MAG, FAST)
+    cq, sq = _tl_cos_sin((offs_m + q_offset).to(tl.float32)[:, None] * theta[None, :], FAST)
+    xq = (mu_q * cq * qk_scale).to(DT)
+    yq = (mu_q * sq * qk_scale).to(DT)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_dv[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    di = tl.load(DI + row_base + offs_m, mask=row_ok, other=0.0)
+    if HAS_DELTA:
+        dlt = tl.load(DELTA + h * D + offs_d).to(tl.float32)
+    else:
+        dlt = tl.full([D], 0.0, tl.float32)
+
+    dxq = tl.full([BLOCK_M, D], 0.0, tl.float32)
+    dyq = tl.full([BLOCK_M, D], 0.0, tl.float32)
+    if CAUSAL:
+        hi = tl.minimum(Tk, q_offset + m0 + BLOCK_M)
+        n_full = tl.minimum((q_offset + m0 + 1) // BLOCK_N, Tk // BLOCK_N) * BLOCK_N
+    else:
+        hi = Tk
+        n_full = (Tk // BLOCK_N) * BLOCK_N
+    for phase in tl.static_range(2):
+        if phase == 0:
+            lo_n = 0
+            hi_n = n_full
+        else:
+            lo_n = n_full
+            hi_n = hi
+        for start_n in range(lo_n, hi_n, BLOCK_N):
+            offs_n = start_n + offs_n0
+            if phase == 0:
+                k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
+                v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :])
+            else:
+                col_ok = offs_n < Tk
+                k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+                v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
+            mu_k = _tl_magnitude(k.to(tl.float32), MAG, FAST)
+            ck, sk = _tl_cos_sin(offs_n.to(tl.float32)[:, None] * theta[None, :] + dlt[None, :], FAST)
+            xk = (mu_k * ck).to(DT)
+            yk = (mu_k * sk).to(DT)
+            s = tl.dot(xq, tl.trans(xk), input_precision=DOT_PREC)
+            s = tl.dot(yq, tl.trans(yk), s, input_precision=DOT_PREC)
+            p = tl.exp2(s - lse2[:, None])
+            if phase == 1:
+                ok = offs_n[None, :] < Tk
+                if CAUSAL:
+                    ok = ok & (offs_n[None, :] <= (offs_m + q_offset)[:, None])
+                p = tl.where(ok, p, 0.0)
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+            ds = (p * (dp - di[:, None])).to(DT)
+            dxq = tl.dot(ds, xk, dxq, input_precision=DOT_PREC)
+            dyq = tl.dot(ds, yk, dyq, input_precision=DOT_PREC)
+
+    # recompute q, cos, sin (see the dkdv epilogue) instead of keeping them live through the loop
+    q = tl.load(q_ptrs + remat_zero, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    cq, sq = _tl_cos_sin((offs_m + q_offset + remat_zero).to(tl.float32)[:, None] * theta[None, :], FAST)
+    dmu = (cq * dxq + sq * dyq) * sm_scale
+    dq = dmu * _tl_magnitude_grad(q, MAG)
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ---- kernel objects, built lazily per execution mode -------------------------------------------
+
+_HELPERS = ("_tl_magnitude", "_tl_magnitude_grad", "_tl_cos_sin", "_tl_sum", "_tl_rowmax", "_tl_theta")
+_HELPER_FNS = {name: globals()[name] for name in _HELPERS}
+_KERNEL_FNS = {"fwd": _pope_fwd_kernel, "pre": _pope_bwd_pre_kernel,
+               "dkdv": _pope_bwd_dkdv_kernel, "dq": _pope_bwd_dq_kernel}
+_BUILT = {}
+
+# Block sizes used under the interpreter (no autotuning there). Deliberately small and unequal so
+# that the CPU tests cross several blocks, the causal diagonal and the sequence boundaries.
+# (BLOCK_M, BLOCK_N): queries x keys per tile.
+_INTERPRET_BLOCKS = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16), "pre": (32, 0)}
+
+# Autotune candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) for A100 / H100, per kernel and per
+# head-dim class (d, dv <= 64 or up to 128). BLOCK_M counts queries and BLOCK_N keys in all three
+# kernels. Chosen by compiling every candidate for sm_90 and sm_80 with ptxas (no GPU was available to
+# time them): these spill no registers or at most ~300 B (sm_90) / ~650 B (sm_80) per thread, where the
+# dropped ones spilled 1-60 KB. The 16/32-row forward and dq tiles serve decoding and short prefills.
+_CONFIGS = {
+    "fwd": {64: [(128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3),
+                 (64, 32, 4, 4), (16, 64, 4, 2), (32, 64, 4, 2)],
+            128: [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 4), (16, 64, 4, 2),
+                  (32, 64, 4, 2)]},
+    "dkdv": {64: [(32, 128, 8, 3), (32, 64, 8, 3), (64, 64, 8, 3), (32, 32, 4, 3), (16, 64, 8, 2),
+                  (16, 32, 4, 2)],
+             128: [(16, 32, 8, 2), (32, 32, 8, 3)]},
+    "dq": {64: [(128, 32, 8, 3), (128, 64, 8, 3), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 4, 3),
+                (16, 64, 4, 2), (32, 64, 4, 2)],
+           128: [(32, 32, 8, 3), (32, 64, 8, 3), (64, 32, 8, 3), (16, 64, 4, 2)]},
+}
+
+
+def _interpret_mode():
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _pow2_bucket(n):
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _prune(role):
+    """Autotune pre-filter: the head-dim class's candidates, minus tiles much larger than the problem."""
+    def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
+        tq, tk, d, dv = args["TQ_BUCKET"], args["TK_BUCKET"], args["D"], args["DV"]
+        allowed = set(_CONFIGS[role][64 if max(d, dv) <= 64 else 128])
+        keep = []
+        for c in configs:
+            bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+            if (bm, bn, c.num_warps, c.num_stages) not in allowed:
+                continue
+            if bm > max(16, tq) or bn > max(16, tk):
+                continue
+            if role != "dkdv" and tq >= 512 and bm < 64 and max(d, dv) <= 64:  # long prefill, d <= 64
+                continue
+            keep.append(c)
+        if not keep:
+            keep = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                    in allowed][-1:]
+        return keep
+    return prune
+
+
+def _with_helpers(raw, wrap):
+    """Copy of the raw kernel function whose globals map the device helpers to wrap(helper).
+
+    The module's own globals keep the plain helpers, so the jit and interpreter builds never interfere.
+    """
+    g = dict(raw.__globals__)
+    for name in _HELPERS:
+        g[name] = wrap(_HELPER_FNS[name])
+    fn = types.FunctionType(raw.__code__, g, raw.__name__, raw.__defaults__, raw.__closure__)
+    fn.__annotations__ = dict(raw.__annotations__)
+    fn.__doc__, fn.__module__, fn.__qualname__ = raw.__doc__, raw.__module__, raw.__qualname__
+    return fn
+
+
+def _make_autotuned(name, raw):
+    arg_names = raw.__code__.co_varnames[:raw.__code__.co_argcount]
+    no_spec = [a for a in ("Tq", "Tk", "q_offset", "n_kblocks", "remat_zero") if a in arg_names]  # decoding: no recompiles
+    jit = _JITFunction(_with_helpers(raw, _JITFunction), do_not_specialize=no_spec)
+    if name == "pre":
+        return jit
+    table = sorted(set(_CONFIGS[name][64]) | set(_CONFIGS[name][128]), reverse=True)
+    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in table]
+    return triton.autotune(configs, key=["TQ_BUCKET", "TK_BUCKET", "D", "DV", "CAUSAL", "MAG", "HAS_DELTA"],
+                           prune_configs_by={"early_config_prune": _prune(name)})(jit)
+
+
+def _make_interpreted(raw):
+    from triton.runtime.interpreter import InterpretedFunction
+    return InterpretedFunction(_with_helpers(raw, InterpretedFunction))
+
+
+def _kernels():
+    """The four kernels, as interpreter functions if TRITON_INTERPRET=1 now, else jit + autotune.
+
+    Returns (dict name -> kernel, interpreting: bool). Raises RuntimeError if triton is not importable.
+    """
+    if triton is None:
+        raise RuntimeError(f"triton is not importable: {_TRITON_IMPORT_ERROR!r}")
+    interpreting = _interpret_mode()
+    if interpreting not in _BUILT:
+        _BUILT[interpreting] = {n: (_make_interpreted(f) if interpreting else _make_autotuned(n, f))
+                                for n, f in _KERNEL_FNS.items()}
+    return _BUILT[interpreting], interpreting
+
+
+# ---- launchers ------------------------------------------------------------------------------------
+
+_LOG2E = 1.4426950408889634
+
+
+def _dot_precision(dtype):
+    """tl.dot input precision: fp32 operands use IEEE fp32 unless torch allows TF32 matmuls."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"  # ignored for fp16 / bf16 operands
+
+
+def _common_meta(q, v, delta, causal, magnitude, interpreting):
+    fast = not interpreting and torch.version.hip is None  # libdevice fast sin/cos/log2: NVIDIA only
+    return dict(D=q.shape[-1], DV=v.shape[-1], CAUSAL=bool(causal), MAG=_MAG_CODE[magnitude],
+                HAS_DELTA=delta is not None, DOT_PREC=_dot_precision(q.dtype), FAST=fast)
+
+
+def _launch(kernel, grid_fn, role, interpreting, device, args, meta):
+    if interpreting:
+        bm, bn = _INTERPRET_BLOCKS[role]
+        blocks = {"BLOCK_M": bm} if role == "pre" else {"BLOCK_M": bm, "BLOCK_N": bn}
+        kernel[grid_fn(blocks)](*args, **meta, **blocks)
+    else:
+        if role == "pre":
+            meta = dict(meta, BLOCK_M=64)
+        with torch.cuda.device(device):
+            kernel[grid_fn if role != "pre" else grid_fn(meta)](*args, **meta)
+
+
+def _pope_forward_impl(q, k, v, delta, causal, theta, sm_scale, q_offset, magnitude):
+    kernels, interpreting = _kernels()
+    B, H, Tq, D = q.shape
+    Tk, DV = k.shape[2], v.shape[3]
+    o = torch.empty((B, H, Tq, DV), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
+    if Tq == 0 or B * H == 0:
+        return o, lse
+    args = (q, k, v, delta if delta is not None else lse, o, lse,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            H, Tq, Tk, q_offset, sm_scale * _LOG2E, -math.log2(theta) / D,
+            _pow2_bucket(Tq), _pow2_bucket(Tk))
+    _launch(kernels["fwd"], lambda m: (triton.cdiv(Tq, m["BLOCK_M"]), B * H), "fwd", interpreting, q.device,
+            args, _common_meta(q, v, delta, causal, magnitude, interpreting))
+    return o, lse
+
+
+def _pope_backward_impl(do, q, k, v, delta, o, lse, causal, theta, sm_scale, q_offset, magnitude):
+    kernels, interpreting = _kernels()
+    B, H, Tq, D = q.shape
+    Tk, DV = k.shape[2], v.shape[3]
+    do = do.to(q.dtype)
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    dk = torch.empty(k.shape, device=q.device, dtype=k.dtype)
+    dv = torch.empty(v.shape, device=q.device, dtype=v.dtype)
+    min_bn = _INTERPRET_BLOCKS["dkdv"][1] if interpreting else min(c[1] for t in _CONFIGS["dkdv"].values() for c in t)
+    n_kblocks = triton.cdiv(Tk, min_bn)  # layout of the partial buffer; unused rows stay zero
+    part = torch.zeros((B, n_kblocks, H, D) if delta is not None else (1,), device=q.device, dtype=torch.float32)
+    if Tq == 0 or B * H == 0:
+        dq.zero_(), dk.zero_(), dv.zero_()
+        return dq, dk, dv, torch.zeros((H, D), device=q.device, dtype=torch.float32)
+    di = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
+    _launch(kernels["pre"], lambda m: (triton.cdiv(Tq, m["BLOCK_M"]), B * H), "pre", interpreting, q.device,
+            (o, do, di, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), H, Tq),
+            dict(DV=DV))
+    meta = _common_meta(q, v, delta, causal, magnitude, interpreting)
+    qk_scale, freq_exp = sm_scale * _LOG2E, -math.log2(theta) / D
+    dl = delta if delta is not None else lse
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    _launch(kernels["dkdv"], lambda m: (triton.cdiv(Tk, m["BLOCK_N"]), B * H), "dkdv", interpreting, q.device,
+            (q, k, v, dl, do, lse, di, dk, dv, part, *strides,
+             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+             H, Tq, Tk, q_offset, qk_scale, freq_exp, n_kblocks, 0, _pow2_bucket(Tq), _pow2_bucket(Tk)), meta)
+    _launch(kernels["dq"], lambda m: (triton.cdiv(Tq, m["BLOCK_M"]), B * H), "dq", interpreting, q.device,
+            (q, k, v, dl, do, lse, di, dq, *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+             H, Tq, Tk, q_offset, qk_scale, sm_scale, freq_exp, 0, _pow2_bucket(Tq), _pow2_bucket(Tk)), meta)
+    ddelta = part.sum(dim=(0, 1)) if delta is not None else torch.zeros((H, D), device=q.device, dtype=torch.float32)
+    return dq, dk, dv, ddelta
+
+
+# ---- torch.library custom ops (so torch.compile keeps the kernel as one graph node) ---------------
+
+@torch.library.custom_op("pope::attention_fwd", mutates_args=())
+def _pope_attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
+                           causal: bool, theta: float, sm_scale: float, q_offset: int,
+                           magnitude: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Fused PoPE attention forward -> (out (B, H, Tq, dv), lse (B, H, Tq) float32 in nats)."""
+    return _pope_forward_impl(q, k, v, delta, causal, theta, sm_scale, q_offset, magnitude)
+
+
+@_pope_attention_fwd_op.register_fake
+def _(q, k, v, delta, causal, theta, sm_scale, q_offset, magnitude):
+    B, H, Tq, _ = q.shape
+    return q.new_empty((B, H, Tq, v.shape[-1])), q.new_empty((B, H, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("pope::attention_bwd", mutates_args=())
+def _pope_attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           delta: Optional[torch.Tensor], o: torch.Tensor, lse: torch.Tensor, causal: bool,
+                           theta: float, sm_scale: float, q_offset: int,
+                           magnitude: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused PoPE attention backward -> (dq, dk, dv, d delta (H, d) float32; zeros if delta is None)."""
+    return _pope_backward_impl(do, q, k, v, delta, o, lse, causal, theta, sm_scale, q_offset, magnitude)
+
+
+@_pope_attention_bwd_op.register_fake
+def _(do, q, k, v, delta, o, lse, causal, theta, sm_scale, q_offset, magnitude):
+    H, D = q.shape[1], q.shape[-1]
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), q.new_empty((H, D), dtype=torch.float32)
+
+
+def _pope_fwd_setup_context(ctx, inputs, output):
+    q, k, v, delta, causal, theta, sm_scale, q_offset, magnitude = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, delta, o, lse)
+    ctx.has_delta = delta is not None
+    ctx.args = (causal, theta, sm_scale, q_offset, magnitude)
+    ctx.mark_non_differentiable(lse)
+
+
+def _pope_fwd_backward(ctx, do, dlse):
+    q, k, v, delta, o, lse = ctx.saved_tensors
+    dq, dk, dv, ddelta = _pope_attention_bwd_op(do, q, k, v, delta, o, lse, *ctx.args)
+    return dq, dk, dv, (ddelta if ctx.has_delta else None), None, None, None, None, None
+
+
+_pope_attention_fwd_op.register_autograd(_pope_fwd_backward, setup_context=_pope_fwd_setup_context)
+
+
+# ---- public API -----------------------------------------------------------------------------------
+
+def _compute_dtype(q, v):
+    dev = q.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else v.dtype
+
+
+def triton_unsupported_reason(q, k, v):
+    """None if the Triton kernel handles these (B, H, T, d) tensors, else a sentence saying why not.
+
+    Supported: triton importable; d and dv in TRITON_HEAD_DIMS = (16, 32, 64, 128); compute dtype
+    (v's dtype, or the autocast dtype) float16, bfloat16 or float32; Tk >= 1. Device is not checked.
+    """
+    if triton is None:
+        return f"triton is not importable ({_TRITON_IMPORT_ERROR!r})"
+    d, dv = q.shape[-1], v.shape[-1]
+    if d not in TRITON_HEAD_DIMS or dv not in TRITON_HEAD_DIMS:
+        return (f"the Triton PoPE kernel supports head dims {TRITON_HEAD_DIMS} for q/k and v, got d={d}, dv={dv}; "
+                "use backend='torch' for other head dims")
+    dtype = _compute_dtype(q, v)
+    if dtype not in _TRITON_DTYPES:
+        return f"the Triton PoPE kernel supports float16, bfloat16 and float32, got {dtype}; use backend='torch'"
+    if k.shape[-2] < 1:
+        return "the Triton PoPE kernel needs at least one key (Tk >= 1)"
+    return None
+
+
+def triton_supported(q, k, v):
+    """True if pope_attention(backend='triton') accepts these tensors' shapes and dtype (see
+    triton_unsupported_reason); the device check (CUDA, or CPU under TRITON_INTERPRET=1) is separate."""
+    return triton_unsupported_reason(q, k, v) is None
+
+
+def pope_attention_triton(q, k, v, delta=None, *, causal=True, theta=10000.0, sm_scale=None, q_offset=0,
+                          magnitude="softplus"):
+    """PoPE softmax attention with the fused Triton kernel (pope_attention(..., backend='triton')).
+
+    Args (as pope_attention):
+        q: (B, H, Tq, d) raw queries; k: (B, H, Tk, d) raw keys; v: (B, H, Tk, dv) values. Any strides
+            (the last dim is made contiguous if it is not). Query i sits at absolute position
+            q_offset + i tokens, key j at position j.
+        delta: (H, d) phase bias in radians added to the key phases, or None (zero, no gradient).
+        causal: query i sees keys j <= q_offset + i (bottom-right alignment when q_offset = Tk - Tq).
+        theta: frequency base; theta_c = theta^(-(c-1)/d) radians per token, computed in-kernel.
+        sm_scale: logit scale (default 1/sqrt(d)); q_offset: tokens, >= 0; magnitude: 'softplus' |
+            'relu' | 'identity'.
+
+    Returns:
+        (B, H, Tq, dv) in v's dtype (the autocast dtype under autocast). Differentiable in q, k, v
+        and delta through the registered torch.library autograd formula (custom op pope::attention_fwd,
+        backward pope::attention_bwd); the softmax logsumexp (nats) is kept internally for the backward.
+
+    Supported: d, dv in TRITON_HEAD_DIMS = (16, 32, 64, 128); float16 / bfloat16 / float32 (fp32 dots
+    run in IEEE fp32 unless torch.backends.cuda.matmul.allow_tf32); any Tq, Tk >= 1; Tq <= Tk is not
+    required. CUDA tensors; CPU tensors only under the Triton interpreter (TRITON_INTERPRET=1).
+
+    Raises:
+        ValueError: shape / q_offset / magnitude errors (as pope_attention), unsupported head dim or
+            dtype, CPU tensors without TRITON_INTERPRET=1, or triton not importable.
+    """
+    _check(q, k, v, delta, q_offset)
+    if magnitude not in MAGNITUDES:
+        raise ValueError(f"magnitude must be one of {MAGNITUDES}, got {magnitude!r}")
+    if theta <= 1:
+        raise ValueError(f"need theta > 1, got {theta}")
+    reason = triton_unsupported_reason(q, k, v)
+    if reason is not None:
+        raise ValueError(reason)
+    if not q.is_cuda and not _interpret_mode():
+        raise ValueError(f"backend='triton' needs CUDA tensors, got device {q.device}. Use backend='auto' or "
+                         "'torch' on CPU, or set os.environ['TRITON_INTERPRET'] = '1' to run the kernel in the "
+                         "(slow) Triton interpreter, e.g. for tests")
+    if not (q.device == k.device == v.device) or (delta is not None and delta.device != q.device):
+        raise ValueError("q, k, v and delta must be on the same device")
+    dtype = _compute_dtype(q, v)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    d = q.shape[-1]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    dl = None if delta is None else delta.to(torch.float32).contiguous()
+    out, _ = _pope_attention_fwd_op(q, k, v, dl, bool(causal), float(theta), sm_scale, int(q_offset), magnitude)
+    return out

@@ -1,0 +1,199 @@
+"""Attention kernel benchmark: PoPE (fused Triton kernel) vs PoPE through SDPA vs RoPE through SDPA.
+
+    python bench_kernel.py                       # CUDA: the default sweep, printed as a table
+    python bench_kernel.py --seq-lens 4096 --head-dims 64 --dtype bf16 --batch 8 --n-head 12
+
+Implementations (all causal, q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
+    pope_triton  pope_attention(backend='triton'): raw q/k in, magnitude, phases and softmax fused.
+    pope_sdpa    pope_attention(backend='torch'): 2d-wide Cartesian q~/k~, V zero-padded to 2d, SDPA.
+    rope_sdpa    RoPE rotation (torch ops, cos/sin tables precomputed outside the timing) followed by
+                 SDPA pinned to the FlashAttention backend on CUDA: the usual baseline.
+
+FLOP convention (causal, so half of the T x T scores): RoPE fwd = 2 * 2 * B*H*T*T*d / 2 (QK^T and PV,
+2 FLOPs per multiply-add); PoPE's QK^T has width 2d, so PoPE fwd = 2 * B*H*T*T*(2d + d) / 2; bwd = 2.5 x fwd.
+'tflops' is (fwd + bwd FLOPs) / fwdbwd time, with each implementation credited with its own
+algorithmic FLOPs (pope_sdpa's zero padding of V is not credited).
+
+Without CUDA this runs one tiny shape through the Triton interpreter as a smoke test (timings meaningless).
+"""
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+IMPLS = ("pope_triton", "pope_sdpa", "rope_sdpa")
+
+
+def attention_flops(impl, B, H, T, d, causal=True):
+    """(fwd, bwd) FLOPs of one attention call under the convention in the module docstring."""
+    qk_width = 2 * d if impl.startswith("pope") else d
+    fwd = 2 * B * H * T * T * (qk_width + d) / (2 if causal else 1)
+    return fwd, 2.5 * fwd
+
+
+def _rope_tables(T, d, device, theta=10000.0):
+    inv = theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    ang = torch.arange(T, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+    return torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+
+
+def _apply_rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+
+
+def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
+    from pope_kernel import pope_attention
+    if impl == "pope_triton":
+        return lambda: pope_attention(q, k, v, delta, causal=True, backend="triton")
+    if impl == "pope_sdpa":
+        return lambda: pope_attention(q, k, v, delta, causal=True, backend="torch")
+
+    def rope():
+        qr, kr = _apply_rope(q, cos.to(q.dtype), sin.to(q.dtype)), _apply_rope(k, cos.to(q.dtype), sin.to(q.dtype))
+        if use_flash:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(qr, kr, v, is_causal=True)
+        return F.scaled_dot_product_attention(qr, kr, v, is_causal=True)
+    return rope
+
+
+def _timer(device, warmup, rep):
+    if device.type == "cuda":
+        import triton.testing
+
+        def bench(fn, grad_to_none=None):
+            return triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none)
+        return bench
+
+    def bench(fn, grad_to_none=None):  # CPU / interpreter: wall clock, a few calls
+        fn()
+        t0 = time.perf_counter()
+        n = 2
+        for _ in range(n):
+            if grad_to_none:
+                for t in grad_to_none:
+                    t.grad = None
+            fn()
+        return (time.perf_counter() - t0) / n * 1e3
+    return bench
+
+
+def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 2048, 4096, 8192, 16384),
+                            head_dims=(64, 128), batch=None, n_head=None, impls=IMPLS, warmup=25, rep=100,
+                            verbose=True):
+    """Time forward, backward and forward+backward of the causal attention implementations.
+
+    Args:
+        device: torch device (or string). On CUDA, timings are triton.testing.do_bench medians in ms.
+            On CPU 'pope_triton' needs TRITON_INTERPRET=1 and its times are interpreter times.
+        dtype: input dtype of q, k, v (delta stays float32).
+        seq_lens: sequence lengths T (tokens), Tq = Tk = T.
+        head_dims: head dims d; v has width d too.
+        batch: B; default max(1, 32768 // T) (about 32k tokens per call).
+        n_head: H; default max(1, 768 // d).
+        impls: subset of IMPLS.
+    Returns:
+        list of dicts {impl, T, d, B, H, fwd_ms, bwd_ms, fwdbwd_ms, tflops}; a failing case (e.g. out of
+        memory) gets NaN timings and an 'error' entry instead of stopping the sweep.
+    """
+    device = torch.device(device)
+    bench = _timer(device, warmup, rep)
+    use_flash = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    rows = []
+    for d in head_dims:
+        for T in seq_lens:
+            B = batch if batch is not None else max(1, 32768 // T)
+            H = n_head if n_head is not None else max(1, 768 // d)
+            gen = torch.Generator(device="cpu").manual_seed(0)
+            q, k, v = (torch.randn(B, H, T, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
+            delta = (-2 * math.pi * torch.rand(H, d, generator=gen)).to(device).requires_grad_()
+            cos, sin = _rope_tables(T, d, device)
+            for impl in impls:
+                row = dict(impl=impl, T=T, d=d, B=B, H=H)
+                leaves = [q, k, v, delta] if impl.startswith("pope") else [q, k, v]
+                try:
+                    fn = _make_fn(impl, q, k, v, delta, cos, sin, use_flash)
+                    with torch.no_grad():
+                        row["fwd_ms"] = bench(fn)
+                    out = fn()
+                    g = torch.randn_like(out)
+                    row["bwd_ms"] = bench(lambda: out.backward(g, retain_graph=True), grad_to_none=leaves)
+                    row["fwdbwd_ms"] = bench(lambda: fn().backward(g), grad_to_none=leaves)
+                    f_fwd, f_bwd = attention_flops(impl, B, H, T, d)
+                    row["tflops"] = (f_fwd + f_bwd) / (row["fwdbwd_ms"] * 1e-3) / 1e12
+                    del out, g
+                except Exception as e:  # noqa: BLE001 - keep sweeping (OOM at long T, unsupported case)
+                    row.update(fwd_ms=float("nan"), bwd_ms=float("nan"), fwdbwd_ms=float("nan"),
+                               tflops=float("nan"), error=f"{type(e).__name__}: {str(e)[:120]}")
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                for t in leaves:
+                    t.grad = None
+                rows.append(row)
+                if verbose:
+                    print(_format_row(row), flush=True)
+    return rows
+
+
+def _format_row(r):
+    s = (f"{r['impl']:<12} {r['T']:>6} {r['d']:>4} {r['B']:>3} {r['H']:>3} {r['fwd_ms']:>9.3f} {r['bwd_ms']:>9.3f} "
+         f"{r['fwdbwd_ms']:>10.3f} {r['tflops']:>7.1f}")
+    return s + (f"  {r['error']}" if "error" in r else "")
+
+
+def print_table(rows, ratios=True):
+    """Table of the rows, then (ratios=True) PoPE-Triton / RoPE-SDPA fwd+bwd time ratios per (T, d)."""
+    print(f"{'impl':<12} {'T':>6} {'d':>4} {'B':>3} {'H':>3} {'fwd_ms':>9} {'bwd_ms':>9} {'fwdbwd_ms':>10} {'TFLOPs':>7}")
+    for r in rows:
+        print(_format_row(r))
+    by = {(r["impl"], r["T"], r["d"]): r for r in rows}
+    ratio_rows = [(T, d, by[("pope_triton", T, d)]["fwdbwd_ms"] / by[("rope_sdpa", T, d)]["fwdbwd_ms"])
+                  for (impl, T, d) in by if impl == "pope_triton" and ("rope_sdpa", T, d) in by]
+    if ratios and ratio_rows:
+        print("\npope_triton / rope_sdpa fwd+bwd time (target <= 1.5 at T=4096, d=64 on H100):")
+        for T, d, x in ratio_rows:
+            print(f"  T={T:>6} d={d:>4}: {x:.2f}x")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--n-head", type=int, default=None)
+    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    args = p.parse_args(argv)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    if torch.cuda.is_available():
+        print(f"device: {torch.cuda.get_device_name()}, dtype {dtype}")
+        rows = bench_attention_kernels("cuda", dtype, args.seq_lens, args.head_dims, args.batch, args.n_head,
+                                       impls=args.impls, verbose=False)
+        print_table(rows)
+        return rows
+    print("CUDA is not available: kernel timings need an NVIDIA GPU (e.g. H100 / A100).\n"
+          "Running one tiny shape through the Triton interpreter instead (a smoke test; its times are "
+          "interpreter times, not kernel performance).")
+    os.environ["TRITON_INTERPRET"] = "1"  # pope_kernel reads it at call time
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pope_kernel import pope_attention
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=gen) for _ in range(3))
+    delta = -2 * math.pi * torch.rand(2, 16, generator=gen)
+    err = (pope_attention(q, k, v, delta, backend="triton") - pope_attention(q, k, v, delta, backend="torch")).abs().max()
+    print(f"max |triton - torch| on (1, 2, 64, 16) fp32: {err:.2e}")
+    rows = bench_attention_kernels("cpu", torch.float32, seq_lens=(64,), head_dims=(16,), batch=1, n_head=2,
+                                   verbose=False)
+    print_table(rows, ratios=False)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
