@@ -1,7 +1,7 @@
 """Benchmarks on the current device: RoPE vs PoPE, as tables.
 
     python bench.py                 # train step + attention micro-benchmark + O(T) memory check
-    python bench.py --only=attn     # one section: step | attn | memory
+    python bench.py --only=attn     # one section: step | attn | memory | kernel
 
 1. Training step of the same GPT with rope vs pope (default: 6 layers, 384 wide, T=1024, GPT-2 vocab):
    ms/iter, tokens/s, and the PoPE/RoPE time ratio next to the FLOP ratio of model.flops_per_token.
@@ -9,8 +9,9 @@
    and the naive PoPE that hands SDPA 2d-wide q/k with d-wide v (SDPA then falls back to its O(T^2)
    math kernel, as PoPE-pytorch 0.2.1 does).
 3. Peak memory of a PoPE forward at growing T (child processes): O(T) means doubling T doubles it.
-Timings are the median of --repeats runs after a warm-up. On CUDA the Triton kernel benchmark lives
-in bench_kernel.py.
+4. On CUDA: the fused Triton kernel vs PoPE through SDPA vs RoPE through FlashAttention, bf16,
+   T in 1k..16k, d in {64, 128} (bench_kernel.py, which also runs on its own with more options).
+Timings are the median of --repeats runs after a warm-up.
 """
 
 import argparse
@@ -147,7 +148,7 @@ def print_table(title, rows):
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=["step", "attn", "memory"])
+    p.add_argument("--only", choices=["step", "attn", "memory", "kernel"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
@@ -162,6 +163,13 @@ def main(argv):
                     bench_attention(a.device, T=a.T, repeats=a.repeats))
     if a.only in (None, "memory"):
         print_table("PoPE forward peak memory, d=64, 8 heads, fp32", bench_memory(a.device))
+    if a.only in (None, "kernel"):
+        if not str(a.device).startswith("cuda"):
+            print("\nTriton kernel benchmark: needs CUDA (python bench_kernel.py runs an interpreter smoke test)")
+        else:
+            import bench_kernel
+            print("\nattention kernels, bf16, causal, fwd / bwd / fwd+bwd")
+            bench_kernel.print_table(bench_kernel.bench_attention_kernels(a.device))
 
 
 if __name__ == "__main__":

@@ -200,6 +200,33 @@ def pope_attention_reference(q, k, v, delta=None, *, causal=True, theta=10000.0,
 # S = X_q X_k^T + Y_q Y_k^T as two tl.dot's of width d, with sm_scale * log2(e) folded into X_q, Y_q
 # so that the online softmax runs in base 2. V, O and dO keep their own width dv.
 #
+# Phases of the looped-over side (keys in fwd / dq, queries in dkdv) use angle addition: for row
+# s = start + j of a tile, cos/sin(a + j theta_c) with a = start theta_c (+ delta_c) a range-reduced
+# (D,) vector per tile (2 D sin/cos) and cos/sin(j theta_c) a (rows, D) fp32 table built once per
+# program (2 extra fp32 tiles of registers; the d = 128 4-warp autotune configs that then spilled were
+# switched to 8 warps, see _CONFIGS). softplus = max(x, 0) + log1p(exp(-|x|)): one exp2 and one
+# log2 (hardware lg2.approx on CUDA, see _tl_magnitude); theta_c via libdevice's accurate exp2.
+#
+# Cost of one forward tile, BLOCK_M x BLOCK_N = 128 x 64, per key element of the BLOCK_N x d tile
+# (on paper) and per tile (SASS, sm_90, bf16, 8 warps, unmasked loop body, x 256 threads):
+#                          MUFU / key elem   FMA-pipe / key elem   per tile: MUFU | FMA-pipe | instr/thread
+#   before, d = 64         4 + FRND          ~12                   25.1k | 83k  | 686
+#   after,  d = 64         1 (+ 2d / tile)   ~16                   16.9k | 102k | 698   (polynomial log1p)
+#   shipped, d = 64        2 (+ 2d / tile)   ~8                    ~21k  | -    | 602   (hardware lg2)
+#   before, d = 128        4 + FRND          ~12                   41.5k | 149k | 1200
+#   after,  d = 128        1 (+ 2d / tile)   ~16                   21.0k | 176k | 1152
+#   FA (same tile, Triton) softmax only: 128 x 64 exp2 (+ row rescale): 8.7k MUFU; 286 / 344 instr
+# (MUFU per tile include the softmax's 8.7k. Triton replicates the per-tile (D,) sin/cos over the 32 (d=64)
+# / 16 (d=128) threads that share a column: 4k MUFU per tile instead of 2d.) H100 (MUFU 16/clk/SM,
+# 4 x 1 instr issue/clk/SM, 989 TFLOP/s bf16 = 4094 FLOP/clk/SM at 1.83 GHz), per tile, bound = max:
+#   d = 64:  FA 572 clk (issue; MUFU 544, MMA 512). PoPE before 1568 (MUFU) = 2.7x FA; after 1396
+#            (issue; MUFU 1056, MMA 768) = 2.4x.  d = 128: FA 1024 (MMA); before 2592 = 2.5x; after 2304 = 2.25x.
+# The forward is now issue-bound, not MUFU-bound: the key-side transform is redone for every query
+# block, so the shipped variant (hardware lg2, ~14% fewer instructions than the polynomial) is ~2.1x
+# FA at d = 64 by this count. Reaching ~1.35x needs the key-side transform out of the loop: a pre-pass
+# writing bf16 X_k, Y_k once (2x K's bytes), i.e. the Cartesian variant for K only. Estimates only;
+# nothing here was timed on a GPU.
+#
 # Backward (FlashAttention-2): a preprocess kernel computes Di = rowsum(dO * O); one kernel per key
 # block accumulates dV, dX_k, dY_k over query blocks and turns them into dK and per-block partial sums
 # of d(delta); one kernel per query block accumulates dX_q, dY_q over key blocks and turns them into dQ.
@@ -237,16 +264,18 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def _tl_magnitude(x, MAG: tl.constexpr, FAST: tl.constexpr):
     """mu = magnitude(x) for an fp32 tile; softplus in the stable form max(x, 0) + log1p(exp(-|x|)).
 
-    FAST (CUDA only) uses the hardware lg2.approx for log2 on (1, 2], absolute error ~1e-7.
+    One exp2 and one log2 per element. FAST (CUDA) takes the hardware lg2.approx (absolute error
+    ~1e-7 on (1, 2]); below e = 1e-4 the series e - e^2/2 keeps the relative accuracy for x << 0.
+    A degree-6 polynomial log1p (FMAs only) was tried: the kernel is instruction-issue bound once
+    the phases use angle addition, and the polynomial compiled to ~8% more instructions per tile.
     """
     if MAG == 0:
-        e = tl.exp2(-tl.abs(x) * 1.4426950408889634)  # exp(-|x|) in (0, 1]
+        e = tl.exp2(tl.abs(x) * -1.4426950408889634)  # exp(-|x|) in (0, 1]
         if FAST:
             l2 = _libdevice.fast_log2f(1.0 + e)
         else:
             l2 = tl.log2(1.0 + e)
-        log1p_e = tl.where(e < 1e-4, e - 0.5 * e * e, l2 * 0.6931471805599453)
-        mu = tl.maximum(x, 0.0) + log1p_e
+        mu = tl.maximum(x, 0.0) + tl.where(e < 1e-4, e - 0.5 * e * e, l2 * 0.6931471805599453)
     elif MAG == 1:
         mu = tl.maximum(x, 0.0)
     else:
@@ -289,6 +318,14 @@ def _tl_cos_sin(phase, FAST: tl.constexpr):
     return c, s
 
 
+def _tl_rotate(cos_a, sin_a, tab_c, tab_s):
+    """cos and sin of a[None, :] + b for a (D,) angle given by cos_a, sin_a and a (ROWS, D) table
+    tab_c, tab_s = cos b, sin b: angle addition, one mul + one fma per output element."""
+    ca = cos_a[None, :]
+    sa = sin_a[None, :]
+    return ca * tab_c - sa * tab_s, sa * tab_c + ca * tab_s
+
+
 def _tl_sum(x, AXIS: tl.constexpr):
     """tl.sum without going through triton.language.standard's jit wrapper (see _tl_rowmax)."""
     return tl.reduce(x, AXIS, tl.standard._sum_combine)
@@ -301,10 +338,19 @@ def _tl_rowmax(x):
     return tl.reduce(x, 1, tl.standard._elementwise_max)
 
 
-def _tl_theta(D: tl.constexpr, freq_exp):
-    """theta_c = exp2(c * freq_exp), c = 0..D-1, freq_exp = -log2(base) / D: radians per token."""
+def _tl_theta(D: tl.constexpr, freq_exp, FAST: tl.constexpr):
+    """theta_c = exp2(c * freq_exp), c = 0..D-1, freq_exp = -log2(base) / D: radians per token.
+
+    On CUDA (FAST) through libdevice's accurate exp2 (<= 2 ulp), not ex2.approx (~2e-7 relative):
+    the phase t * theta_c carries theta's relative error times t, 1e-2 rad at t = 5e4 with the
+    approximate one. It runs once per program for D values, so the cost is nil.
+    """
     c = tl.arange(0, D).to(tl.float32)
-    return tl.exp2(c * freq_exp)
+    if FAST:
+        th = _libdevice.exp2(c * freq_exp)
+    else:
+        th = tl.exp2(c * freq_exp)
+    return th
 
 
 # ---- forward ------------------------------------------------------------------------------------
@@ -335,7 +381,7 @@ def _pope_fwd_kernel(
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     offs_dv = tl.arange(0, DV)
-    theta = _tl_theta(D, freq_exp)
+    theta = _tl_theta(D, freq_exp, FAST)
 
     # query tile -> scaled Cartesian components, kept in registers for the whole loop
     row_ok = offs_m < Tq
@@ -348,6 +394,9 @@ def _pope_fwd_kernel(
         dlt = tl.load(DELTA + h * D + offs_d).to(tl.float32)
     else:
         dlt = tl.full([D], 0.0, tl.float32)
+    # cos, sin of j * theta_c for the rows j = 0..BLOCK_N-1 of a key tile, once per program; the key at
+    # s = start_n + j then has phase a + j theta_c with a = start_n theta_c + delta_c (angle addition)
+    tab_c, tab_s = _tl_cos_sin(offs_n0.to(tl.float32)[:, None] * theta[None, :], FAST)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
@@ -378,7 +427,8 @@ def _pope_fwd_kernel(
                 k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
                 v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
             mu_k = _tl_magnitude(k.to(tl.float32), MAG, FAST)
-            ck, sk = _tl_cos_sin(offs_n.to(tl.float32)[:, None] * theta[None, :] + dlt[None, :], FAST)
+            ca, sa = _tl_cos_sin(start_n * theta + dlt, FAST)  # (D,): 2 D sin/cos per tile
+            ck, sk = _tl_rotate(ca, sa, tab_c, tab_s)
             xk = (mu_k * ck).to(DT)
             yk = (mu_k * sk).to(DT)
             s = tl.dot(xq, tl.trans(xk), input_precision=DOT_PREC)
@@ -455,7 +505,7 @@ def _pope_bwd_dkdv_kernel(
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     offs_dv = tl.arange(0, DV)
-    theta = _tl_theta(D, freq_exp)
+    theta = _tl_theta(D, freq_exp, FAST)
     col_ok = offs_n < Tk
 
     k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
@@ -470,6 +520,9 @@ def _pope_bwd_dkdv_kernel(
     ck, sk = _tl_cos_sin(offs_n.to(tl.float32)[:, None] * theta[None, :] + dlt[None, :], FAST)
     xk = (mu_k * ck).to(DT)
     yk = (mu_k * sk).to(DT)
+
+    # cos, sin of i * theta_c for the rows i = 0..BLOCK_M-1 of a query tile (see the forward)
+    tab_c, tab_s = _tl_cos_sin(offs_m0.to(tl.float32)[:, None] * theta[None, :], FAST)
 
     dxk = tl.full([BLOCK_N, D], 0.0, tl.float32)
     dyk = tl.full([BLOCK_N, D], 0.0, tl.float32)
@@ -509,7 +562,8 @@ def _pope_bwd_dkdv_kernel(
                 lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
                 di = tl.load(DI + row_base + offs_m, mask=row_ok, other=0.0)
             mu_q = _tl_magnitude(q.to(tl.float32), MAG, FAST)
-            cq, sq = _tl_cos_sin((offs_m + q_offset).to(tl.float32)[:, None] * theta[None, :], FAST)
+            ca, sa = _tl_cos_sin((start_m + q_offset) * theta, FAST)  # (D,)
+            cq, sq = _tl_rotate(ca, sa, tab_c, tab_s)
             xq = (mu_q * cq * qk_scale).to(DT)
             yq = (mu_q * sq * qk_scale).to(DT)
             s_t = tl.dot(xk, tl.trans(xq), input_precision=DOT_PREC)
@@ -574,7 +628,7 @@ def _pope_bwd_dq_kernel(
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     offs_dv = tl.arange(0, DV)
-    theta = _tl_theta(D, freq_exp)
+    theta = _tl_theta(D, freq_exp, FAST)
     row_ok = offs_m < Tq
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
@@ -591,6 +645,8 @@ def _pope_bwd_dq_kernel(
         dlt = tl.load(DELTA + h * D + offs_d).to(tl.float32)
     else:
         dlt = tl.full([D], 0.0, tl.float32)
+
+    tab_c, tab_s = _tl_cos_sin(offs_n0.to(tl.float32)[:, None] * theta[None, :], FAST)  # as in the forward
 
     dxq = tl.full([BLOCK_M, D], 0.0, tl.float32)
     dyq = tl.full([BLOCK_M, D], 0.0, tl.float32)
@@ -617,7 +673,8 @@ def _pope_bwd_dq_kernel(
                 k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
                 v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
             mu_k = _tl_magnitude(k.to(tl.float32), MAG, FAST)
-            ck, sk = _tl_cos_sin(offs_n.to(tl.float32)[:, None] * theta[None, :] + dlt[None, :], FAST)
+            ca, sa = _tl_cos_sin(start_n * theta + dlt, FAST)  # (D,): 2 D sin/cos per tile
+            ck, sk = _tl_rotate(ca, sa, tab_c, tab_s)
             xk = (mu_k * ck).to(DT)
             yk = (mu_k * sk).to(DT)
             s = tl.dot(xq, tl.trans(xk), input_precision=DOT_PREC)
@@ -644,7 +701,8 @@ def _pope_bwd_dq_kernel(
 
 # ---- kernel objects, built lazily per execution mode -------------------------------------------
 
-_HELPERS = ("_tl_magnitude", "_tl_magnitude_grad", "_tl_cos_sin", "_tl_sum", "_tl_rowmax", "_tl_theta")
+_HELPERS = ("_tl_magnitude", "_tl_magnitude_grad", "_tl_cos_sin", "_tl_rotate", "_tl_sum", "_tl_rowmax",
+            "_tl_theta")
 _HELPER_FNS = {name: globals()[name] for name in _HELPERS}
 _KERNEL_FNS = {"fwd": _pope_fwd_kernel, "pre": _pope_bwd_pre_kernel,
                "dkdv": _pope_bwd_dkdv_kernel, "dq": _pope_bwd_dq_kernel}
@@ -660,17 +718,23 @@ _INTERPRET_BLOCKS = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16), "pre": (
 # kernels. Chosen by compiling every candidate for sm_90 and sm_80 with ptxas (no GPU was available to
 # time them): these spill no registers or at most ~300 B (sm_90) / ~650 B (sm_80) per thread, where the
 # dropped ones spilled 1-60 KB. The 16/32-row forward and dq tiles serve decoding and short prefills.
+# The angle-addition tables (2 fp32 tiles of BLOCK_N x d in fwd / dq, BLOCK_M x d in dkdv) add 0-32
+# registers per thread at d = 64; at d = 128 the 4-warp forward / dq tiles then spilled inside the
+# loop (up to ~2 KB), so the d = 128 class now uses 8 warps there (fwd (64, 64, 4, 3), (64, 32, 4, 4),
+# (16, 64, 4, 2), (32, 64, 4, 2) -> (64, 64, 8, 3), (64, 32, 8, 3), (16, 64, 8, 2), (32, 64, 8, 2); dq
+# (16, 64, 4, 2) -> (16, 64, 8, 2), (64, 32, 8, 3) dropped). With that every candidate has at most 6
+# local-memory instructions inside its loops (ptxas, sm_90, bf16, causal softplus with delta).
 _CONFIGS = {
     "fwd": {64: [(128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3),
                  (64, 32, 4, 4), (16, 64, 4, 2), (32, 64, 4, 2)],
-            128: [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 4), (16, 64, 4, 2),
-                  (32, 64, 4, 2)]},
+            128: [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 8, 3), (64, 32, 8, 3), (16, 64, 8, 2),
+                  (32, 64, 8, 2)]},
     "dkdv": {64: [(32, 128, 8, 3), (32, 64, 8, 3), (64, 64, 8, 3), (32, 32, 4, 3), (16, 64, 8, 2),
                   (16, 32, 4, 2)],
              128: [(16, 32, 8, 2), (32, 32, 8, 3)]},
     "dq": {64: [(128, 32, 8, 3), (128, 64, 8, 3), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 4, 3),
                 (16, 64, 4, 2), (32, 64, 4, 2)],
-           128: [(32, 32, 8, 3), (32, 64, 8, 3), (64, 32, 8, 3), (16, 64, 4, 2)]},
+           128: [(32, 32, 8, 3), (32, 64, 8, 3), (16, 64, 8, 2)]},
 }
 
 
@@ -763,7 +827,7 @@ def _dot_precision(dtype):
 
 
 def _common_meta(q, v, delta, causal, magnitude, interpreting):
-    fast = not interpreting and torch.version.hip is None  # libdevice fast sin/cos/log2: NVIDIA only
+    fast = not interpreting and torch.version.hip is None  # libdevice fast sin/cos: NVIDIA only
     return dict(D=q.shape[-1], DV=v.shape[-1], CAUSAL=bool(causal), MAG=_MAG_CODE[magnitude],
                 HAS_DELTA=delta is not None, DOT_PREC=_dot_precision(q.dtype), FAST=fast)
 
