@@ -104,9 +104,21 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, repeats=3, dty
     return rows
 
 
+def _status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
 def _peak_forward_memory(T, d, n_head, device):
-    """Child process: peak RSS (CPU) or peak allocated (CUDA) growth in MB of one PoPE forward."""
-    import resource
+    """Child process: peak memory growth in MB during one PoPE forward, inputs excluded.
+
+    CUDA: torch's peak allocated bytes. CPU (Linux): the resident-set high-water mark VmHWM, reset
+    just before the call through /proc/self/clear_refs (ru_maxrss cannot be reset: the import of
+    torch alone peaks higher than a small forward).
+    """
     q, k, v = (torch.randn(1, n_head, T, d, device=device) for _ in range(3))
     delta = -torch.rand(n_head, d, device=device)
     if str(device).startswith("cuda"):
@@ -115,10 +127,12 @@ def _peak_forward_memory(T, d, n_head, device):
         with torch.no_grad():
             pope_attention(q, k, v, delta)
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_kb("VmRSS")
     with torch.no_grad():
         pope_attention(q, k, v, delta)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    return (_status_kb("VmHWM") - base) / 1024
 
 
 def bench_memory(device, seq_lens=(4096, 8192, 16384), d=64, n_head=8):
