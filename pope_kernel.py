@@ -326,6 +326,36 @@ def _tl_rotate(cos_a, sin_a, tab_c, tab_s):
     return ca * tab_c - sa * tab_s, sa * tab_c + ca * tab_s
 
 
+def _tl_key_range(Tk, q_offset, m0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key blocks a query block starting at row m0 visits: [0, n_full) need no mask, [n_full, hi) need
+    the causal and/or key-boundary mask, and key blocks past hi are fully masked and skipped."""
+    if CAUSAL:
+        hi = tl.minimum(Tk, q_offset + m0 + BLOCK_M)
+        n_full = tl.minimum((q_offset + m0 + 1) // BLOCK_N, Tk // BLOCK_N) * BLOCK_N
+    else:
+        hi = Tk
+        n_full = (Tk // BLOCK_N) * BLOCK_N
+    return n_full, hi
+
+
+def _tl_key_tile(k_base, v_base, start_n, offs_n, offs_d, offs_dv, stride_kn, stride_vn, Tk, theta, dlt,
+                 tab_c, tab_s, MASKED: tl.constexpr, MAG: tl.constexpr, FAST: tl.constexpr, DT: tl.constexpr):
+    """Load the key/value tile of rows offs_n = start_n + j and return (X_k, Y_k, V) in DT: the keys'
+    magnitude times cos/sin of s theta_c + delta_c, by angle addition from the (D,) angle of row
+    start_n (2 D sin/cos per tile) and the per-program table cos/sin(j theta_c)."""
+    if MASKED:
+        col_ok = offs_n < Tk
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :])
+    mu_k = _tl_magnitude(k.to(tl.float32), MAG, FAST)
+    ca, sa = _tl_cos_sin(start_n * theta + dlt, FAST)
+    ck, sk = _tl_rotate(ca, sa, tab_c, tab_s)
+    return (mu_k * ck).to(DT), (mu_k * sk).to(DT), v
+
+
 def _tl_sum(x, AXIS: tl.constexpr):
     """tl.sum without going through triton.language.standard's jit wrapper (see _tl_rowmax)."""
     return tl.reduce(x, AXIS, tl.standard._sum_combine)
@@ -402,14 +432,7 @@ def _pope_fwd_kernel(
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, DV], 0.0, tl.float32)
 
-    # key blocks [0, n_full) need no mask; [n_full, hi) need the causal and/or key-boundary mask;
-    # key blocks past hi are fully masked for every query of this block and are skipped.
-    if CAUSAL:
-        hi = tl.minimum(Tk, q_offset + m0 + BLOCK_M)
-        n_full = tl.minimum((q_offset + m0 + 1) // BLOCK_N, Tk // BLOCK_N) * BLOCK_N
-    else:
-        hi = Tk
-        n_full = (Tk // BLOCK_N) * BLOCK_N
+    n_full, hi = _tl_key_range(Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
     for phase in tl.static_range(2):
         if phase == 0:
             lo_n = 0
@@ -419,18 +442,8 @@ def _pope_fwd_kernel(
             hi_n = hi
         for start_n in range(lo_n, hi_n, BLOCK_N):
             offs_n = start_n + offs_n0
-            if phase == 0:
-                k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
-                v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :])
-            else:
-                col_ok = offs_n < Tk
-                k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-                v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
-            mu_k = _tl_magnitude(k.to(tl.float32), MAG, FAST)
-            ca, sa = _tl_cos_sin(start_n * theta + dlt, FAST)  # (D,): 2 D sin/cos per tile
-            ck, sk = _tl_rotate(ca, sa, tab_c, tab_s)
-            xk = (mu_k * ck).to(DT)
-            yk = (mu_k * sk).to(DT)
+            xk, yk, v = _tl_key_tile(k_base, v_base, start_n, offs_n, offs_d, offs_dv, stride_kn, stride_vn, Tk,
+                                     theta, dlt, tab_c, tab_s, phase == 1, MAG, FAST, DT)
             s = tl.dot(xq, tl.trans(xk), input_precision=DOT_PREC)
             s = tl.dot(yq, tl.trans(yk), s, input_precision=DOT_PREC)  # logits * log2(e)
             if phase == 1:
@@ -650,12 +663,7 @@ def _pope_bwd_dq_kernel(
 
     dxq = tl.full([BLOCK_M, D], 0.0, tl.float32)
     dyq = tl.full([BLOCK_M, D], 0.0, tl.float32)
-    if CAUSAL:
-        hi = tl.minimum(Tk, q_offset + m0 + BLOCK_M)
-        n_full = tl.minimum((q_offset + m0 + 1) // BLOCK_N, Tk // BLOCK_N) * BLOCK_N
-    else:
-        hi = Tk
-        n_full = (Tk // BLOCK_N) * BLOCK_N
+    n_full, hi = _tl_key_range(Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
     for phase in tl.static_range(2):
         if phase == 0:
             lo_n = 0
@@ -665,18 +673,8 @@ def _pope_bwd_dq_kernel(
             hi_n = hi
         for start_n in range(lo_n, hi_n, BLOCK_N):
             offs_n = start_n + offs_n0
-            if phase == 0:
-                k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
-                v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :])
-            else:
-                col_ok = offs_n < Tk
-                k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-                v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
-            mu_k = _tl_magnitude(k.to(tl.float32), MAG, FAST)
-            ca, sa = _tl_cos_sin(start_n * theta + dlt, FAST)  # (D,): 2 D sin/cos per tile
-            ck, sk = _tl_rotate(ca, sa, tab_c, tab_s)
-            xk = (mu_k * ck).to(DT)
-            yk = (mu_k * sk).to(DT)
+            xk, yk, v = _tl_key_tile(k_base, v_base, start_n, offs_n, offs_d, offs_dv, stride_kn, stride_vn, Tk,
+                                     theta, dlt, tab_c, tab_s, phase == 1, MAG, FAST, DT)
             s = tl.dot(xq, tl.trans(xk), input_precision=DOT_PREC)
             s = tl.dot(yq, tl.trans(yk), s, input_precision=DOT_PREC)
             p = tl.exp2(s - lse2[:, None])
@@ -701,8 +699,8 @@ def _pope_bwd_dq_kernel(
 
 # ---- kernel objects, built lazily per execution mode -------------------------------------------
 
-_HELPERS = ("_tl_magnitude", "_tl_magnitude_grad", "_tl_cos_sin", "_tl_rotate", "_tl_sum", "_tl_rowmax",
-            "_tl_theta")
+_HELPERS = ("_tl_magnitude", "_tl_magnitude_grad", "_tl_cos_sin", "_tl_rotate", "_tl_key_range", "_tl_key_tile",
+            "_tl_sum", "_tl_rowmax", "_tl_theta")
 _HELPER_FNS = {name: globals()[name] for name in _HELPERS}
 _KERNEL_FNS = {"fwd": _pope_fwd_kernel, "pre": _pope_bwd_pre_kernel,
                "dkdv": _pope_bwd_dkdv_kernel, "dq": _pope_bwd_dq_kernel}
@@ -770,13 +768,15 @@ def _prune(role):
 
 
 def _with_helpers(raw, wrap):
-    """Copy of the raw kernel function whose globals map the device helpers to wrap(helper).
+    """Copy of the raw kernel (or helper) function whose globals map the device helpers it calls to
+    wrap(helper), recursively, so helpers may call helpers (_tl_key_tile does).
 
     The module's own globals keep the plain helpers, so the jit and interpreter builds never interfere.
     """
     g = dict(raw.__globals__)
     for name in _HELPERS:
-        g[name] = wrap(_HELPER_FNS[name])
+        if name in raw.__code__.co_names:
+            g[name] = wrap(_with_helpers(_HELPER_FNS[name], wrap))
     fn = types.FunctionType(raw.__code__, g, raw.__name__, raw.__defaults__, raw.__closure__)
     fn.__annotations__ = dict(raw.__annotations__)
     fn.__doc__, fn.__module__, fn.__qualname__ = raw.__doc__, raw.__module__, raw.__qualname__
