@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from checkpoint import tokenizer_entry
 from configurator import configure
 from data import Dataset
 from model import GPT, GPTConfig, device_peak_flops
@@ -236,9 +237,10 @@ def main(argv):
                     state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                              "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
                              "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]),
-                             "rng": rng, "data_position": {"seed": seed, "iter_num": iter_num}}
+                             "rng": rng, "data_position": {"seed": seed, "iter_num": iter_num},
+                             "tokenizer": tokenizer_entry(data.meta)}
                     if val["loss"] < best_val_loss:
-                        save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in ("model", "model_args", "config", "iter_num", "best_val_loss")})
+                        save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer")})
                     save(ckpt_path, state)
             best_val_loss = min(best_val_loss, val["loss"])
         if iter_num >= max_iters:

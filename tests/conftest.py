@@ -15,3 +15,20 @@ def tiny_indirect(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     prepare(str(root / "indirect_indexing"), n_train=2000, n_val=200, n_test=200, seed=0)
     return str(root)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow (see README, Tests)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: longer than a few seconds on 2 CPU cores; run with --runslow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,119 @@
+"""Run folders: load a trained model and the tokenizer it was trained with.
+
+A run folder (train.py's out_dir) holds best.pt (best val loss) and ckpt.pt (latest). Both carry
+`model_args` (GPTConfig), the run's `config`, and, from this version on, `tokenizer`: the dataset's
+meta.json entries that decoding needs ({"dataset", "vocab_size", "pad_id", "tokenizer"}), so a
+folder copied to another machine samples and evaluates without the dataset folder. Older
+checkpoints fall back to <data_root>/<dataset>/meta.json.
+
+Used by sample.py, eval_extrapolate.py, eval_downstream.py and analyze.py: one way to find a run's
+model and tokenizer, not a copy per script.
+"""
+
+import ast
+import json
+import os
+
+import torch
+
+from model import GPT, GPTConfig
+
+TOKENIZER_KEYS = ("dataset", "vocab_size", "pad_id", "tokenizer")
+
+
+class RunError(Exception):
+    """A user-facing problem with a run folder; str(e) is one line that says what to do."""
+
+
+def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
+    """torch.load(out_dir/ckpt, weights_only=True) -> the checkpoint dict.
+
+    Raises RunError when the file is missing or is not a checkpoint of this repo.
+    """
+    path = os.path.join(out_dir, ckpt)
+    if not os.path.isfile(path):
+        raise RunError(f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "
+                       "or point to a run folder that has one")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # truncated file, pickle from elsewhere, ...
+        raise RunError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
+    if not isinstance(state, dict) or "model" not in state or "model_args" not in state:
+        raise RunError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
+    return state
+
+
+def build_model(state, device="cpu", **overrides):
+    """GPT from a checkpoint dict, its weights loaded, in eval mode on `device`.
+
+    overrides replace GPTConfig fields (e.g. attn_backend='torch'); the weights must still fit.
+    """
+    model = GPT(GPTConfig(**{**state["model_args"], **overrides}))
+    model.load_state_dict(state["model"])
+    return model.eval().to(device)
+
+
+def load_run(out_dir, ckpt="best.pt", device="cpu", **overrides):
+    """(model, checkpoint dict) of a run folder; see load_checkpoint and build_model."""
+    state = load_checkpoint(out_dir, ckpt, device)
+    return build_model(state, device, **overrides), state
+
+
+def tokenizer_entry(meta):
+    """The part of a dataset's meta.json that a checkpoint stores for decoding (TOKENIZER_KEYS)."""
+    return {k: meta.get(k) for k in TOKENIZER_KEYS}
+
+
+def tokenizer_meta(state, data_root=None):
+    """The tokenizer description of a checkpoint dict: {"dataset", "vocab_size", "pad_id", "tokenizer"}.
+
+    Read from the checkpoint first; for checkpoints written before tokenizers were stored there,
+    from <data_root or the run's data_root>/<dataset>/meta.json. Raises RunError naming both places.
+    """
+    if state.get("tokenizer"):
+        return state["tokenizer"]
+    cfg = state.get("config", {})
+    root = data_root or cfg.get("data_root", "data")
+    path = os.path.join(root, str(cfg.get("dataset")), "meta.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return tokenizer_entry(json.load(f))
+    raise RunError(f"the checkpoint stores no tokenizer and {path} does not exist: retrain or resume once with "
+                   f"this version of train.py (it stores the tokenizer), or prepare the dataset "
+                   f"'{cfg.get('dataset')}' under --data_root")
+
+
+def load_codec(meta):
+    """(encode, decode) for a tokenizer description: str -> list[int] and list[int] -> str.
+
+    'char' and 'gpt2' tokenizers decode to text (padding dropped); any other kind encodes a list of
+    ids written as text ("[1, 2, 3]") and decodes to space-separated ids.
+    """
+    tok = meta.get("tokenizer") or {}
+    if tok.get("kind") == "char":
+        itos = tok["itos"]
+        stoi = {s: i for i, s in enumerate(itos)}
+        pad = meta.get("pad_id")
+
+        def encode(text):
+            missing = sorted(set(text) - set(stoi))
+            if missing:
+                raise ValueError(f"characters {missing} are not in this dataset's vocabulary {''.join(itos)!r}")
+            return [stoi[c] for c in text]
+        return encode, lambda ids: "".join(itos[i] for i in ids if i != pad and i < len(itos))
+    if tok.get("kind") == "gpt2":
+        from prepare.gpt2_bpe import gpt2_encoding
+        enc = gpt2_encoding()
+        return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
+    return _ids, (lambda ids: " ".join(map(str, ids)))
+
+
+def _ids(text):
+    try:
+        ids = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        ids = None
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise ValueError("this dataset's tokenizer has no text codec here: give the prompt as token ids, "
+                         "e.g. --start='[1, 2, 3]'")
+    return ids
