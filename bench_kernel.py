@@ -2,6 +2,7 @@
 
     python bench_kernel.py                       # CUDA: the default sweep, printed as a table
     python bench_kernel.py --seq-lens 4096 --head-dims 64 --dtype bf16 --batch 8 --n-head 12
+    python bench_kernel.py --spills               # no GPU: registers / spills of every autotune config
 
 Implementations (all causal, q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
     pope_triton  pope_attention(backend='triton'): raw q/k in, magnitude, phases and softmax fused.
@@ -161,6 +162,83 @@ def print_table(rows, ratios=True):
         for T, d, x in ratio_rows:
             print(f"  T={T:>6} d={d:>4}: {x:.2f}x")
 
+# ---- compile-only report: registers, spills and local-memory traffic per autotune config (no GPU) ----
+
+_PTR_TYPES = {"Q": "*{dt}", "K": "*{dt}", "V": "*{dt}", "O": "*{dt}", "DO": "*{dt}", "DK": "*{dt}", "DV_": "*{dt}",
+              "DQ": "*{dt}", "DCS": "*fp32", "COS_T": "*fp32", "SIN_T": "*fp32", "LSE": "*fp32", "DI": "*fp32",
+              "DDELTA_PART": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32"}
+
+
+def compile_kernel(role, config, d, arch, dtype="bf16", dot_prec="tf32"):
+    """Compile one PoPE kernel (causal, softplus, with delta) for sm_<arch> with Triton's bundled ptxas; no GPU.
+
+    role: 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); d = dv head dim;
+    dtype 'bf16' | 'fp16' | 'fp32'. Returns the triton CompiledKernel (asm: ptx, cubin).
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    import pope_kernel as pk
+    bm, bn, warps, stages = config
+    raw = pk._KERNEL_FNS[role]
+    consts = dict(D=d, DV=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, MAG=0, HAS_DELTA=True, DOT_PREC=dot_prec, FAST=True)
+    names = raw.__code__.co_varnames[:raw.__code__.co_argcount]
+    sig = {n: "constexpr" if n in consts else _PTR_TYPES.get(n, "i32").format(dt=dtype) for n in names}
+    fn = pk._JITFunction(pk._with_helpers(raw, pk._JITFunction))
+    return triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
+def spill_stats(kernel, arch):
+    """(registers, spill store bytes, spill load bytes, local-memory instructions inside loops) of a compiled
+    kernel: ptxas -v on its PTX, and the SASS (cuobjdump) between each backward branch and its target."""
+    import re
+    import subprocess
+    import tempfile
+    import triton
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        info = subprocess.run([os.path.join(bindir, "ptxas"), "-v", f"--gpu-name={gpu}", ptx, "-o", os.devnull],
+                              capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    st, ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info).groups())
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    instrs = [(int(a, 16), text) for a, text in lines]
+    loops = []
+    for addr, text in instrs:
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            loops.append((int(m.group(1), 16), addr))
+    in_loop = sum(1 for addr, text in instrs if re.search(r"\b(LDL|STL)\b", text)
+                  and any(lo <= addr <= hi for lo, hi in loops))
+    return regs, st, ld, in_loop
+
+
+def spill_report(archs=(80, 90), dtype="bf16"):
+    """Print a markdown table of spill_stats for every autotune candidate of pope_kernel._CONFIGS."""
+    import pope_kernel as pk
+    print(f"| kernel | d | config (BM, BN, warps, stages) | sm | registers | spill st/ld (B) | local ops in loops |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for role in ("fwd", "dkdv", "dq"):
+        for d in (64, 128):
+            for cfg in pk._CONFIGS[role][d]:
+                for arch in archs:
+                    t0 = time.time()
+                    regs, st, ld, loop_ops = spill_stats(compile_kernel(role, cfg, d, arch, dtype), arch)
+                    rows.append((role, d, cfg, arch, regs, st, ld, loop_ops))
+                    print(f"| {role} | {d} | {cfg} | {arch} | {regs} | {st}/{ld} | {loop_ops} |   "
+                          f"<!-- {time.time() - t0:.0f} s -->", flush=True)
+    return rows
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -170,7 +248,12 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--n-head", type=int, default=None)
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    p.add_argument("--spills", action="store_true", help="no GPU needed: compile every autotune config for sm_80 "
+                   "and sm_90 and print registers, spills and local-memory ops inside loops")
     args = p.parse_args(argv)
+    if args.spills:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        return spill_report(dtype=args.dtype)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if torch.cuda.is_available():
         print(f"device: {torch.cuda.get_device_name()}, dtype {dtype}")

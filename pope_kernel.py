@@ -101,17 +101,20 @@ def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0):
 
 
 def _polar_to_cartesian(x, positions, freqs, delta, magnitude, out_dtype):
-    """x (B, H, T, d) raw -> (B, H, T, 2d) [mu cos(phi), mu sin(phi)], phi = pos * freq (+ delta).
+    """x (B, H, T, d) raw -> (B, H, T, 2d) [mu cos(phi), mu sin(phi)], phi = pos * freq (+ delta) radians.
 
-    Phases and cos/sin are computed in float32 even under bf16 autocast: at 10k tokens the phase
-    reaches 1e4 rad and bf16 would keep no fractional digits of it.
+    The phase table (T, d) (or (H, T, d) with delta) is formed in float64 and rounded to float32 only
+    after cos/sin, so the phase is the exact pos * theta_c of the float32 frequency table (the Triton
+    kernel's phases are the same): a float32 product would be off by up to ~4e-3 rad at 1e5 tokens.
+    Magnitudes and the products stay float32 even under bf16 autocast.
     """
     with torch.autocast(device_type=x.device.type, enabled=False):
         mu = _magnitude(x.float(), magnitude)
-        phase = positions.float().unsqueeze(-1) * freqs  # (T, d), radians
+        phase = positions.double().unsqueeze(-1) * freqs.double()  # (T, d), radians, exact
         if delta is not None:
-            phase = phase + delta.float().unsqueeze(1)  # (H, T, d)
-        out = torch.cat((mu * torch.cos(phase), mu * torch.sin(phase)), dim=-1)
+            phase = phase + delta.double().unsqueeze(1)  # (H, T, d)
+        cos, sin = torch.cos(phase).float(), torch.sin(phase).float()
+        out = torch.cat((mu * cos, mu * sin), dim=-1)
     return out.to(out_dtype)
 
 
@@ -131,8 +134,9 @@ def pope_attention(q, k, v, delta=None, *, causal=True, theta=10000.0, sm_scale=
         q_offset: absolute position of the first query relative to the first key, in tokens
             (Tk - Tq when decoding with a KV cache).
         magnitude: 'softplus' (the paper), or the ablations 'relu' and 'identity'.
-        backend: 'auto' (default): the fused Triton kernel when the tensors are on CUDA, Triton
-            imports and the kernel supports the case (see triton_supported), else 'torch'.
+        backend: 'auto' (default): the fused Triton kernel when the tensors are on CUDA in fp16/bf16 (or
+            under fp16/bf16 autocast), Triton imports and the kernel supports the case (see
+            triton_supported), else 'torch' (fp32 included).
             'triton': the fused Triton kernel (pope_attention_triton); on CPU tensors only under
             the Triton interpreter (os.environ['TRITON_INTERPRET'] == '1', slow, for tests).
             'torch': this file's SDPA path.
@@ -148,8 +152,9 @@ def pope_attention(q, k, v, delta=None, *, causal=True, theta=10000.0, sm_scale=
     _check(q, k, v, delta, q_offset)
     if magnitude not in MAGNITUDES:
         raise ValueError(f"magnitude must be one of {MAGNITUDES}, got {magnitude!r}")
-    if backend == "auto":
-        backend = "triton" if (q.is_cuda and triton_supported(q, k, v)) else "torch"
+    if backend == "auto":  # fp32: the torch path (the kernel's IEEE-fp32 tiles spill; see pope_attention_triton)
+        backend = ("triton" if q.is_cuda and triton_supported(q, k, v) and _compute_dtype(q, v) != torch.float32
+                   else "torch")
     if backend == "triton":
         return pope_attention_triton(q, k, v, delta, causal=causal, theta=theta, sm_scale=sm_scale,
                                      q_offset=q_offset, magnitude=magnitude)
@@ -173,13 +178,14 @@ def pope_attention_reference(q, k, v, delta=None, *, causal=True, theta=10000.0,
     """Float64 reference of pope_attention straight from the polar score formula, for tests.
 
     logits[b,h,i,j] = sm_scale * sum_c mu_q[i,c] mu_k[j,c] cos((j - (q_offset+i)) theta_c + delta[h,c]);
-    same arguments and shapes as pope_attention, returns float64 (B, H, Tq, dv). Materialises the
-    (B, H, Tq, Tk, d) cosine tensor, so keep it to small shapes.
+    same arguments and shapes as pope_attention, returns float64 (B, H, Tq, dv). theta_c is the float32
+    table pope_frequencies (the model's definition, used by both backends), so the float64 phases are
+    exact for it. Materialises the (B, H, Tq, Tk, d) cosine tensor, so keep it to small shapes.
     """
     _check(q, k, v, delta, q_offset)
     d, Tq, Tk = q.shape[-1], q.shape[-2], k.shape[-2]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    freqs = theta ** (-torch.arange(d, dtype=torch.float64, device=q.device) / d)
+    freqs = pope_frequencies(d, theta, device=q.device).double()
     mu_q = _magnitude(q.double(), magnitude)
     mu_k = _magnitude(k.double(), magnitude)
     rel = (torch.arange(Tk, device=q.device) - (q_offset + torch.arange(Tq, device=q.device)).unsqueeze(1)).double()
@@ -193,19 +199,23 @@ def pope_attention_reference(q, k, v, delta=None, *, causal=True, theta=10000.0,
 
 # =============================================================================================
 # Triton path: one fused FlashAttention-2 style kernel that never materialises the 2d-wide
-# Cartesian q~, k~ (nor a frequency table) in GPU memory.
+# Cartesian q~, k~ in GPU memory.
 #
 # Per tile, in fp32 registers: mu = magnitude(raw), phase = position * theta_c (+ delta_c for keys),
-# theta_c = exp2(c * (-log2(base) / d)), X = mu cos(phase), Y = mu sin(phase); then
+# X = mu cos(phase), Y = mu sin(phase); then
 # S = X_q X_k^T + Y_q Y_k^T as two tl.dot's of width d, with sm_scale * log2(e) folded into X_q, Y_q
 # so that the online softmax runs in base 2. V, O and dO keep their own width dv.
 #
-# Phases of the looped-over side (keys in fwd / dq, queries in dkdv) use angle addition: for row
-# s = start + j of a tile, cos/sin(a + j theta_c) with a = start theta_c (+ delta_c) a range-reduced
-# (D,) vector per tile (2 D sin/cos) and cos/sin(j theta_c) a (rows, D) fp32 table built once per
-# program (2 extra fp32 tiles of registers; the d = 128 4-warp autotune configs that then spilled were
-# switched to 8 warps, see _CONFIGS). softplus = max(x, 0) + log1p(exp(-|x|)): one exp2 and one
-# log2 (hardware lg2.approx on CUDA, see _tl_magnitude); theta_c via libdevice's accurate exp2.
+# Phases (all kernels alike, no sin/cos in-kernel): the host passes cos/sin tables of s * theta_c
+# formed in float64 from the float32 frequency table pope_frequencies (fine rows s = 0..143, coarse
+# rows every 16 tokens, _trig_tables) and cos/sin(delta) (H, d). A row s = start + j of a tile (start a
+# multiple of 16; queries add q_offset % 16 to j) gets cos/sin(start theta_c + (j theta_c [+ delta_c])) by
+# angle addition of one coarse (D,) row per tile and a (rows, D) fine table loaded once per program (with
+# delta folded in for keys): about two fp32 roundings from the exact phase at any position, so the
+# forward and both backward kernels, whatever their tile sizes, and the float64 torch path agree to fp32
+# rounding (an fp32 product s * theta_c is off by ~4e-3 rad at 1e5 tokens). softplus = max(x, 0) +
+# log1p(exp(-|x|)): one exp2 and one log2 (hardware lg2.approx on CUDA, see _tl_magnitude).
+# The cost table below predates the host tables (it counts in-kernel sin/cos per tile, now 2 (D,) loads).
 #
 # Cost of one forward tile, BLOCK_M x BLOCK_N = 128 x 64, per key element of the BLOCK_N x d tile
 # (on paper) and per tile (SASS, sm_90, bf16, 8 warps, unmasked loop body, x 256 threads):
@@ -255,6 +265,14 @@ except Exception as _e:  # pragma: no cover - depends on the environment
         constexpr = None
 
 TRITON_HEAD_DIMS = (16, 32, 64, 128)
+TRIG_STEP = 16  # host cos/sin table: coarse rows every 16 tokens ...
+TRIG_FINE_ROWS = 128 + TRIG_STEP  # ... after fine rows j = 0..143 (j * theta_c): see _trig_tables
+PART_KEYS = 16  # keys per row of the d(delta) partial-sum buffer, for every BLOCK_N (a multiple of it)
+MAX_POSITION = 2 ** 31 - 1  # int32 positions (q_offset + Tq, Tk) in the kernels
+if triton is not None:
+    _TRIG_FINE = tl.constexpr(TRIG_FINE_ROWS)
+    _TRIG_STEP = tl.constexpr(TRIG_STEP)
+    _PART_KEYS = tl.constexpr(PART_KEYS)
 _MAG_CODE = {"softplus": 0, "relu": 1, "identity": 2}
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -296,34 +314,36 @@ def _tl_magnitude_grad(x, MAG: tl.constexpr):
     return g
 
 
-def _tl_cos_sin(phase, FAST: tl.constexpr):
-    """cos and sin of an fp32 phase tile (radians) after reduction to [-pi, pi].
-
-    Two-constant Cody-Waite reduction: 6.28125 has 8 significant bits, so n * 6.28125 is exact for
-    |n| < 2^16 (phases up to ~4e5 rad); the remainder of 2*pi is subtracted separately. This keeps
-    cos/sin accurate with the hardware approximations (FAST, CUDA: sin/cos.approx.f32, absolute error
-    ~5e-7 on [-pi, pi], degrading outside it); tl.cos/tl.sin lower to the exact libdevice routines,
-    whose large-argument path costs registers. The phase itself carries the fp32 rounding of
-    position * theta_c, as in the torch path.
-    """
-    n = tl.floor(phase * 0.15915494309189535 + 0.5)
-    r = phase - n * 6.28125
-    r = r - n * 0.0019353071795864769
-    if FAST:
-        c = _libdevice.fast_cosf(r)
-        s = _libdevice.fast_sinf(r)
-    else:
-        c = tl.cos(r)
-        s = tl.sin(r)
-    return c, s
-
-
 def _tl_rotate(cos_a, sin_a, tab_c, tab_s):
     """cos and sin of a[None, :] + b for a (D,) angle given by cos_a, sin_a and a (ROWS, D) table
     tab_c, tab_s = cos b, sin b: angle addition, one mul + one fma per output element."""
     ca = cos_a[None, :]
     sa = sin_a[None, :]
     return ca * tab_c - sa * tab_s, sa * tab_c + ca * tab_s
+
+
+def _tl_table(COS_T, SIN_T, r0, ROWS: tl.constexpr, offs_d, D: tl.constexpr):
+    """(ROWS, D) cos and sin of (r0 + j) * theta_c, j = 0..ROWS-1: fine rows of the host table (r0 < 16)."""
+    rows = r0 + tl.arange(0, ROWS)
+    return (tl.load(COS_T + rows[:, None] * D + offs_d[None, :]),
+            tl.load(SIN_T + rows[:, None] * D + offs_d[None, :]))
+
+
+def _tl_coarse(COS_T, SIN_T, pos0, offs_d, D: tl.constexpr):
+    """(D,) cos and sin of pos0 * theta_c for a position pos0 that is a multiple of 16 (tokens): one coarse row."""
+    row = tl.cast(pos0 // _TRIG_STEP + _TRIG_FINE, tl.int64) * D
+    return tl.load(COS_T + row + offs_d), tl.load(SIN_T + row + offs_d)
+
+
+def _tl_delta_table(DCS, COS_T, SIN_T, H, h, ROWS: tl.constexpr, offs_d, D: tl.constexpr, HAS_DELTA: tl.constexpr):
+    """(ROWS, D) cos and sin of j * theta_c + delta_c, j = 0..ROWS-1: the per-program table of a key tile
+    (delta from the host's (2, H, D) cos/sin table DCS, applied once by angle addition)."""
+    tab_c, tab_s = _tl_table(COS_T, SIN_T, 0, ROWS, offs_d, D)
+    if HAS_DELTA:
+        cd = tl.load(DCS + h * D + offs_d)
+        sd = tl.load(DCS + (H + h) * D + offs_d)
+        tab_c, tab_s = _tl_rotate(cd, sd, tab_c, tab_s)
+    return tab_c, tab_s
 
 
 def _tl_key_range(Tk, q_offset, m0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
@@ -338,20 +358,25 @@ def _tl_key_range(Tk, q_offset, m0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
     return n_full, hi
 
 
-def _tl_key_tile(k_base, v_base, start_n, offs_n, offs_d, offs_dv, stride_kn, stride_vn, Tk, theta, dlt,
-                 tab_c, tab_s, MASKED: tl.constexpr, MAG: tl.constexpr, FAST: tl.constexpr, DT: tl.constexpr):
-    """Load the key/value tile of rows offs_n = start_n + j and return (X_k, Y_k, V) in DT: the keys'
-    magnitude times cos/sin of s theta_c + delta_c, by angle addition from the (D,) angle of row
-    start_n (2 D sin/cos per tile) and the per-program table cos/sin(j theta_c)."""
+def _tl_key_tile(k_base, v_base, start_n, offs_j, offs_d, offs_dv, stride_kn, stride_vn, Tk, COS_T, SIN_T,
+                 tab_c, tab_s, MASKED: tl.constexpr, MAG: tl.constexpr, FAST: tl.constexpr, DT: tl.constexpr,
+                 D: tl.constexpr):
+    """Load the key/value tile of rows s = start_n + j (j = offs_j) and return (X_k, Y_k, V) in DT: the keys'
+    magnitude times cos/sin of s theta_c + delta_c, by angle addition of the tile's coarse row
+    (start_n theta_c) and the per-program table cos/sin(j theta_c + delta_c). Row offsets: int64 tile base +
+    int32 in-tile."""
+    start = tl.cast(start_n, tl.int64)
+    k_ptrs = (k_base + start * stride_kn) + (offs_j[:, None] * stride_kn + offs_d[None, :])
+    v_ptrs = (v_base + start * stride_vn) + (offs_j[:, None] * stride_vn + offs_dv[None, :])
     if MASKED:
-        col_ok = offs_n < Tk
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
+        col_ok = (start_n + offs_j) < Tk
+        k = tl.load(k_ptrs, mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
     else:
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :])
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
     mu_k = _tl_magnitude(k.to(tl.float32), MAG, FAST)
-    ca, sa = _tl_cos_sin(start_n * theta + dlt, FAST)
+    ca, sa = _tl_coarse(COS_T, SIN_T, start_n, offs_d, D)
     ck, sk = _tl_rotate(ca, sa, tab_c, tab_s)
     return (mu_k * ck).to(DT), (mu_k * sk).to(DT), v
 
@@ -368,65 +393,55 @@ def _tl_rowmax(x):
     return tl.reduce(x, 1, tl.standard._elementwise_max)
 
 
-def _tl_theta(D: tl.constexpr, freq_exp, FAST: tl.constexpr):
-    """theta_c = exp2(c * freq_exp), c = 0..D-1, freq_exp = -log2(base) / D: radians per token.
-
-    On CUDA (FAST) through libdevice's accurate exp2 (<= 2 ulp), not ex2.approx (~2e-7 relative):
-    the phase t * theta_c carries theta's relative error times t, 1e-2 rad at t = 5e4 with the
-    approximate one. It runs once per program for D values, so the cost is nil.
-    """
-    c = tl.arange(0, D).to(tl.float32)
-    if FAST:
-        th = _libdevice.exp2(c * freq_exp)
-    else:
-        th = tl.exp2(c * freq_exp)
-    return th
+def _tl_split_pid(n_blocks, H):
+    """The 1-D grid's program id -> (block index, b, h, b * H + h). Blocks of one head are adjacent, so they
+    share its K/V in L2; a 1-D grid has room for 2^31 - 1 programs (CUDA's axis 1 only for 65,535)."""
+    pid = tl.program_id(0)
+    pid_bh = pid // n_blocks
+    return pid % n_blocks, (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64), pid_bh
 
 
 # ---- forward ------------------------------------------------------------------------------------
 
 def _pope_fwd_kernel(
-    Q, K, V, DELTA, O, LSE,
+    Q, K, V, DCS, COS_T, SIN_T, O, LSE,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
-    H, Tq, Tk, q_offset, qk_scale, freq_exp,
+    H, Tq, Tk, q_offset, qk_scale,
     TQ_BUCKET, TK_BUCKET,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, MAG: tl.constexpr, HAS_DELTA: tl.constexpr, DOT_PREC: tl.constexpr,
     FAST: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
+    pid_m, b, h, pid_bh = _tl_split_pid((Tq + BLOCK_M - 1) // BLOCK_M, H)
     DT = Q.dtype.element_ty
-    q_base = Q + b * stride_qb + h * stride_qh
+    m0 = pid_m * BLOCK_M
+    q_base = Q + b * stride_qb + h * stride_qh + m0.to(tl.int64) * stride_qm
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_i = tl.arange(0, BLOCK_M)
+    offs_m = m0 + offs_i
+    offs_j = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     offs_dv = tl.arange(0, DV)
-    theta = _tl_theta(D, freq_exp, FAST)
 
     # query tile -> scaled Cartesian components, kept in registers for the whole loop
     row_ok = offs_m < Tq
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q = tl.load(q_base + offs_i[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     mu_q = _tl_magnitude(q.to(tl.float32), MAG, FAST)
-    cq, sq = _tl_cos_sin((offs_m + q_offset).to(tl.float32)[:, None] * theta[None, :], FAST)
+    # query phase (m0 + q_offset + i) theta_c = coarse row of m0 + q_offset - r, plus fine row r + i, r = q_offset % 16
+    r = q_offset % _TRIG_STEP
+    qc, qs = _tl_coarse(COS_T, SIN_T, m0 + q_offset - r, offs_d, D)
+    tq_c, tq_s = _tl_table(COS_T, SIN_T, r, BLOCK_M, offs_d, D)
+    cq, sq = _tl_rotate(qc, qs, tq_c, tq_s)
     xq = (mu_q * cq * qk_scale).to(DT)
     yq = (mu_q * sq * qk_scale).to(DT)
-    if HAS_DELTA:
-        dlt = tl.load(DELTA + h * D + offs_d).to(tl.float32)
-    else:
-        dlt = tl.full([D], 0.0, tl.float32)
-    # cos, sin of j * theta_c for the rows j = 0..BLOCK_N-1 of a key tile, once per program; the key at
-    # s = start_n + j then has phase a + j theta_c with a = start_n theta_c + delta_c (angle addition)
-    tab_c, tab_s = _tl_cos_sin(offs_n0.to(tl.float32)[:, None] * theta[None, :], FAST)
+    # cos, sin of j * theta_c + delta_c for the rows j = 0..BLOCK_N-1 of a key tile, once per program; the key
+    # at s = start_n + j then has phase start_n theta_c + (j theta_c + delta_c) (angle addition)
+    tab_c, tab_s = _tl_delta_table(DCS, COS_T, SIN_T, H, h, BLOCK_N, offs_d, D, HAS_DELTA)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
@@ -441,12 +456,12 @@ def _pope_fwd_kernel(
             lo_n = n_full
             hi_n = hi
         for start_n in range(lo_n, hi_n, BLOCK_N):
-            offs_n = start_n + offs_n0
-            xk, yk, v = _tl_key_tile(k_base, v_base, start_n, offs_n, offs_d, offs_dv, stride_kn, stride_vn, Tk,
-                                     theta, dlt, tab_c, tab_s, phase == 1, MAG, FAST, DT)
+            xk, yk, v = _tl_key_tile(k_base, v_base, start_n, offs_j, offs_d, offs_dv, stride_kn, stride_vn, Tk,
+                                     COS_T, SIN_T, tab_c, tab_s, phase == 1, MAG, FAST, DT, D)
             s = tl.dot(xq, tl.trans(xk), input_precision=DOT_PREC)
             s = tl.dot(yq, tl.trans(yk), s, input_precision=DOT_PREC)  # logits * log2(e)
             if phase == 1:
+                offs_n = start_n + offs_j
                 ok = offs_n[None, :] < Tk
                 if CAUSAL:
                     ok = ok & (offs_n[None, :] <= (offs_m + q_offset)[:, None])
@@ -460,8 +475,8 @@ def _pope_fwd_kernel(
             m_i = m_new
 
     out = acc / l_i[:, None]
-    o_base = O + b * stride_ob + h * stride_oh
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :], out.to(O.dtype.element_ty),
+    o_base = O + b * stride_ob + h * stride_oh + m0.to(tl.int64) * stride_om
+    tl.store(o_base + offs_i[:, None] * stride_om + offs_dv[None, :], out.to(O.dtype.element_ty),
              mask=row_ok[:, None])
     lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # nats
     tl.store(LSE + pid_bh.to(tl.int64) * Tq + offs_m, lse, mask=row_ok)
@@ -476,66 +491,62 @@ def _pope_bwd_pre_kernel(
     H, Tq,
     DV: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_m, b, h, pid_bh = _tl_split_pid((Tq + BLOCK_M - 1) // BLOCK_M, H)
+    m0 = pid_m * BLOCK_M
+    offs_i = tl.arange(0, BLOCK_M)
+    offs_m = m0 + offs_i
     offs_dv = tl.arange(0, DV)
     row_ok = offs_m < Tq
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :],
-                mask=row_ok[:, None], other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_dv[None, :],
-                 mask=row_ok[:, None], other=0.0).to(tl.float32)
+    o = tl.load(O + b * stride_ob + h * stride_oh + m0.to(tl.int64) * stride_om + offs_i[:, None] * stride_om
+                + offs_dv[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + m0.to(tl.int64) * stride_dom + offs_i[:, None] * stride_dom
+                 + offs_dv[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     tl.store(DI + pid_bh.to(tl.int64) * Tq + offs_m, _tl_sum(o * do, 1), mask=row_ok)
 
 
 def _pope_bwd_dkdv_kernel(
-    Q, K, V, DELTA, DO, LSE, DI, DK, DV_, DDELTA_PART,
+    Q, K, V, DCS, COS_T, SIN_T, DO, LSE, DI, DK, DV_, DDELTA_PART,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
-    H, Tq, Tk, q_offset, qk_scale, freq_exp, n_kblocks, remat_zero,
+    H, Tq, Tk, q_offset, qk_scale, n_part_rows, remat_zero,
     TQ_BUCKET, TK_BUCKET,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, MAG: tl.constexpr, HAS_DELTA: tl.constexpr, DOT_PREC: tl.constexpr,
     FAST: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
+    pid_n, b, h, pid_bh = _tl_split_pid((Tk + BLOCK_N - 1) // BLOCK_N, H)
     DT = Q.dtype.element_ty
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
     row_base = pid_bh.to(tl.int64) * Tq
 
     n0 = pid_n * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_j = tl.arange(0, BLOCK_N)
+    offs_n = n0 + offs_j
+    offs_i = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     offs_dv = tl.arange(0, DV)
-    theta = _tl_theta(D, freq_exp, FAST)
     col_ok = offs_n < Tk
 
-    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+    k_ptrs = K + b * stride_kb + h * stride_kh + n0.to(tl.int64) * stride_kn + offs_j[:, None] * stride_kn + offs_d[None, :]
     k = tl.load(k_ptrs, mask=col_ok[:, None], other=0.0).to(tl.float32)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_dv[None, :],
-                mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + b * stride_vb + h * stride_vh + n0.to(tl.int64) * stride_vn + offs_j[:, None] * stride_vn
+                + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
     mu_k = _tl_magnitude(k, MAG, FAST)
-    if HAS_DELTA:
-        dlt = tl.load(DELTA + h * D + offs_d).to(tl.float32)
-    else:
-        dlt = tl.full([D], 0.0, tl.float32)
-    ck, sk = _tl_cos_sin(offs_n.to(tl.float32)[:, None] * theta[None, :] + dlt[None, :], FAST)
+    kc, ks = _tl_coarse(COS_T, SIN_T, n0, offs_d, D)
+    tk_c, tk_s = _tl_delta_table(DCS, COS_T, SIN_T, H, h, BLOCK_N, offs_d, D, HAS_DELTA)
+    ck, sk = _tl_rotate(kc, ks, tk_c, tk_s)
     xk = (mu_k * ck).to(DT)
     yk = (mu_k * sk).to(DT)
 
-    # cos, sin of i * theta_c for the rows i = 0..BLOCK_M-1 of a query tile (see the forward)
-    tab_c, tab_s = _tl_cos_sin(offs_m0.to(tl.float32)[:, None] * theta[None, :], FAST)
+    # cos, sin of (r + i) * theta_c, r = q_offset % 16, for the rows i of a query tile: a query at
+    # start_m + q_offset + i has phase (start_m + q_offset - r) theta_c (one coarse row) + (r + i) theta_c
+    r = q_offset % _TRIG_STEP
+    tab_c, tab_s = _tl_table(COS_T, SIN_T, r, BLOCK_M, offs_d, D)
 
     dxk = tl.full([BLOCK_N, D], 0.0, tl.float32)
     dyk = tl.full([BLOCK_N, D], 0.0, tl.float32)
@@ -561,21 +572,23 @@ def _pope_bwd_dkdv_kernel(
             lo_m = tl.maximum(mid, full_hi)
             hi_m = Tq
         for start_m in range(lo_m, hi_m, BLOCK_M):
-            offs_m = start_m + offs_m0
+            offs_m = start_m + offs_i
+            q_ptrs = (q_base + tl.cast(start_m, tl.int64) * stride_qm) + (offs_i[:, None] * stride_qm + offs_d[None, :])
+            do_ptrs = (do_base + tl.cast(start_m, tl.int64) * stride_dom) + (offs_i[:, None] * stride_dom
+                                                                            + offs_dv[None, :])
             if phase == 1:
-                q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :])
-                do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :])
+                q = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
                 lse = tl.load(LSE + row_base + offs_m)
                 di = tl.load(DI + row_base + offs_m)
             else:
                 row_ok = offs_m < Tq
-                q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-                do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :], mask=row_ok[:, None],
-                             other=0.0)
+                q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+                do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
                 lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
                 di = tl.load(DI + row_base + offs_m, mask=row_ok, other=0.0)
             mu_q = _tl_magnitude(q.to(tl.float32), MAG, FAST)
-            ca, sa = _tl_cos_sin((start_m + q_offset) * theta, FAST)  # (D,)
+            ca, sa = _tl_coarse(COS_T, SIN_T, start_m + q_offset - r, offs_d, D)  # (D,)
             cq, sq = _tl_rotate(ca, sa, tab_c, tab_s)
             xq = (mu_q * cq * qk_scale).to(DT)
             yq = (mu_q * sq * qk_scale).to(DT)
@@ -597,69 +610,70 @@ def _pope_bwd_dkdv_kernel(
     dxk = dxk * 0.6931471805599453
     dyk = dyk * 0.6931471805599453
     # Recompute k, mu_k, cos, sin rather than keeping them live through the loop (3-4 fp32 tiles of
-    # registers). remat_zero is a runtime 0, so the compiler cannot merge this with the prologue (CSE).
+    # registers), with the same operations as the prologue. remat_zero is a runtime 0, so the compiler
+    # cannot merge this with the prologue (CSE).
     k = tl.load(k_ptrs + remat_zero, mask=col_ok[:, None], other=0.0).to(tl.float32)
     mu_k = _tl_magnitude(k, MAG, FAST)
-    ck, sk = _tl_cos_sin((offs_n + remat_zero).to(tl.float32)[:, None] * theta[None, :] + dlt[None, :], FAST)
+    kc, ks = _tl_coarse(COS_T, SIN_T, n0 + remat_zero, offs_d, D)
+    tk_c, tk_s = _tl_delta_table(DCS, COS_T + remat_zero, SIN_T, H, h, BLOCK_N, offs_d, D, HAS_DELTA)
+    ck, sk = _tl_rotate(kc, ks, tk_c, tk_s)
     dmu = ck * dxk + sk * dyk
     dk = dmu * _tl_magnitude_grad(k, MAG)
-    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV_ + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :],
-             dv.to(DV_.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DK + b * stride_dkb + h * stride_dkh + n0.to(tl.int64) * stride_dkn + offs_j[:, None] * stride_dkn
+             + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV_ + b * stride_dvb + h * stride_dvh + n0.to(tl.int64) * stride_dvn + offs_j[:, None] * stride_dvn
+             + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=col_ok[:, None])
     if HAS_DELTA:
+        # d(delta) partial sums, one row per _PART_KEYS keys whatever BLOCK_N is: every launch writes every row
+        # its keys cover, so rows left by an earlier launch with another BLOCK_N (autotuning) are overwritten
         dphase = mu_k * (ck * dyk - sk * dxk)
         dphase = tl.where(col_ok[:, None], dphase, 0.0)
-        part = _tl_sum(dphase, 0)
-        tl.store(DDELTA_PART + ((b * n_kblocks + pid_n) * H + h) * D + offs_d, part)
+        part = _tl_sum(tl.reshape(dphase, (BLOCK_N // _PART_KEYS, _PART_KEYS, D)), 1)
+        rows = pid_n * (BLOCK_N // _PART_KEYS) + tl.arange(0, BLOCK_N // _PART_KEYS)
+        tl.store(DDELTA_PART + ((b * n_part_rows + rows[:, None]) * H + h) * D + offs_d[None, :], part)
 
 
 def _pope_bwd_dq_kernel(
-    Q, K, V, DELTA, DO, LSE, DI, DQ,
+    Q, K, V, DCS, COS_T, SIN_T, DO, LSE, DI, DQ,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
-    H, Tq, Tk, q_offset, qk_scale, sm_scale, freq_exp, remat_zero,
+    H, Tq, Tk, q_offset, qk_scale, sm_scale, remat_zero,
     TQ_BUCKET, TK_BUCKET,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, MAG: tl.constexpr, HAS_DELTA: tl.constexpr, DOT_PREC: tl.constexpr,
     FAST: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
+    pid_m, b, h, pid_bh = _tl_split_pid((Tq + BLOCK_M - 1) // BLOCK_M, H)
     DT = Q.dtype.element_ty
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     row_base = pid_bh.to(tl.int64) * Tq
 
     m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_i = tl.arange(0, BLOCK_M)
+    offs_m = m0 + offs_i
+    offs_j = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     offs_dv = tl.arange(0, DV)
-    theta = _tl_theta(D, freq_exp, FAST)
     row_ok = offs_m < Tq
+    r = q_offset % _TRIG_STEP
 
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+    q_ptrs = Q + b * stride_qb + h * stride_qh + m0.to(tl.int64) * stride_qm + offs_i[:, None] * stride_qm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
     mu_q = _tl_magnitude(q, MAG, FAST)
-    cq, sq = _tl_cos_sin((offs_m + q_offset).to(tl.float32)[:, None] * theta[None, :], FAST)
+    qc, qs = _tl_coarse(COS_T, SIN_T, m0 + q_offset - r, offs_d, D)
+    tq_c, tq_s = _tl_table(COS_T, SIN_T, r, BLOCK_M, offs_d, D)
+    cq, sq = _tl_rotate(qc, qs, tq_c, tq_s)
     xq = (mu_q * cq * qk_scale).to(DT)
     yq = (mu_q * sq * qk_scale).to(DT)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_dv[None, :],
-                 mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + m0.to(tl.int64) * stride_dom + offs_i[:, None] * stride_dom
+                 + offs_dv[None, :], mask=row_ok[:, None], other=0.0)
     lse2 = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
     di = tl.load(DI + row_base + offs_m, mask=row_ok, other=0.0)
-    if HAS_DELTA:
-        dlt = tl.load(DELTA + h * D + offs_d).to(tl.float32)
-    else:
-        dlt = tl.full([D], 0.0, tl.float32)
-
-    tab_c, tab_s = _tl_cos_sin(offs_n0.to(tl.float32)[:, None] * theta[None, :], FAST)  # as in the forward
+    tab_c, tab_s = _tl_delta_table(DCS, COS_T, SIN_T, H, h, BLOCK_N, offs_d, D, HAS_DELTA)  # as in the forward
 
     dxq = tl.full([BLOCK_M, D], 0.0, tl.float32)
     dyq = tl.full([BLOCK_M, D], 0.0, tl.float32)
@@ -672,13 +686,13 @@ def _pope_bwd_dq_kernel(
             lo_n = n_full
             hi_n = hi
         for start_n in range(lo_n, hi_n, BLOCK_N):
-            offs_n = start_n + offs_n0
-            xk, yk, v = _tl_key_tile(k_base, v_base, start_n, offs_n, offs_d, offs_dv, stride_kn, stride_vn, Tk,
-                                     theta, dlt, tab_c, tab_s, phase == 1, MAG, FAST, DT)
+            xk, yk, v = _tl_key_tile(k_base, v_base, start_n, offs_j, offs_d, offs_dv, stride_kn, stride_vn, Tk,
+                                     COS_T, SIN_T, tab_c, tab_s, phase == 1, MAG, FAST, DT, D)
             s = tl.dot(xq, tl.trans(xk), input_precision=DOT_PREC)
             s = tl.dot(yq, tl.trans(yk), s, input_precision=DOT_PREC)
             p = tl.exp2(s - lse2[:, None])
             if phase == 1:
+                offs_n = start_n + offs_j
                 ok = offs_n[None, :] < Tk
                 if CAUSAL:
                     ok = ok & (offs_n[None, :] <= (offs_m + q_offset)[:, None])
@@ -690,17 +704,19 @@ def _pope_bwd_dq_kernel(
 
     # recompute q, cos, sin (see the dkdv epilogue) instead of keeping them live through the loop
     q = tl.load(q_ptrs + remat_zero, mask=row_ok[:, None], other=0.0).to(tl.float32)
-    cq, sq = _tl_cos_sin((offs_m + q_offset + remat_zero).to(tl.float32)[:, None] * theta[None, :], FAST)
+    qc, qs = _tl_coarse(COS_T, SIN_T, m0 + q_offset - r + remat_zero, offs_d, D)
+    tq_c, tq_s = _tl_table(COS_T, SIN_T, r + remat_zero, BLOCK_M, offs_d, D)
+    cq, sq = _tl_rotate(qc, qs, tq_c, tq_s)
     dmu = (cq * dxq + sq * dyq) * sm_scale
     dq = dmu * _tl_magnitude_grad(q, MAG)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + m0.to(tl.int64) * stride_dqm + offs_i[:, None] * stride_dqm
+             + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
 # ---- kernel objects, built lazily per execution mode -------------------------------------------
 
-_HELPERS = ("_tl_magnitude", "_tl_magnitude_grad", "_tl_cos_sin", "_tl_rotate", "_tl_key_range", "_tl_key_tile",
-            "_tl_sum", "_tl_rowmax", "_tl_theta")
+_HELPERS = ("_tl_magnitude", "_tl_magnitude_grad", "_tl_rotate", "_tl_table", "_tl_coarse", "_tl_delta_table",
+            "_tl_key_range", "_tl_key_tile", "_tl_sum", "_tl_rowmax", "_tl_split_pid")
 _HELPER_FNS = {name: globals()[name] for name in _HELPERS}
 _KERNEL_FNS = {"fwd": _pope_fwd_kernel, "pre": _pope_bwd_pre_kernel,
                "dkdv": _pope_bwd_dkdv_kernel, "dq": _pope_bwd_dq_kernel}
@@ -785,14 +801,44 @@ def _with_helpers(raw, wrap):
 
 def _make_autotuned(name, raw):
     arg_names = raw.__code__.co_varnames[:raw.__code__.co_argcount]
-    no_spec = [a for a in ("Tq", "Tk", "q_offset", "n_kblocks", "remat_zero") if a in arg_names]  # decoding: no recompiles
+    no_spec = [a for a in ("Tq", "Tk", "q_offset", "n_part_rows", "remat_zero") if a in arg_names]  # decoding: no recompiles
     jit = _JITFunction(_with_helpers(raw, _JITFunction), do_not_specialize=no_spec)
     if name == "pre":
         return jit
-    table = sorted(set(_CONFIGS[name][64]) | set(_CONFIGS[name][128]), reverse=True)
+    pinned = pinned_configs().get(name)
+    table = [pinned] if pinned else sorted(set(_CONFIGS[name][64]) | set(_CONFIGS[name][128]), reverse=True)
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in table]
+    # cache_results: the timings go to Triton's cache dir, so later processes on this machine reuse the choice
     return triton.autotune(configs, key=["TQ_BUCKET", "TK_BUCKET", "D", "DV", "CAUSAL", "MAG", "HAS_DELTA"],
-                           prune_configs_by={"early_config_prune": _prune(name)})(jit)
+                           prune_configs_by={"early_config_prune": _prune(name)}, cache_results=True)(jit)
+
+
+PIN_ENV = "POPE_TRITON_CONFIG"
+
+
+def pinned_configs():
+    """Configs pinned by the environment variable POPE_TRITON_CONFIG, read when the kernels are first built.
+
+    Format: "fwd=128,64,8,3;dkdv=32,64,8,3;dq=64,32,4,3" (BLOCK_M, BLOCK_N, num_warps, num_stages per kernel;
+    any subset of the three). A pinned kernel is not autotuned, so every process and DDP rank runs the same
+    tiles and gets bitwise the same dq, dk and d(delta). Returns {role: (bm, bn, warps, stages)}.
+    Raises ValueError for a malformed value: BLOCK_M, BLOCK_N must be powers of two in 16..128.
+    """
+    spec = os.environ.get(PIN_ENV, "").strip()
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(";"))):
+        role, _, vals = item.partition("=")
+        try:
+            cfg = tuple(int(x) for x in vals.split(","))
+        except ValueError:
+            cfg = ()
+        ok = (role.strip() in ("fwd", "dkdv", "dq") and len(cfg) == 4
+              and all(b in (16, 32, 64, 128) for b in cfg[:2]) and cfg[2] in (1, 2, 4, 8, 16) and cfg[3] >= 1)
+        if not ok:
+            raise ValueError(f"{PIN_ENV}={spec!r}: expected e.g. 'fwd=128,64,8,3;dkdv=32,64,8,3;dq=64,32,4,3' "
+                             "(BLOCK_M,BLOCK_N,num_warps,num_stages per kernel; blocks in 16..128, powers of two)")
+        out[role.strip()] = cfg
+    return out
 
 
 def _make_interpreted(raw):
@@ -819,15 +865,31 @@ def _kernels():
 _LOG2E = 1.4426950408889634
 
 
+def _fp32_matmul_allows_tf32():
+    """True if torch lets fp32 CUDA matmuls use TF32, read through the API that works in this process.
+
+    torch >= 2.9 has torch.backends.cuda.matmul.fp32_precision ('ieee' | 'tf32' | 'none' = inherit
+    torch.backends.fp32_precision); once it has been set, reading the legacy allow_tf32 raises. The
+    legacy setter updates fp32_precision too, so reading the new attribute is right under both APIs.
+    """
+    mm = torch.backends.cuda.matmul
+    prec = getattr(mm, "fp32_precision", None)
+    if prec is None:  # torch < 2.9
+        return bool(mm.allow_tf32)
+    if prec == "none":
+        prec = getattr(torch.backends, "fp32_precision", "none")
+    return prec == "tf32"
+
+
 def _dot_precision(dtype):
     """tl.dot input precision: fp32 operands use IEEE fp32 unless torch allows TF32 matmuls."""
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    if dtype == torch.float32 and not _fp32_matmul_allows_tf32():
         return "ieee"
     return "tf32"  # ignored for fp16 / bf16 operands
 
 
 def _common_meta(q, v, delta, causal, magnitude, interpreting):
-    fast = not interpreting and torch.version.hip is None  # libdevice fast sin/cos: NVIDIA only
+    fast = not interpreting and torch.version.hip is None  # libdevice fast lg2: NVIDIA only
     return dict(D=q.shape[-1], DV=v.shape[-1], CAUSAL=bool(causal), MAG=_MAG_CODE[magnitude],
                 HAS_DELTA=delta is not None, DOT_PREC=_dot_precision(q.dtype), FAST=fast)
 
@@ -844,6 +906,56 @@ def _launch(kernel, grid_fn, role, interpreting, device, args, meta):
             kernel[grid_fn if role != "pre" else grid_fn(meta)](*args, **meta)
 
 
+_TRIG_CACHE = {}
+
+
+def _trig_tables(D, theta, max_pos, device):
+    """Host cos/sin tables of the kernels' phases, (TRIG_FINE_ROWS + n_coarse, D) float32 each.
+
+    Row j < 144 holds cos/sin(j theta_c) (fine rows); row 144 + a holds cos/sin(16 a theta_c), a = 0..max_pos // 16
+    (coarse rows). theta_c is pope_frequencies(D, theta) (float32), and every angle is formed in float64 and
+    rounded once to float32 after cos/sin, so the kernels see the exact phase s * theta_c of that table.
+    A kernel phase is one coarse row (the tile start) added to one fine row (the row in the tile, plus
+    q_offset % 16 for queries; plus delta for keys): ~2 float32 roundings, whatever the tile sizes.
+    Memory: 8 * D * (144 + max_pos / 16) bytes, 4.2 MB at D = 128 and 128k tokens. Cached per
+    (D, theta, device); the row count grows in powers of two.
+    """
+    n_coarse = _pow2_bucket(max_pos // TRIG_STEP + 1)
+    key = (D, float(theta), str(device))
+    hit = _TRIG_CACHE.get(key)
+    if hit is None or hit[0] < n_coarse:
+        freqs = pope_frequencies(D, theta, device=device).double()
+        pos = torch.cat((torch.arange(TRIG_FINE_ROWS, device=device),
+                         TRIG_STEP * torch.arange(n_coarse, device=device))).double()
+        angle = pos[:, None] * freqs  # exact: < 2^31 times a 24-bit float32
+        hit = (n_coarse, torch.cos(angle).float().contiguous(), torch.sin(angle).float().contiguous())
+        _TRIG_CACHE[key] = hit
+    return hit[1], hit[2]
+
+
+def _delta_cos_sin(delta, like):
+    """(2, H, D) float32 cos, sin of delta (from float64), or a 1-element placeholder when delta is None."""
+    if delta is None:
+        return like.new_zeros(1, dtype=torch.float32)
+    d64 = delta.detach().double()
+    return torch.stack((torch.cos(d64), torch.sin(d64))).float().contiguous()
+
+
+def _check_limits(B, H, Tq, Tk, q_offset, row_strides):
+    """Raise ValueError for launches the kernels cannot address (see pope_attention_triton, Limits)."""
+    if q_offset + Tq > MAX_POSITION or Tk > MAX_POSITION:
+        raise ValueError(f"positions up to {max(q_offset + Tq, Tk)} tokens exceed the kernel's int32 positions "
+                         f"(max {MAX_POSITION}); use backend='torch'")
+    n_programs = B * H * triton.cdiv(max(Tq, Tk, 1), 16)
+    if n_programs > 2 ** 31 - 1:
+        raise ValueError(f"B * H * ceil(T / 16) = {n_programs} programs exceed the 1-D grid limit 2^31 - 1; "
+                         "split the batch into smaller calls")
+    bad = [s for s in row_strides if s * 128 >= 2 ** 31]
+    if bad:
+        raise ValueError(f"row stride {bad[0]} elements: the kernels keep in-tile offsets (128 rows x stride) in "
+                         "int32, so row strides must be < 2^24 elements; pass contiguous (B, H, T, d) tensors")
+
+
 def _pope_forward_impl(q, k, v, delta, causal, theta, sm_scale, q_offset, magnitude):
     kernels, interpreting = _kernels()
     B, H, Tq, D = q.shape
@@ -852,12 +964,13 @@ def _pope_forward_impl(q, k, v, delta, causal, theta, sm_scale, q_offset, magnit
     lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
     if Tq == 0 or B * H == 0:
         return o, lse
-    args = (q, k, v, delta if delta is not None else lse, o, lse,
+    _check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), k.stride(2), v.stride(2), o.stride(2)))
+    cos_t, sin_t = _trig_tables(D, theta, max(Tk, q_offset + Tq), q.device)
+    args = (q, k, v, _delta_cos_sin(delta, q), cos_t, sin_t, o, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            H, Tq, Tk, q_offset, sm_scale * _LOG2E, -math.log2(theta) / D,
-            _pow2_bucket(Tq), _pow2_bucket(Tk))
-    _launch(kernels["fwd"], lambda m: (triton.cdiv(Tq, m["BLOCK_M"]), B * H), "fwd", interpreting, q.device,
+            H, Tq, Tk, q_offset, sm_scale * _LOG2E, _pow2_bucket(Tq), _pow2_bucket(Tk))
+    _launch(kernels["fwd"], lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,), "fwd", interpreting, q.device,
             args, _common_meta(q, v, delta, causal, magnitude, interpreting))
     return o, lse
 
@@ -872,28 +985,30 @@ def _pope_backward_impl(do, q, k, v, delta, o, lse, causal, theta, sm_scale, q_o
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     dk = torch.empty(k.shape, device=q.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=q.device, dtype=v.dtype)
-    min_bn = _INTERPRET_BLOCKS["dkdv"][1] if interpreting else min(c[1] for t in _CONFIGS["dkdv"].values() for c in t)
-    n_kblocks = triton.cdiv(Tk, min_bn)  # layout of the partial buffer; unused rows stay zero
-    part = torch.zeros((B, n_kblocks, H, D) if delta is not None else (1,), device=q.device, dtype=torch.float32)
+    # d(delta) partials: one row per PART_KEYS keys, for any BLOCK_N <= 128; rows past the keys stay zero
+    n_part_rows = triton.cdiv(Tk, 128) * (128 // PART_KEYS)
+    part = torch.zeros((B, n_part_rows, H, D) if delta is not None else (1,), device=q.device, dtype=torch.float32)
     if Tq == 0 or B * H == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
         return dq, dk, dv, torch.zeros((H, D), device=q.device, dtype=torch.float32)
+    _check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), k.stride(2), v.stride(2), o.stride(2), do.stride(2)))
+    cos_t, sin_t = _trig_tables(D, theta, max(Tk, q_offset + Tq), q.device)
+    dcs = _delta_cos_sin(delta, q)
     di = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
-    _launch(kernels["pre"], lambda m: (triton.cdiv(Tq, m["BLOCK_M"]), B * H), "pre", interpreting, q.device,
+    _launch(kernels["pre"], lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,), "pre", interpreting, q.device,
             (o, do, di, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), H, Tq),
             dict(DV=DV))
     meta = _common_meta(q, v, delta, causal, magnitude, interpreting)
-    qk_scale, freq_exp = sm_scale * _LOG2E, -math.log2(theta) / D
-    dl = delta if delta is not None else lse
+    qk_scale = sm_scale * _LOG2E
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    _launch(kernels["dkdv"], lambda m: (triton.cdiv(Tk, m["BLOCK_N"]), B * H), "dkdv", interpreting, q.device,
-            (q, k, v, dl, do, lse, di, dk, dv, part, *strides,
+    _launch(kernels["dkdv"], lambda m: (triton.cdiv(Tk, m["BLOCK_N"]) * B * H,), "dkdv", interpreting, q.device,
+            (q, k, v, dcs, cos_t, sin_t, do, lse, di, dk, dv, part, *strides,
              dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-             H, Tq, Tk, q_offset, qk_scale, freq_exp, n_kblocks, 0, _pow2_bucket(Tq), _pow2_bucket(Tk)), meta)
-    _launch(kernels["dq"], lambda m: (triton.cdiv(Tq, m["BLOCK_M"]), B * H), "dq", interpreting, q.device,
-            (q, k, v, dl, do, lse, di, dq, *strides, dq.stride(0), dq.stride(1), dq.stride(2),
-             H, Tq, Tk, q_offset, qk_scale, sm_scale, freq_exp, 0, _pow2_bucket(Tq), _pow2_bucket(Tk)), meta)
+             H, Tq, Tk, q_offset, qk_scale, n_part_rows, 0, _pow2_bucket(Tq), _pow2_bucket(Tk)), meta)
+    _launch(kernels["dq"], lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,), "dq", interpreting, q.device,
+            (q, k, v, dcs, cos_t, sin_t, do, lse, di, dq, *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+             H, Tq, Tk, q_offset, qk_scale, sm_scale, 0, _pow2_bucket(Tq), _pow2_bucket(Tk)), meta)
     ddelta = part.sum(dim=(0, 1)) if delta is not None else torch.zeros((H, D), device=q.device, dtype=torch.float32)
     return dq, dk, dv, ddelta
 
@@ -990,7 +1105,8 @@ def pope_attention_triton(q, k, v, delta=None, *, causal=True, theta=10000.0, sm
             q_offset + i tokens, key j at position j.
         delta: (H, d) phase bias in radians added to the key phases, or None (zero, no gradient).
         causal: query i sees keys j <= q_offset + i (bottom-right alignment when q_offset = Tk - Tq).
-        theta: frequency base; theta_c = theta^(-(c-1)/d) radians per token, computed in-kernel.
+        theta: frequency base; theta_c = theta^(-(c-1)/d) radians per token, the float32 table
+            pope_frequencies; the phases come from host cos/sin tables formed in float64 (see _trig_tables).
         sm_scale: logit scale (default 1/sqrt(d)); q_offset: tokens, >= 0; magnitude: 'softplus' |
             'relu' | 'identity'.
 
@@ -1000,12 +1116,23 @@ def pope_attention_triton(q, k, v, delta=None, *, causal=True, theta=10000.0, sm
         backward pope::attention_bwd); the softmax logsumexp (nats) is kept internally for the backward.
 
     Supported: d, dv in TRITON_HEAD_DIMS = (16, 32, 64, 128); float16 / bfloat16 / float32 (fp32 dots
-    run in IEEE fp32 unless torch.backends.cuda.matmul.allow_tf32); any Tq, Tk >= 1; Tq <= Tk is not
+    run in IEEE fp32 unless torch allows TF32 matmuls, read under either TF32 API; backend='auto' sends
+    fp32 to the torch path, since the IEEE-fp32 tiles spill heavily); any Tq, Tk >= 1; Tq <= Tk is not
     required. CUDA tensors; CPU tensors only under the Triton interpreter (TRITON_INTERPRET=1).
+
+    Limits (checked, ValueError): positions q_offset + Tq and Tk < 2^31 (int32 positions); the 1-D grid
+    has B * H * ceil(T / BLOCK) programs, at most 2^31 - 1 (no 65,535 limit on B * H); element offsets
+    of a row (b, h, t) are int64, in-tile offsets (<= 128 rows x row stride) int32, so row strides must be
+    < 2^24 elements. The host phase table takes 8 * d * (144 + T / 16) bytes (4.2 MB at d = 128, 128k tokens).
+
+    Determinism: with one set of tile sizes every kernel is deterministic, d(delta) included (per-16-key
+    partial sums, no atomics). Autotuning may pick other tiles in another process or DDP rank (then dq, dk,
+    d(delta) differ in the last bits); timings are cached on disk per machine (Triton cache_results), and
+    POPE_TRITON_CONFIG pins the tiles (see pinned_configs).
 
     Raises:
         ValueError: shape / q_offset / magnitude errors (as pope_attention), unsupported head dim or
-            dtype, CPU tensors without TRITON_INTERPRET=1, or triton not importable.
+            dtype, CPU tensors without TRITON_INTERPRET=1, the limits above, or triton not importable.
     """
     _check(q, k, v, delta, q_offset)
     if magnitude not in MAGNITUDES:

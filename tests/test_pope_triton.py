@@ -267,8 +267,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import pope_kernel as pk
 ptr = {{"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "DO": "*bf16", "DK": "*bf16", "DV_": "*bf16",
-       "DQ": "*bf16", "DELTA": "*fp32", "LSE": "*fp32", "DI": "*fp32", "DDELTA_PART": "*fp32",
-       "qk_scale": "fp32", "sm_scale": "fp32", "freq_exp": "fp32"}}
+       "DQ": "*bf16", "DCS": "*fp32", "COS_T": "*fp32", "SIN_T": "*fp32", "LSE": "*fp32", "DI": "*fp32",
+       "DDELTA_PART": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32"}}
 for name, (bm, bn, warps, stages) in (("fwd", (128, 64, 8, 3)), ("dkdv", (32, 64, 8, 3)), ("dq", (128, 32, 8, 3))):
     raw = pk._KERNEL_FNS[name]
     consts = dict(D=64, DV=64, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, MAG=0, HAS_DELTA=True, DOT_PREC="tf32",
@@ -318,3 +318,152 @@ def test_interpreter_flag_set_after_triton_import():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
+
+# ---- GPU-only defects made visible on CPU (issue: autotuning leftovers, TF32 flag, phase exactness, limits) ----
+
+def test_ddelta_ignores_partial_sums_left_by_an_earlier_config(monkeypatch):
+    """On a GPU the autotuner runs every candidate config on the live buffers before the winner. Emulate it:
+    launch the dK/dV kernel with BLOCK_N = 16 (a losing candidate), then with BLOCK_N = 64 on the same
+    buffers. d(delta) must still match the float64 reference."""
+    if CUDA:
+        pytest.skip("emulates the autotuner under the interpreter")
+    monkeypatch.setitem(pk._INTERPRET_BLOCKS, "dkdv", (16, 16))
+    launch = pk._launch
+
+    def launch_twice(kernel, grid_fn, role, interpreting, device, args, meta):
+        if role == "dkdv":
+            pk._INTERPRET_BLOCKS["dkdv"] = (16, 16)
+            launch(kernel, grid_fn, role, interpreting, device, args, meta)
+            pk._INTERPRET_BLOCKS["dkdv"] = (16, 64)
+        return launch(kernel, grid_fn, role, interpreting, device, args, meta)
+
+    monkeypatch.setattr(pk, "_launch", launch_twice)
+    q, k, v, delta = _inputs(2, 2, 37, 70, 16, 16, True, torch.float32, seed=6)
+    errors = _check_leaves_against_reference(q, k, v, delta, dict(causal=True, q_offset=0), tol=1e-4)
+    assert errors["ddelta"] < 1e-4
+
+
+TF32_PROBE = """
+import sys
+sys.path.insert(0, {repo!r})
+import torch, pope_kernel as pk
+{setup}
+print(pk._dot_precision(torch.float32), pk._dot_precision(torch.bfloat16))
+"""
+
+
+@pytest.mark.parametrize("setup, want", [
+    ("", "ieee"),
+    ("torch.backends.cuda.matmul.allow_tf32 = True", "tf32"),
+    ("torch.backends.cuda.matmul.fp32_precision = 'tf32'", "tf32"),
+    ("torch.backends.cuda.matmul.fp32_precision = 'ieee'", "ieee"),
+    ("torch.backends.fp32_precision = 'tf32'", "tf32"),
+    ("torch.backends.cuda.matmul.allow_tf32 = True\ntorch.backends.cuda.matmul.fp32_precision = 'ieee'", "ieee"),
+], ids=["default", "legacy_tf32", "new_tf32", "new_ieee", "global_tf32", "legacy_then_new"])
+def test_dot_precision_reads_both_tf32_apis(setup, want):
+    """torch's newer fp32_precision API makes a later read of the legacy allow_tf32 flag raise. Each case
+    runs in a fresh process: these flags are global."""
+    res = subprocess.run([sys.executable, "-c", TF32_PROBE.format(repo=str(REPO), setup=setup)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == [want, "tf32"]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_phases_exact_at_1e5_tokens(backend):
+    """Queries at absolute positions ~1e5 (phases ~1e5 rad): every phase must be the exact s * theta_c of the
+    fp32 frequency table (pope_frequencies), so out and every gradient match the float64 reference (which uses
+    that same table) to fp32 rounding. fp32 phase products are off by up to ~4e-3 rad here."""
+    q, k, v, delta = _inputs(1, 2, 20, 40, 16, 16, True, torch.float32, seed=7)
+    kw = dict(causal=True, q_offset=100_000 - 20, magnitude="softplus")
+    if backend == "triton":
+        _check_leaves_against_reference(q, k, v, delta, kw, tol=2e-5)
+    else:
+        out = pk.pope_attention(q, k, v, delta, backend="torch", **kw)
+        leaves = [q, k, v, delta]
+        ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+        ref = pk.pope_attention_reference(*ref_leaves, **kw)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        got = torch.autograd.grad(out, leaves, g)
+        want = torch.autograd.grad(ref, ref_leaves, g.double())
+        for name, a, b in zip(("out", "dq", "dk", "dv", "ddelta"), (out, *got), (ref, *want)):
+            err = (a.double() - b).abs().max().item()
+            assert err <= 2e-5 * max(1.0, b.abs().max().item()), (name, err)
+
+
+def test_backward_logits_reproduce_forward_lse(monkeypatch):
+    """The dK/dV kernel recomputes P = exp(S - LSE) from its own phases (query side by angle addition at other
+    tile sizes than the forward). With dO[i, c] = 1[c == i], dV[j, i] = P[i, j], so the column sums of dV are
+    exp(LSE_backward - LSE_forward) per query row: they must be 1 to fp32 rounding, also at 1e5 tokens."""
+    if not CUDA:
+        monkeypatch.setitem(pk._INTERPRET_BLOCKS, "dkdv", (16, 32))
+    B, H, Tq, Tk, d = 1, 2, 16, 45, 16
+    q, k, v, delta = (t.detach() for t in _inputs(B, H, Tq, Tk, d, d, True, torch.float32, seed=8))
+    for q_offset in (Tk - Tq, 100_000):
+        o, lse = pk._pope_forward_impl(q, k, v, delta, True, 10000.0, d ** -0.5, q_offset, "softplus")
+        do = torch.eye(Tq, d, device=DEV).expand(B, H, Tq, d).contiguous()
+        _, _, dv, _ = pk._pope_backward_impl(do, q, k, v, delta, o, lse, True, 10000.0, d ** -0.5, q_offset,
+                                             "softplus")
+        row_sums = dv.double().sum(dim=2)[..., :Tq]  # (B, H, Tq)
+        assert (row_sums - 1).abs().max().item() < 1e-5, (q_offset, (row_sums - 1).abs().max().item())
+
+
+def test_launch_limits_raise_clear_errors():
+    """Limits of the kernels' index arithmetic are checked on the host (no allocation needed)."""
+    with pytest.raises(ValueError, match="int32 positions"):
+        pk._check_limits(1, 1, 16, 16, 2 ** 31 - 8, (64, 64))
+    with pytest.raises(ValueError, match="grid limit"):
+        pk._check_limits(2 ** 16, 2 ** 8, 2 ** 11, 2 ** 11, 0, (64, 64))
+    with pytest.raises(ValueError, match="row stride"):
+        pk._check_limits(1, 1, 16, 16, 0, (64, 2 ** 24))
+    pk._check_limits(2 ** 12, 32, 4096, 4096, 0, (3 * 4096, 3 * 4096))  # B * H = 131072 > 65,535: fine
+
+
+def test_grid_is_one_dimensional(monkeypatch):
+    """B * H must not sit on CUDA's grid axis 1 (at most 65,535): every launch uses a 1-D grid."""
+    grids = []
+    launch = pk._launch
+
+    def record(kernel, grid_fn, role, interpreting, device, args, meta):
+        grids.append((role, grid_fn({"BLOCK_M": 16, "BLOCK_N": 16})))
+        return launch(kernel, grid_fn, role, interpreting, device, args, meta)
+
+    monkeypatch.setattr(pk, "_launch", record)
+    q, k, v, delta = _inputs(2, 3, 20, 20, 16, 16, True, torch.float32)
+    pk.pope_attention(q, k, v, delta, backend="triton").sum().backward()
+    assert {r for r, _ in grids} == {"fwd", "pre", "dkdv", "dq"}
+    assert all(len(g) == 1 and g[0] == 2 * 3 * 2 for _, g in grids), grids
+
+
+@pytest.mark.parametrize("spec, want", [
+    ("", {}),
+    ("fwd=128,64,8,3", {"fwd": (128, 64, 8, 3)}),
+    (" dkdv=32,64,8,3 ; dq=64,32,4,3 ", {"dkdv": (32, 64, 8, 3), "dq": (64, 32, 4, 3)}),
+])
+def test_pinned_configs_parse(monkeypatch, spec, want):
+    monkeypatch.setenv(pk.PIN_ENV, spec)
+    assert pk.pinned_configs() == want
+
+
+@pytest.mark.parametrize("spec", ["fwd=128,64,8", "bwd=64,64,4,3", "fwd=96,64,4,3", "dq=a,b,c,d"])
+def test_pinned_configs_reject_bad_values(monkeypatch, spec):
+    monkeypatch.setenv(pk.PIN_ENV, spec)
+    with pytest.raises(ValueError, match=pk.PIN_ENV):
+        pk.pinned_configs()
+
+
+def test_auto_backend_sends_fp32_to_torch_path(monkeypatch):
+    """On CUDA, backend='auto' uses the kernel for fp16/bf16 only (IEEE-fp32 tiles spill); checked here with
+    tensors that claim to be on CUDA."""
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    calls = []
+    monkeypatch.setattr(pk, "pope_attention_triton", lambda *a, **kw: calls.append(a[0].dtype) or a[2][..., :1, :])
+    for dtype in (torch.float32, torch.float16):
+        q, k, v = (torch.randn(1, 1, 4, 16, dtype=dtype) for _ in range(3))
+        if dtype == torch.float16:
+            pk.pope_attention(q, k, v)
+        else:
+            monkeypatch.setattr(pk, "sdpa_attention", lambda q, k, v, **kw: calls.append("torch") or v[..., :16])
+            pk.pope_attention(q, k, v)
+    assert calls == ["torch", torch.float16]
