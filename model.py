@@ -9,6 +9,9 @@ RMSNorm instead of LayerNorm. `pos_encoding` picks how attention sees positions:
             bias delta (n_head, head_dim) in radians kept in [-2*pi, 0]; see pope_kernel.py
     'none'  no positional encoding (NoPE): causal masking is the only source of order
 
+RoPE models can run with YaRN frequencies (Peng et al. 2024, "YaRN: Efficient Context Window
+Extension"): rope_scaling = s = L'/L > 1 and rope_original_block_size = L; see rope_frequencies.
+
 Attention logits are scaled by 1/sqrt(head_dim) for every encoding (for PoPE, head_dim is d, not
 the 2d of its Cartesian form). Relative encodings have no maximum length: sequences longer than
 block_size are accepted, because evaluating beyond the training length is part of the point.
@@ -42,6 +45,8 @@ class GPTConfig:
     pope_magnitude: str = "softplus"  # 'softplus' (paper) | 'relu' | 'identity' (ablations, Table "PoPE ablations")
     pope_delta: bool = True  # learnable phase bias on; False is the "no delta" ablation
     attn_backend: str = "auto"  # pope_attention backend: 'auto' | 'triton' | 'torch'
+    rope_scaling: float = 1.0  # YaRN scale s = L'/L for 'rope'; 1.0 = plain RoPE
+    rope_original_block_size: int = 0  # YaRN's L: the context (tokens) the RoPE model was trained at
 
     def __post_init__(self):
         if self.pos_encoding not in POS_ENCODINGS:
@@ -54,16 +59,65 @@ class GPTConfig:
             raise ValueError(f"pope_delta_init must be 'zero' or 'uniform', got {self.pope_delta_init!r}")
         if self.pope_magnitude not in ("softplus", "relu", "identity"):
             raise ValueError(f"pope_magnitude must be softplus, relu or identity, got {self.pope_magnitude!r}")
+        if not self.rope_scaling >= 1.0:
+            raise ValueError(f"rope_scaling (YaRN's s = L'/L) must be >= 1, got {self.rope_scaling}")
+        if self.rope_scaling != 1.0:
+            if self.pos_encoding != "rope":
+                raise ValueError(f"rope_scaling (YaRN) applies to pos_encoding='rope' only, not {self.pos_encoding!r}")
+            if self.rope_original_block_size <= 0:
+                raise ValueError("rope_scaling > 1 needs rope_original_block_size > 0: the context the RoPE "
+                                 "model was trained at (YaRN's L)")
 
 
-def apply_rope(x, positions, theta=10000.0):
-    """Rotate channel pairs (c, c + d/2) of x (B, H, T, d) by positions * theta^(-2c/d) radians.
+YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN ramp bounds in rotations per original context (paper's LLaMA values)
 
-    positions: (T,) absolute token positions. The angle and its cos/sin are computed in float32 even
-    under bf16 autocast (at 10k tokens the angle reaches 1e4 rad); the result has x's dtype.
+
+def yarn_ramp(r, alpha=YARN_ALPHA, beta=YARN_BETA):
+    """YaRN's ramp gamma(r): 0 for r < alpha, 1 for r > beta, linear in between (Peng et al. 2024, eq. 18).
+
+    r: tensor of r_i = L / lambda_i, the number of full rotations of pair i within the original
+    context L. Returns a tensor of r's shape and dtype in [0, 1].
+    """
+    return ((r - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+
+
+def yarn_attention_factor(scaling):
+    """sqrt(1/t) = 0.1 ln s + 1: YaRN multiplies q and k by it, so the logits by its square
+    (Peng et al. 2024, eq. 22). 1.0 at s = 1."""
+    return 0.1 * math.log(scaling) + 1.0
+
+
+def rope_frequencies(head_dim, theta=10000.0, scaling=1.0, original_block_size=0, device=None):
+    """RoPE's rotation frequencies, YaRN-scaled when scaling > 1: (head_dim/2,) float64, radians per token.
+
+    Pair i (i = 0 .. head_dim/2 - 1) turns at theta_i = theta^(-2i/head_dim) (RoFormer). With YaRN
+    (scaling s = L'/L > 1, original_block_size L): wavelength lambda_i = 2 pi / theta_i tokens,
+    r_i = L / lambda_i, gamma_i = yarn_ramp(r_i), and theta'_i = (1 - gamma_i) theta_i / s + gamma_i theta_i:
+    pairs that turn fewer than alpha = 1 times within L are interpolated (theta/s), pairs that turn
+    more than beta = 32 times are kept. At s = 1 this returns theta_i exactly (bit for bit RoPE).
+    Raises ValueError for an odd head_dim, s < 1, or s > 1 without L > 0.
+    """
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+    freqs = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
+    if scaling == 1.0:
+        return freqs
+    if scaling < 1.0 or original_block_size <= 0:
+        raise ValueError(f"YaRN needs scaling >= 1 and original_block_size > 0, got {scaling}, {original_block_size}")
+    gamma = yarn_ramp(original_block_size * freqs / (2 * math.pi))
+    return (1 - gamma) * freqs / scaling + gamma * freqs
+
+
+def apply_rope(x, positions, theta=10000.0, freqs=None):
+    """Rotate channel pairs (c, c + d/2) of x (B, H, T, d) by positions * freqs[c] radians.
+
+    positions: (T,) absolute token positions. freqs: (d/2,) radians per token (rope_frequencies);
+    default theta^(-2c/d). The angle and its cos/sin are computed in float32 even under bf16
+    autocast (at 10k tokens the angle reaches 1e4 rad); the result has x's dtype.
     """
     d = x.shape[-1]
-    freqs = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d)
+    if freqs is None:
+        freqs = rope_frequencies(d, theta, device=x.device)
     with torch.autocast(device_type=x.device.type, enabled=False):
         angle = positions.float()[:, None] * freqs.float()  # (T, d/2) radians
         cos, sin = torch.cos(angle), torch.sin(angle)
@@ -125,7 +179,12 @@ class CausalSelfAttention(nn.Module):
         cfg = self.config
         if cfg.pos_encoding == "rope":
             positions = torch.arange(pos0, pos0 + T, device=x.device)
-            q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
+            freqs = rope_frequencies(self.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_original_block_size,
+                                     device=x.device)
+            q, k = apply_rope(q, positions, freqs=freqs), apply_rope(k, positions, freqs=freqs)
+            if cfg.rope_scaling != 1.0:  # YaRN temperature: logits times (0.1 ln s + 1)^2
+                m = yarn_attention_factor(cfg.rope_scaling)
+                q, k = q * m, k * m
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)
         if cfg.pos_encoding == "pope":
