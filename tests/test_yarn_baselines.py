@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache, rope_frequencies, yarn_attention_factor, yarn_ramp
+from model import GPT, GPTConfig, KVCache, alibi_slopes, rope_frequencies, yarn_attention_factor, yarn_ramp
 
 V = 37
+NEW = ["rope_half", "alibi_half", "learned", "sinusoidal"]
 
 
 def tiny(pos_encoding, n_head=4, n_embd=32, block_size=24, **kw):
@@ -112,3 +113,72 @@ def test_yarn_kv_cache_decoding_equals_full_forward():
     model = tiny("rope", rope_scaling=4.0, rope_original_block_size=8)
     idx = torch.randint(0, V, (2, 20))
     torch.testing.assert_close(decode_in_pieces(model, idx, (7, 8, 9, 14, 20)), model(idx)[0], atol=1e-4, rtol=1e-4)
+
+
+# ---- appendix baselines ----------------------------------------------------------------------
+
+def test_rope_half_matches_float64_formula():
+    """head_dim 8: channels 0..3 rotated as pairs (0, 2), (1, 3) at 10^4^(-2i/4) = 1, 0.01 rad/token;
+    channels 4..7 untouched."""
+    model = tiny("rope_half")
+    attn, x = model.transformer.h[0].attn, torch.randn(2, 20, 32)
+    want = reference_attention(attn, x, [1.0, 0.01])
+    torch.testing.assert_close(attn(x).double(), want, atol=1e-4, rtol=1e-4)
+    assert (want - reference_attention(attn, x, [1.0, 0.1, 0.01, 0.001])).abs().max() > 1e-2  # not full RoPE
+
+
+def test_alibi_half_matches_float64_formula():
+    """4 heads: ALiBi on heads 0, 1 with the standard slopes for 2 heads, 2^(-8h/2) = 1/16, 1/256;
+    heads 2, 3 have none. Also the slopes of 8 heads (1/2 .. 1/256) and of 6 (Press et al.'s recipe)."""
+    assert alibi_slopes(8).tolist() == [2.0 ** -k for k in range(1, 9)]
+    assert alibi_slopes(6).tolist() == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]
+    model = tiny("alibi_half")
+    attn, x = model.transformer.h[0].attn, torch.randn(2, 20, 32) * 3
+    want = reference_attention(attn, x, slopes=[1 / 16, 1 / 256, 0.0, 0.0])
+    torch.testing.assert_close(attn(x).double(), want, atol=1e-4, rtol=1e-4)
+    assert (want - reference_attention(attn, x)).abs().max() > 1e-3  # the bias matters here
+
+
+def test_absolute_embeddings_match_formula_and_refuse_positions_past_block_size():
+    sin = tiny("sinusoidal")
+    table = torch.tensor([[math.sin(p / 10000 ** (c / 32)) if c % 2 == 0 else math.cos(p / 10000 ** ((c - 1) / 32))
+                           for c in range(32)] for p in range(24)], dtype=torch.float64)
+    torch.testing.assert_close(sin.wpe_sinusoidal.double(), table, atol=1e-6, rtol=0)
+    learned = tiny("learned")
+    assert learned.transformer.wpe.weight.shape == (24, 32) and "transformer.wpe.weight" in learned.state_dict()
+    assert not [k for k in sin.state_dict() if "sinusoidal" in k]  # fixed: not stored in checkpoints
+    idx = torch.randint(0, V, (1, 5))
+    for model, wpe in ((sin, table.float()), (learned, learned.transformer.wpe.weight)):
+        with torch.no_grad(), __import__("unittest").mock.patch.object(model.transformer, "h", torch.nn.ModuleList()):
+            hidden = model._hidden(idx)  # no blocks: ln_f(token + position embedding)
+        torch.testing.assert_close(hidden, model.transformer.ln_f(model.transformer.wte(idx) + wpe[:5]))
+        with pytest.raises(ValueError, match="block_size"):
+            model(torch.randint(0, V, (1, 25)))
+        cache = KVCache(2, 30)
+        model(torch.randint(0, V, (1, 20)), kv_cache=cache)
+        with pytest.raises(ValueError, match="block_size"):
+            model(torch.randint(0, V, (1, 5)), kv_cache=cache)  # positions 20..24
+        with pytest.raises(ValueError, match="block_size"):
+            model.generate(idx, 20)
+
+
+@pytest.mark.parametrize("pos_encoding", NEW)
+def test_new_encodings_causal_decode_and_train(pos_encoding):
+    model = tiny(pos_encoding)
+    idx = torch.randint(0, V, (2, 20))
+    changed = idx.clone()
+    changed[:, 12:] = (changed[:, 12:] + 1) % V
+    a, b = model(idx)[0], model(changed)[0]
+    torch.testing.assert_close(a[:, :12], b[:, :12])  # the future does not leak into the past
+    assert (a[:, 12:] - b[:, 12:]).abs().max() > 1e-3
+    torch.testing.assert_close(decode_in_pieces(model, idx, (7, 8, 9, 14, 20)), a, atol=1e-4, rtol=1e-4)
+    out = model.generate(idx[:, :5], 6, temperature=0)
+    assert torch.equal(out[:, 5:], model(out[:, :-1])[0][:, 4:].argmax(-1))
+    model.train()
+    opt = model.configure_optimizers(0.01, 1e-2, (0.9, 0.99), "cpu")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _, loss = model(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    opt.step()
+    assert math.isfinite(loss.item())
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())  # every parameter learns
