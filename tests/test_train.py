@@ -163,3 +163,27 @@ def test_finetune_loads_weights_new_block_size_and_yarn_with_a_fresh_optimizer(t
         with pytest.raises(SystemExit) as e:
             run(common + ["--init_from=finetune", f"--init_ckpt={pre}/best.pt", f"--out_dir={ft}2", bad])
         assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["", "_253m", "_774m"])
+@pytest.mark.parametrize("kind,enc", [("yarn", "rope"), ("pope", "pope")])
+def test_finetune_configs_keep_the_pretraining_architecture(size, kind, enc):
+    """What train.py's fine-tune check would refuse on a GPU after hours of pretraining, caught here."""
+    from configurator import configure
+    ft = configure(train.DEFAULTS, [os.path.join(REPO, f"config/finetune_owt{size}_{kind}_4096.py")])
+    pre = configure(train.DEFAULTS, [os.path.join(REPO, f"config/train_owt{size}_{enc}.py")])
+    assert ft["init_from"] == "finetune" and os.path.dirname(ft["init_ckpt"]) == pre["out_dir"] != ft["out_dir"]
+    arch = ("n_layer", "n_head", "n_embd", "bias", "pos_encoding", "rope_theta", "pope_magnitude", "pope_delta", "dataset")
+    assert {k: ft[k] for k in arch} == {k: pre[k] for k in arch}
+    assert (ft["block_size"], ft["max_iters"], ft["warmup_iters"], ft["learning_rate"], ft["min_lr"]) == (4096, 500, 20, 6e-5, 6e-5)
+    assert ft["batch_size"] * ft["gradient_accumulation_steps"] == 64
+    assert (ft["rope_scaling"], ft["rope_original_block_size"]) == ((4.0, 1024) if kind == "yarn" else (1.0, 0))
+
+
+@pytest.mark.parametrize("enc", ["rope_half", "alibi_half", "learned", "sinusoidal"])
+def test_indirect_baseline_configs_differ_from_rope_only_in_the_encoding(enc):
+    from configurator import configure
+    cfg = configure(train.DEFAULTS, [os.path.join(REPO, f"config/train_indirect_{enc}.py")])
+    rope = configure(train.DEFAULTS, [os.path.join(REPO, "config/train_indirect_rope.py")])
+    assert cfg["pos_encoding"] == enc
+    assert {k: v for k, v in cfg.items() if cfg[k] != rope[k]}.keys() == {"pos_encoding", "out_dir"}
