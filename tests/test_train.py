@@ -147,17 +147,17 @@ def test_eval_only_recomputes_metrics(tiny_indirect, tmp_path):
 
 def test_finetune_loads_weights_new_block_size_and_yarn_with_a_fresh_optimizer(toy_stream, tmp_path, capsys):
     pre, ft = str(tmp_path / "pre"), str(tmp_path / "ft")
-    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--pos_encoding=rope"]
-    run(common + ["--block_size=16", "--max_iters=4", "--eval_interval=4", f"--out_dir={pre}"])
+    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--pos_encoding=rope", "--batch_size=32"]
+    run(common + ["--block_size=32", "--max_iters=4", "--eval_interval=4", f"--out_dir={pre}"])
     # lr 0: AdamW leaves the weights as loaded, so the fine-tune's checkpoint must hold the pretrained ones
-    run(common + ["--init_from=finetune", f"--init_ckpt={pre}/best.pt", "--block_size=32", "--rope_scaling=2.0",
+    run(common + ["--init_from=finetune", f"--init_ckpt={pre}/best.pt", "--block_size=64", "--rope_scaling=2.0",
                   "--max_iters=1", "--eval_interval=1", "--learning_rate=0.0", f"--out_dir={ft}"])
     a = torch.load(os.path.join(pre, "best.pt"), weights_only=True)
     b = torch.load(os.path.join(ft, "ckpt.pt"), weights_only=True)
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert b["iter_num"] == 1 and {s["step"].item() for s in b["optimizer"]["state"].values()} == {1.0}  # fresh
-    assert (b["model_args"]["block_size"], b["model_args"]["rope_scaling"], b["model_args"]["rope_original_block_size"]) == (32, 2.0, 16)
+    assert (b["model_args"]["block_size"], b["model_args"]["rope_scaling"], b["model_args"]["rope_original_block_size"]) == (64, 2.0, 32)
     for bad, message in [("--pos_encoding=pope", "pos_encoding='rope'"), ("--n_embd=48", "n_embd=32"),
                          (f"--out_dir={pre}", "would overwrite")]:
         with pytest.raises(SystemExit) as e:
