@@ -17,6 +17,7 @@ Baselines of the paper's appendix (indirect indexing, Table "additional baseline
                   slopes for n_head/2 heads (alibi_slopes); the other heads get no positional signal
     'learned'     absolute position embeddings (block_size rows) added to the token embeddings
     'sinusoidal'  the fixed absolute embedding of Vaswani et al. 2017 added to the token embeddings
+                  (amplitude 1, token embeddings unscaled: at init position outweighs content)
 
 RoPE models can run with YaRN frequencies (Peng et al. 2024, "YaRN: Efficient Context Window
 Extension"): rope_scaling = s = L'/L > 1 and rope_original_block_size = L; see rope_frequencies.
