@@ -177,8 +177,7 @@ def sinusoidal_embedding(n_positions, n_embd):
 class KVCache:
     """Per-layer key/value cache for incremental decoding, preallocated for max_len tokens.
 
-    RoPE (and rope_half, YaRN) caches rotated keys; PoPE, NoPE and ALiBi cache raw keys (ALiBi's bias
-    depends only on positions), since pope_attention applies the
+    RoPE caches rotated keys; PoPE and NoPE cache raw keys, since pope_attention applies the
     magnitude and the key phase s*theta_c + delta_c itself (a key's phase depends only on its own
     absolute position s, so caching before or after that step gives the same scores).
     `pos` is the number of tokens already in the cache = the absolute position of the next token.
@@ -245,7 +244,7 @@ class CausalSelfAttention(nn.Module):
         if cfg.pos_encoding == "pope":
             y = pope_attention(q, k, v, self.pope_delta, causal=True, theta=cfg.rope_theta, q_offset=pos0,
                                magnitude=cfg.pope_magnitude, backend=cfg.attn_backend)
-        elif cfg.pos_encoding == "alibi_half":  # float bias: SDPA's fused kernels take it as attn_mask
+        elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
             bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=pos0)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
         else:
