@@ -143,4 +143,3 @@ def test_eval_only_recomputes_metrics(tiny_indirect, tmp_path):
     os.remove(os.path.join(out, "metrics.json"))
     again = run(common + ["--eval_only=True", "--init_from=resume"])
     assert again["test"] == first["test"] and os.path.exists(os.path.join(out, "metrics.json"))
-
