@@ -92,7 +92,8 @@ YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN ramp bounds in rotations per original 
 
 
 def yarn_ramp(r, alpha=YARN_ALPHA, beta=YARN_BETA):
-    """YaRN's ramp gamma(r): 0 for r < alpha, 1 for r > beta, linear in between (Peng et al. 2024, eq. 18).
+    """YaRN's ramp gamma(r): 0 for r < alpha, 1 for r > beta, linear in between (Peng et al. 2024,
+    "NTK-by-parts" interpolation, used by YaRN).
 
     r: tensor of r_i = L / lambda_i, the number of full rotations of pair i within the original
     context L. Returns a tensor of r's shape and dtype in [0, 1].
@@ -102,7 +103,7 @@ def yarn_ramp(r, alpha=YARN_ALPHA, beta=YARN_BETA):
 
 def yarn_attention_factor(scaling):
     """sqrt(1/t) = 0.1 ln s + 1: YaRN multiplies q and k by it, so the logits by its square
-    (Peng et al. 2024, eq. 22). 1.0 at s = 1."""
+    (Peng et al. 2024, the YaRN attention temperature). 1.0 at s = 1."""
     return 0.1 * math.log(scaling) + 1.0
 
 
