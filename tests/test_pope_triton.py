@@ -353,21 +353,26 @@ print(pk._dot_precision(torch.float32), pk._dot_precision(torch.bfloat16))
 """
 
 
-@pytest.mark.parametrize("setup, want", [
-    ("", "ieee"),
-    ("torch.backends.cuda.matmul.allow_tf32 = True", "tf32"),
-    ("torch.backends.cuda.matmul.fp32_precision = 'tf32'", "tf32"),
-    ("torch.backends.cuda.matmul.fp32_precision = 'ieee'", "ieee"),
-    ("torch.backends.fp32_precision = 'tf32'", "tf32"),
-    ("torch.backends.cuda.matmul.allow_tf32 = True\ntorch.backends.cuda.matmul.fp32_precision = 'ieee'", "ieee"),
-], ids=["default", "legacy_tf32", "new_tf32", "new_ieee", "global_tf32", "legacy_then_new"])
-def test_dot_precision_reads_both_tf32_apis(setup, want):
-    """torch's newer fp32_precision API makes a later read of the legacy allow_tf32 flag raise. Each case
-    runs in a fresh process: these flags are global."""
-    res = subprocess.run([sys.executable, "-c", TF32_PROBE.format(repo=str(REPO), setup=setup)],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split() == [want, "tf32"]
+TF32_CASES = {  # what torch was told -> tl.dot precision for fp32 operands
+    "": "ieee",
+    "torch.backends.cuda.matmul.allow_tf32 = True": "tf32",
+    "torch.backends.cuda.matmul.fp32_precision = 'tf32'": "tf32",
+    "torch.backends.cuda.matmul.fp32_precision = 'ieee'": "ieee",
+    "torch.backends.fp32_precision = 'tf32'": "tf32",
+    "torch.backends.cuda.matmul.allow_tf32 = True\ntorch.backends.cuda.matmul.fp32_precision = 'ieee'": "ieee",
+}
+
+
+def test_dot_precision_reads_both_tf32_apis():
+    """torch's newer fp32_precision API makes a later read of the legacy allow_tf32 flag raise. The flags are
+    global, so each case runs in a fresh process (all at once)."""
+    procs = {setup: subprocess.Popen([sys.executable, "-c", TF32_PROBE.format(repo=str(REPO), setup=setup)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for setup in TF32_CASES}
+    for setup, proc in procs.items():
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, (setup, err[-2000:])
+        assert out.split() == [TF32_CASES[setup], "tf32"], setup
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -467,3 +472,23 @@ def test_auto_backend_sends_fp32_to_torch_path(monkeypatch):
             monkeypatch.setattr(pk, "sdpa_attention", lambda q, k, v, **kw: calls.append("torch") or v[..., :16])
             pk.pope_attention(q, k, v)
     assert calls == ["torch", torch.float16]
+
+
+@pytest.mark.slow
+def test_row_offsets_past_2_pow_31_elements():
+    """The model's (B, T, 3C) layout puts key row s at s * 3C elements: past 2^31 at T * 3C >= 2^31. Rows here
+    are 2^24 - 64 elements apart (the largest stride class the kernel accepts), so rows >= 128 lie past 2^31:
+    int32 offsets would wrap and read the wrong rows. Touches ~4.4 GB (the interpreter copies the storage)."""
+    if CUDA:
+        pytest.skip("interpreter version; on CUDA the same views run the compiled kernels")
+    T, d, stride = 140, 16, 2 ** 24 - 64
+    base = torch.empty(T * stride, dtype=torch.float16)
+    g = torch.Generator().manual_seed(9)
+    views = [base.as_strided((1, 1, T, d), (0, 0, stride, 1), storage_offset=i * d) for i in range(3)]
+    for t in views:
+        t.copy_(torch.randn(1, 1, T, d, generator=g).half())
+    q, k, v = (t[:, :, -20:] if i == 0 else t for i, t in enumerate(views))  # 20 queries at the end
+    delta = (-2 * torch.pi * torch.rand(1, d, generator=g))
+    out = pk.pope_attention(q, k, v, delta, backend="triton", q_offset=T - 20)
+    ref = pk.pope_attention_reference(q.double(), k.double(), v.double(), delta, q_offset=T - 20)
+    assert (out.double() - ref).abs().max().item() < 2e-3
