@@ -63,6 +63,8 @@ def configure(defaults, argv):
                 value = ast.literal_eval(raw)
             except (ValueError, SyntaxError):
                 value = raw
+            if isinstance(defaults.get(key), str) and not isinstance(value, str):
+                value = raw  # a text setting keeps the text as typed, e.g. sample.py --start="[1, 2, 3]"
             items = [(key, value)]
         for key, value in items:
             if key not in defaults:

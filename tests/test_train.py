@@ -53,6 +53,14 @@ def test_config_file_then_overrides(tmp_path):
     assert cfg["compile"] is True and cfg["dtype"] == "bfloat16" and cfg["n_head"] == train.DEFAULTS["n_head"]
 
 
+def test_text_settings_keep_the_text_as_typed():
+    """A str setting takes its text even when it parses as a Python literal (sample.py --start="[1, 2, 3]",
+    whose quotes the shell removes); quoted strings still lose their quotes."""
+    from configurator import configure
+    cfg = configure(train.DEFAULTS, ["--dataset=[1, 2, 3]", "--out_dir='out-q'", "--wandb_run_name=12"])
+    assert (cfg["dataset"], cfg["out_dir"], cfg["wandb_run_name"]) == ("[1, 2, 3]", "out-q", "12")
+
+
 def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
     common = TINY + [f"--data_root={tiny_indirect}", "--eval_interval=5", "--lr_decay_iters=12", "--dropout=0.1"]
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
