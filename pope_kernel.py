@@ -729,26 +729,22 @@ _INTERPRET_BLOCKS = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16), "pre": (
 
 # Autotune candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) for A100 / H100, per kernel and per
 # head-dim class (d, dv <= 64 or up to 128). BLOCK_M counts queries and BLOCK_N keys in all three
-# kernels. Chosen by compiling every candidate for sm_90 and sm_80 with ptxas (no GPU was available to
-# time them): these spill no registers or at most ~300 B (sm_90) / ~650 B (sm_80) per thread, where the
-# dropped ones spilled 1-60 KB. The 16/32-row forward and dq tiles serve decoding and short prefills.
-# The angle-addition tables (2 fp32 tiles of BLOCK_N x d in fwd / dq, BLOCK_M x d in dkdv) add 0-32
-# registers per thread at d = 64; at d = 128 the 4-warp forward / dq tiles then spilled inside the
-# loop (up to ~2 KB), so the d = 128 class now uses 8 warps there (fwd (64, 64, 4, 3), (64, 32, 4, 4),
-# (16, 64, 4, 2), (32, 64, 4, 2) -> (64, 64, 8, 3), (64, 32, 8, 3), (16, 64, 8, 2), (32, 64, 8, 2); dq
-# (16, 64, 4, 2) -> (16, 64, 8, 2), (64, 32, 8, 3) dropped). With that every candidate has at most 6
-# local-memory instructions inside its loops (ptxas, sm_90, bf16, causal softplus with delta).
+# kernels. Chosen by compiling every candidate for sm_80 and sm_90 with Triton 3.7.1's ptxas, bf16,
+# causal softplus with delta (`python bench_kernel.py --spills`, no GPU needed; nothing was timed on a
+# GPU): every candidate kept has at most 40 local-memory instructions inside its loops on both
+# architectures (most have 0-2; spills outside the loops, in prologue and epilogue, go up to ~930 B).
+# Dropped after the host phase tables (loop local ops sm_80 / sm_90): fwd d64 (128, 64, 4, 3) 95 / 136,
+# (128, 128, 8, 3) 85 / 67; fwd d128 (128, 64, 8, 3) 0 / 161, (128, 64, 8, 2) 0 / 167, (64, 64, 8, 3)
+# 159 / 124, (64, 32, 8, 3) 78 / 0; dkdv d64 (64, 64, 8, 3) 246 / 2; dq d64 (128, 64, 8, 3) 409 / 3,
+# (64, 32, 4, 3) 74 / 0, (64, 64, 4, 3) 650 / 97; dq d128 (32, 64, 8, 3) 40 / 226. Added: fwd d128
+# (128, 32, 8, 3) 0 / 6 and (128, 32, 8, 2) 0 / 0. The 16/32-row tiles serve decoding and short prefills.
 _CONFIGS = {
-    "fwd": {64: [(128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3),
-                 (64, 32, 4, 4), (16, 64, 4, 2), (32, 64, 4, 2)],
-            128: [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 8, 3), (64, 32, 8, 3), (16, 64, 8, 2),
-                  (32, 64, 8, 2)]},
-    "dkdv": {64: [(32, 128, 8, 3), (32, 64, 8, 3), (64, 64, 8, 3), (32, 32, 4, 3), (16, 64, 8, 2),
-                  (16, 32, 4, 2)],
+    "fwd": {64: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 4), (16, 64, 4, 2), (32, 64, 4, 2)],
+            128: [(128, 32, 8, 3), (128, 32, 8, 2), (16, 64, 8, 2), (32, 64, 8, 2)]},
+    "dkdv": {64: [(32, 128, 8, 3), (32, 64, 8, 3), (32, 32, 4, 3), (16, 64, 8, 2), (16, 32, 4, 2)],
              128: [(16, 32, 8, 2), (32, 32, 8, 3)]},
-    "dq": {64: [(128, 32, 8, 3), (128, 64, 8, 3), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 4, 3),
-                (16, 64, 4, 2), (32, 64, 4, 2)],
-           128: [(32, 32, 8, 3), (32, 64, 8, 3), (16, 64, 8, 2)]},
+    "dq": {64: [(128, 32, 8, 3), (64, 32, 8, 3), (16, 64, 4, 2), (32, 64, 4, 2)],
+           128: [(32, 32, 8, 3), (16, 64, 8, 2)]},
 }
 
 
