@@ -9,9 +9,23 @@ RMSNorm instead of LayerNorm. `pos_encoding` picks how attention sees positions:
             bias delta (n_head, head_dim) in radians kept in [-2*pi, 0]; see pope_kernel.py
     'none'  no positional encoding (NoPE): causal masking is the only source of order
 
+Baselines of the paper's appendix (indirect indexing, Table "additional baselines"):
+
+    'rope_half'   RoPE on the first half of each head's channels (pairs (c, c + d/4), frequencies
+                  rope_theta^(-4c/d)); the other half is not rotated
+    'alibi_half'  ALiBi (Press et al. 2022) on the first n_head/2 heads, with the standard geometric
+                  slopes for n_head/2 heads (alibi_slopes); the other heads get no positional signal
+    'learned'     absolute position embeddings (block_size rows) added to the token embeddings
+    'sinusoidal'  the fixed absolute embedding of Vaswani et al. 2017 added to the token embeddings
+
+RoPE models can run with YaRN frequencies (Peng et al. 2024, "YaRN: Efficient Context Window
+Extension"): rope_scaling = s = L'/L > 1 and rope_original_block_size = L; see rope_frequencies.
+
 Attention logits are scaled by 1/sqrt(head_dim) for every encoding (for PoPE, head_dim is d, not
 the 2d of its Cartesian form). Relative encodings have no maximum length: sequences longer than
 block_size are accepted, because evaluating beyond the training length is part of the point.
+Absolute encodings ('learned', 'sinusoidal') have no row for a position >= block_size and raise
+ValueError there.
 """
 
 import inspect
@@ -24,7 +38,8 @@ import torch.nn.functional as F
 
 from pope_kernel import pope_attention, sdpa_attention
 
-POS_ENCODINGS = ("rope", "pope", "none")
+POS_ENCODINGS = ("rope", "pope", "none", "rope_half", "alibi_half", "learned", "sinusoidal")
+ABSOLUTE_ENCODINGS = ("learned", "sinusoidal")  # positions < block_size only
 
 
 @dataclass
@@ -36,12 +51,14 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0  # on embeddings and residual branches (not on attention probabilities)
     bias: bool = False  # biases in Linear layers
-    pos_encoding: str = "pope"  # 'rope' | 'pope' | 'none'
+    pos_encoding: str = "pope"  # 'rope' | 'pope' | 'none' | 'rope_half' | 'alibi_half' | 'learned' | 'sinusoidal'
     rope_theta: float = 10000.0  # frequency base for both RoPE and PoPE
     pope_delta_init: str = "uniform"  # 'zero' | 'uniform' (on [-2*pi, 0])
     pope_magnitude: str = "softplus"  # 'softplus' (paper) | 'relu' | 'identity' (ablations, Table "PoPE ablations")
     pope_delta: bool = True  # learnable phase bias on; False is the "no delta" ablation
     attn_backend: str = "auto"  # pope_attention backend: 'auto' | 'triton' | 'torch'
+    rope_scaling: float = 1.0  # YaRN scale s = L'/L for 'rope'; 1.0 = plain RoPE
+    rope_original_block_size: int = 0  # YaRN's L: the context (tokens) the RoPE model was trained at
 
     def __post_init__(self):
         if self.pos_encoding not in POS_ENCODINGS:
@@ -50,20 +67,75 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError("RoPE needs an even head_dim (n_embd // n_head)")
+        if self.pos_encoding == "rope_half" and (self.n_embd // self.n_head) % 4:
+            raise ValueError("rope_half rotates half of each head: head_dim (n_embd // n_head) must be a multiple of 4")
+        if self.pos_encoding == "alibi_half" and self.n_head < 2:
+            raise ValueError("alibi_half puts ALiBi on half of the heads: n_head must be >= 2")
+        if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
+            raise ValueError("the sinusoidal embedding pairs sin and cos channels: n_embd must be even")
         if self.pope_delta_init not in ("zero", "uniform"):
             raise ValueError(f"pope_delta_init must be 'zero' or 'uniform', got {self.pope_delta_init!r}")
         if self.pope_magnitude not in ("softplus", "relu", "identity"):
             raise ValueError(f"pope_magnitude must be softplus, relu or identity, got {self.pope_magnitude!r}")
+        if not self.rope_scaling >= 1.0:
+            raise ValueError(f"rope_scaling (YaRN's s = L'/L) must be >= 1, got {self.rope_scaling}")
+        if self.rope_scaling != 1.0:
+            if self.pos_encoding != "rope":
+                raise ValueError(f"rope_scaling (YaRN) applies to pos_encoding='rope' only, not {self.pos_encoding!r}")
+            if self.rope_original_block_size <= 0:
+                raise ValueError("rope_scaling > 1 needs rope_original_block_size > 0: the context the RoPE "
+                                 "model was trained at (YaRN's L)")
 
 
-def apply_rope(x, positions, theta=10000.0):
-    """Rotate channel pairs (c, c + d/2) of x (B, H, T, d) by positions * theta^(-2c/d) radians.
+YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN ramp bounds in rotations per original context (paper's LLaMA values)
 
-    positions: (T,) absolute token positions. The angle and its cos/sin are computed in float32 even
-    under bf16 autocast (at 10k tokens the angle reaches 1e4 rad); the result has x's dtype.
+
+def yarn_ramp(r, alpha=YARN_ALPHA, beta=YARN_BETA):
+    """YaRN's ramp gamma(r): 0 for r < alpha, 1 for r > beta, linear in between (Peng et al. 2024, eq. 18).
+
+    r: tensor of r_i = L / lambda_i, the number of full rotations of pair i within the original
+    context L. Returns a tensor of r's shape and dtype in [0, 1].
+    """
+    return ((r - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+
+
+def yarn_attention_factor(scaling):
+    """sqrt(1/t) = 0.1 ln s + 1: YaRN multiplies q and k by it, so the logits by its square
+    (Peng et al. 2024, eq. 22). 1.0 at s = 1."""
+    return 0.1 * math.log(scaling) + 1.0
+
+
+def rope_frequencies(head_dim, theta=10000.0, scaling=1.0, original_block_size=0, device=None):
+    """RoPE's rotation frequencies, YaRN-scaled when scaling > 1: (head_dim/2,) float64, radians per token.
+
+    Pair i (i = 0 .. head_dim/2 - 1) turns at theta_i = theta^(-2i/head_dim) (RoFormer). With YaRN
+    (scaling s = L'/L > 1, original_block_size L): wavelength lambda_i = 2 pi / theta_i tokens,
+    r_i = L / lambda_i, gamma_i = yarn_ramp(r_i), and theta'_i = (1 - gamma_i) theta_i / s + gamma_i theta_i:
+    pairs that turn fewer than alpha = 1 times within L are interpolated (theta/s), pairs that turn
+    more than beta = 32 times are kept. At s = 1 this returns theta_i exactly (bit for bit RoPE).
+    Raises ValueError for an odd head_dim, s < 1, or s > 1 without L > 0.
+    """
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+    freqs = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
+    if scaling == 1.0:
+        return freqs
+    if scaling < 1.0 or original_block_size <= 0:
+        raise ValueError(f"YaRN needs scaling >= 1 and original_block_size > 0, got {scaling}, {original_block_size}")
+    gamma = yarn_ramp(original_block_size * freqs / (2 * math.pi))
+    return (1 - gamma) * freqs / scaling + gamma * freqs
+
+
+def apply_rope(x, positions, theta=10000.0, freqs=None):
+    """Rotate channel pairs (c, c + d/2) of x (B, H, T, d) by positions * freqs[c] radians.
+
+    positions: (T,) absolute token positions. freqs: (d/2,) radians per token (rope_frequencies);
+    default theta^(-2c/d). The angle and its cos/sin are computed in float32 even under bf16
+    autocast (at 10k tokens the angle reaches 1e4 rad); the result has x's dtype.
     """
     d = x.shape[-1]
-    freqs = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d)
+    if freqs is None:
+        freqs = rope_frequencies(d, theta, device=x.device)
     with torch.autocast(device_type=x.device.type, enabled=False):
         angle = positions.float()[:, None] * freqs.float()  # (T, d/2) radians
         cos, sin = torch.cos(angle), torch.sin(angle)
@@ -72,10 +144,40 @@ def apply_rope(x, positions, theta=10000.0):
     return out.to(x.dtype)
 
 
+def alibi_slopes(n_head):
+    """ALiBi's head slopes (Press et al. 2022, section 3): (n_head,) float64, logits per token of distance.
+
+    For n a power of 2: m_h = 2^(-8h/n), h = 1..n (n = 8: 1/2, 1/4, ..., 1/256). Otherwise the
+    paper's recipe: the slopes of the largest power of 2 below n, then every other slope of twice that.
+    """
+    def geometric(n):
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+    p = 2 ** int(math.floor(math.log2(n_head)))
+    return torch.tensor(geometric(p) + geometric(2 * p)[0::2][:n_head - p], dtype=torch.float64)
+
+
+def alibi_bias(slopes, Tq, Tk, q_offset=0):
+    """Additive causal ALiBi bias (H, Tq, Tk) float32: -slopes[h] * (q_offset + i - j) for keys
+    j <= q_offset + i, -inf for later keys. slopes (H,) (0 for a head without ALiBi). Query i sits
+    at absolute position q_offset + i, key j at j (the KV-cache convention of sdpa_attention)."""
+    dist = (torch.arange(q_offset, q_offset + Tq, device=slopes.device, dtype=torch.float32)[:, None]
+            - torch.arange(Tk, device=slopes.device, dtype=torch.float32)[None, :])  # (Tq, Tk) tokens
+    return (-slopes.float()[:, None, None] * dist).masked_fill(dist < 0, float("-inf"))
+
+
+def sinusoidal_embedding(n_positions, n_embd):
+    """Vaswani et al. 2017, section 3.5: (n_positions, n_embd) float32 with
+    PE[p, 2i] = sin(p / 10000^(2i/n_embd)) and PE[p, 2i+1] = cos(p / 10000^(2i/n_embd))."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    angle = pos * 10000.0 ** (-torch.arange(0, n_embd, 2, dtype=torch.float64) / n_embd)  # radians
+    return torch.stack((torch.sin(angle), torch.cos(angle)), dim=-1).reshape(n_positions, n_embd).float()
+
+
 class KVCache:
     """Per-layer key/value cache for incremental decoding, preallocated for max_len tokens.
 
-    RoPE caches rotated keys; PoPE and NoPE cache raw keys, since pope_attention applies the
+    RoPE (and rope_half, YaRN) caches rotated keys; PoPE, NoPE and ALiBi cache raw keys (ALiBi's bias
+    depends only on positions), since pope_attention applies the
     magnitude and the key phase s*theta_c + delta_c itself (a key's phase depends only on its own
     absolute position s, so caching before or after that step gives the same scores).
     `pos` is the number of tokens already in the cache = the absolute position of the next token.
@@ -116,6 +218,10 @@ class CausalSelfAttention(nn.Module):
             self.pope_delta = nn.Parameter(delta)  # radians, kept in [-2*pi, 0] by GPT.clamp_pope_delta_
         else:
             self.pope_delta = None
+        if config.pos_encoding == "alibi_half":  # slopes on the first n_head // 2 heads, 0 on the rest
+            slopes = torch.zeros(config.n_head)
+            slopes[:config.n_head // 2] = alibi_slopes(config.n_head // 2).float()
+            self.register_buffer("alibi_slopes", slopes, persistent=False)
 
     def forward(self, x, kv_cache=None):
         B, T, C = x.shape
@@ -123,14 +229,24 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
         pos0 = kv_cache.pos if kv_cache is not None else 0
         cfg = self.config
-        if cfg.pos_encoding == "rope":
+        if cfg.pos_encoding in ("rope", "rope_half"):
             positions = torch.arange(pos0, pos0 + T, device=x.device)
-            q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
+            n_rot = self.head_dim if cfg.pos_encoding == "rope" else self.head_dim // 2
+            freqs = rope_frequencies(n_rot, cfg.rope_theta, cfg.rope_scaling, cfg.rope_original_block_size,
+                                     device=x.device)
+            q, k = (torch.cat((apply_rope(t[..., :n_rot], positions, freqs=freqs), t[..., n_rot:]), dim=-1)
+                    if n_rot < self.head_dim else apply_rope(t, positions, freqs=freqs) for t in (q, k))
+            if cfg.rope_scaling != 1.0:  # YaRN temperature: logits times (0.1 ln s + 1)^2
+                m = yarn_attention_factor(cfg.rope_scaling)
+                q, k = q * m, k * m
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)
         if cfg.pos_encoding == "pope":
             y = pope_attention(q, k, v, self.pope_delta, causal=True, theta=cfg.rope_theta, q_offset=pos0,
                                magnitude=cfg.pope_magnitude, backend=cfg.attn_backend)
+        elif cfg.pos_encoding == "alibi_half":  # float bias: SDPA's fused kernels take it as attn_mask
+            bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=pos0)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
         else:
             y = sdpa_attention(q, k, v, causal=True, q_offset=pos0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -171,6 +287,11 @@ class GPT(nn.Module):
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             ln_f=nn.RMSNorm(config.n_embd),
         ))
+        if config.pos_encoding == "learned":
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        if config.pos_encoding == "sinusoidal":  # fixed: not a parameter, not saved in checkpoints
+            self.register_buffer("wpe_sinusoidal", sinusoidal_embedding(config.block_size, config.n_embd),
+                                 persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
@@ -189,7 +310,17 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def _hidden(self, idx, kv_cache=None):
-        x = self.transformer.drop(self.transformer.wte(idx))
+        x = self.transformer.wte(idx)
+        if self.config.pos_encoding in ABSOLUTE_ENCODINGS:
+            pos0, T = (kv_cache.pos if kv_cache is not None else 0), idx.shape[1]
+            if pos0 + T > self.config.block_size:
+                raise ValueError(f"pos_encoding={self.config.pos_encoding!r} is absolute: it has positions 0.."
+                                 f"{self.config.block_size - 1} (block_size) only, asked for up to {pos0 + T - 1}")
+            if self.config.pos_encoding == "learned":
+                x = x + self.transformer.wpe(torch.arange(pos0, pos0 + T, device=idx.device))
+            else:
+                x = x + self.wpe_sinusoidal[pos0:pos0 + T]
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, kv_cache)
         if kv_cache is not None:
@@ -230,6 +361,9 @@ class GPT(nn.Module):
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if self.config.pos_encoding in ABSOLUTE_ENCODINGS and idx.shape[1] + max_new_tokens > self.config.block_size:
+            raise ValueError(f"pos_encoding={self.config.pos_encoding!r} is absolute: prompt + max_new_tokens = "
+                             f"{idx.shape[1] + max_new_tokens} exceeds block_size {self.config.block_size}")
         cache = KVCache(self.config.n_layer, idx.shape[1] + max_new_tokens)
         hidden = self._hidden(idx, cache)
         for i in range(max_new_tokens):

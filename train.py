@@ -4,6 +4,7 @@
     python train.py config/train_owt_pope.py          # a paper run
     torchrun --standalone --nproc_per_node=8 train.py config/train_owt_pope.py
     python train.py config/train_jsb_pope.py --eval_only=True --init_from=resume
+    python train.py config/finetune_owt_yarn_4096.py  # fine-tune out-owt-124m-rope/best.pt at 4096 with YaRN
 
 The defaults below are overridden by a config file, then by --key=value (see configurator.py).
 Checkpoints: out_dir/ckpt.pt (latest, for init_from='resume') and out_dir/best.pt (best val loss,
@@ -38,7 +39,8 @@ eval_interval = 500  # iterations between evaluations and checkpoints
 log_interval = 50
 eval_iters = 20  # fixed validation batches per periodic evaluation
 eval_only = False  # evaluate the checkpoint (init_from='resume') and exit
-init_from = "scratch"  # 'scratch' | 'resume'
+init_from = "scratch"  # 'scratch' | 'resume' (out_dir/ckpt.pt) | 'finetune' (weights of init_ckpt)
+init_ckpt = ""  # finetune: a checkpoint file, e.g. 'out-owt-124m-rope/best.pt'; fresh optimizer and schedule
 seed = 1337
 wandb_log = False
 wandb_project = "pope"
@@ -55,8 +57,10 @@ n_head = 4
 n_embd = 128
 dropout = 0.0
 bias = False
-pos_encoding = "pope"  # 'rope' | 'pope' | 'none'
+pos_encoding = "pope"  # 'rope' | 'pope' | 'none' | 'rope_half' | 'alibi_half' | 'learned' | 'sinusoidal'
 rope_theta = 10000.0
+rope_scaling = 1.0  # YaRN scale s = L'/L for 'rope' (1.0 = off), e.g. 4.0 to fine-tune 1024 -> 4096
+rope_original_block_size = 0  # YaRN's L; 0 in a fine-tune: the checkpoint's block_size
 pope_delta_init = "uniform"  # 'zero' | 'uniform'
 pope_magnitude = "softplus"  # 'softplus' | 'relu' | 'identity'
 pope_delta = True
@@ -144,22 +148,27 @@ def main(argv):
     model_args = dict(block_size=block_size, vocab_size=_round_vocab(data.vocab_size), n_layer=n_layer, n_head=n_head,
                       n_embd=n_embd, dropout=dropout, bias=bias, pos_encoding=pos_encoding, rope_theta=rope_theta,
                       pope_delta_init=pope_delta_init, pope_magnitude=pope_magnitude, pope_delta=pope_delta,
-                      attn_backend=attn_backend)
+                      attn_backend=attn_backend, rope_scaling=rope_scaling,
+                      rope_original_block_size=rope_original_block_size)
+    init_weights = None
     if init_from == "resume":
         if not os.path.exists(ckpt_path):
             _exit(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
         checkpoint = torch.load(ckpt_path, map_location=dev, weights_only=True)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+    elif init_from == "finetune":
+        init_weights = _finetune_weights(model_args, out_dir, dev)
     elif init_from != "scratch":
-        _exit(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+        _exit(f"init_from must be 'scratch', 'resume' or 'finetune', got {init_from!r}")
     try:
         gptconf = GPTConfig(**model_args)
     except ValueError as e:
         _exit(str(e))
     model = GPT(gptconf)
-    if checkpoint is not None:
-        model.load_state_dict(checkpoint["model"])
+    if checkpoint is not None or init_weights is not None:
+        model.load_state_dict(checkpoint["model"] if checkpoint is not None else init_weights)
+    init_weights = None
     model.to(dev)
     raw_model = model
     scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
@@ -311,6 +320,42 @@ def main(argv):
     if ddp:
         dist.destroy_process_group()
     return metrics
+
+
+FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "dropout", "attn_backend",
+                 "pope_delta_init")  # what a fine-tune may change (delta's init is moot once weights load)
+
+
+def _finetune_weights(model_args, out_dir, dev):
+    """init_from='finetune': the weights of init_ckpt. Updates model_args in place: the checkpoint's
+    architecture, this run's FINETUNE_FREE settings. Exits 2 if the run asks for another encoding or
+    other shapes, or would write into the folder of init_ckpt."""
+    from checkpoint import RunError, load_checkpoint
+    if not init_ckpt:
+        _exit("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
+    if os.path.abspath(out_dir) == os.path.dirname(os.path.abspath(init_ckpt)):
+        _exit(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
+    try:
+        state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), dev)
+    except RunError as e:
+        _exit(str(e))
+    old = {**asdict(GPTConfig()), **state["model_args"]}
+    diff = [k for k in model_args if k not in FINETUNE_FREE and model_args[k] != old[k]]
+    if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:
+        diff.append("block_size")
+    if diff:
+        _exit(f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
+              + ", ".join(f"{k}={old[k]!r}" for k in diff) + "; this run asks for "
+              + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
+              + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
+              + (", and not block_size for learned position embeddings" if "block_size" in diff else "") + ")")
+    model_args["pope_delta_init"] = old["pope_delta_init"]
+    if model_args["rope_scaling"] != 1.0 and not model_args["rope_original_block_size"]:
+        model_args["rope_original_block_size"] = old["rope_original_block_size"] or old["block_size"]
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"fine-tuning the weights of {init_ckpt} (iter {state.get('iter_num')}) at block_size "
+              f"{model_args['block_size']}, rope_scaling {model_args['rope_scaling']}; fresh optimizer and schedule")
+    return state["model"]
 
 
 def _lr(it, decay_iters):
