@@ -29,6 +29,10 @@ empty, with a note. Each window is one forward pass (the windows of one chunk fo
 most L_max tokens at a time) under torch.no_grad; attention runs on SDPA's fused kernels (PoPE: its
 torch path or Triton kernel), and the loss is taken over slices of positions, so memory grows as
 O(L_max), never with a (T, T) score tensor or a (T, vocab) logit tensor for the full window.
+(Exception: alibi_half passes its (H, T, T) bias to SDPA, so it grows as T^2.)
+YaRN: a checkpoint fine-tuned with YaRN carries rope_scaling / rope_original_block_size in its
+model_args and runs with them as is. --yarn_scale=S > 1 gives the other RoPE runs s = S and
+L = their block_size at evaluation time (no fine-tuning); other encodings ignore it, with a note.
 
 Outputs: two markdown tables on stdout, and in --out_dir (written atomically):
   extrapolation.csv   one row per (model, length): run, label, length, tokens, ppl, last_loss
@@ -51,12 +55,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import model as model_module
 from checkpoint import RunError, build_model, load_checkpoint, tokenizer_meta
 from data import Dataset
+from model import ABSOLUTE_ENCODINGS
 from prepare.common import atomic_write_bytes
 
-ABSOLUTE_ENCODINGS = getattr(model_module, "ABSOLUTE_ENCODINGS", ("learned", "sinusoidal"))
 DEFAULT_LENGTHS = ",".join(str(1024 * i) for i in range(1, 11))
 
 

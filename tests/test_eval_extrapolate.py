@@ -130,6 +130,22 @@ def test_same_windows_reference_ppl_table_csv_png(setup, monkeypatch, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
 
+def test_yarn_at_eval_time_and_absolute_encodings_left_empty(setup, capsys):
+    tmp_path, _, runs, common = setup
+    learned = make_run(tmp_path / "run-learned", "learned", block_size=32, seed=3)
+    plain = ee.run([runs[0], *common, "--max_tokens=64"])
+    rows = ee.run([runs[0], learned, runs[1], *common, "--max_tokens=64", "--yarn_scale=4"])
+    out = capsys.readouterr().out
+    assert [r["label"] for r in rows[::3]] == ["rope+yarn(s=4)", "learned", "pope"]
+    assert "block_size=32: lengths 64 left empty" in out and "--yarn_scale applies to RoPE only" in out
+    for p, y in zip(plain, rows[:3]):  # YaRN's frequencies and temperature change every length
+        assert math.isfinite(y["ppl"]) and abs(y["ppl"] - p["ppl"]) > 1e-3 * p["ppl"]
+    assert [r["ppl"] is None for r in rows[3:6]] == [False, False, True]
+    with open(tmp_path / "out" / "extrapolation.csv") as f:
+        got = list(csv.DictReader(f))
+    assert got[5]["label"] == "learned" and got[5]["ppl"] == got[5]["last_loss"] == got[5]["tokens"] == ""
+
+
 @pytest.mark.parametrize("case, message", [
     ("no_best", "no checkpoint at"),
     ("unknown_dataset", "unknown dataset 'nope'"),
