@@ -57,7 +57,7 @@ from tqdm import tqdm
 
 from checkpoint import RunError, build_model, load_checkpoint, tokenizer_meta
 from data import Dataset
-from model import ABSOLUTE_ENCODINGS
+from model import ABSOLUTE_ENCODINGS, GPTConfig
 from prepare.common import atomic_write_bytes
 
 DEFAULT_LENGTHS = ",".join(str(1024 * i) for i in range(1, 11))
@@ -169,12 +169,13 @@ def encoding_label(cfg):
     return f"{label}+yarn(s={s:g})" if label == "rope" and s != 1.0 else label
 
 
-def load_model(run, yarn_scale, device, ds_meta):
-    """(model, model_args, label, notes) for a run folder; RunError / InputError on bad input."""
-    state = load_checkpoint(run, "best.pt", device)
+def inspect_run(run, yarn_scale, ds_meta):
+    """(overrides, model_args, label, notes) of a run folder, its checkpoint read on the CPU and checked
+    (readable, a valid config, the dataset's tokenizer) without building the model.
+    overrides: the GPTConfig fields --yarn_scale sets. RunError / InputError on bad input."""
+    state = load_checkpoint(run, "best.pt", "cpu")
     args = dict(state["model_args"])
-    notes = []
-    overrides = {}
+    notes, overrides = [], {}
     if yarn_scale != 1.0:
         if args.get("pos_encoding") != "rope":
             notes.append(f"{run}: --yarn_scale applies to RoPE only; {args.get('pos_encoding')} runs as trained")
@@ -183,12 +184,12 @@ def load_model(run, yarn_scale, device, ds_meta):
         else:
             overrides = dict(rope_scaling=yarn_scale, rope_original_block_size=args["block_size"])
     try:
-        model = build_model(state, device, **overrides)
+        GPTConfig(**{**args, **overrides})
     except (TypeError, ValueError) as e:
-        raise RunError(f"{run}: cannot build the model ({e})") from None
+        raise RunError(f"{run}: its model_args do not make a model of this version ({e})") from None
     args.update(overrides)
     check_tokenizer(run, state, args, ds_meta)
-    return model, args, encoding_label(args), notes
+    return overrides, args, encoding_label(args), notes
 
 
 def check_tokenizer(run, state, args, ds_meta):
@@ -337,12 +338,12 @@ def run(argv):
         dt = a.dtype if a.dtype != "auto" else ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
         if dt != "float32":
             autocast = lambda: torch.autocast("cuda", dtype=getattr(torch, dt))  # noqa: E731
-    loaded = [load_model(run, a.yarn_scale, device, ds.meta) for run in a.runs]  # all errors before any work
+    inspected = [inspect_run(run, a.yarn_scale, ds.meta) for run in a.runs]  # all errors before any work
 
     print(f"{a.dataset}/{a.split}: {len(arr):,} tokens, {len(starts)} chunks of {lengths[-1] + 1} tokens, "
           f"lengths {', '.join(map(str, lengths))}")
     rows, train_lengths = [], []
-    for run, (model, args, label, notes) in zip(a.runs, loaded):
+    for run, (overrides, args, label, notes) in zip(a.runs, inspected):
         for n in notes:
             print(f"note: {n}")
         skip = ()
@@ -352,6 +353,7 @@ def run(argv):
                 print(f"note: {run} uses the absolute encoding {args['pos_encoding']!r}, which has no positions "
                       f"past block_size={args['block_size']}: lengths {', '.join(map(str, skip))} left empty")
         train_lengths.append(args["block_size"])
+        model = build_model(load_checkpoint(run, "best.pt", device), device, **overrides)  # one model at a time
         res = evaluate(model, arr, starts, lengths, a.last_k, device, autocast, skip, desc=f"{label} {run}")
         for L in lengths:
             tokens, ppl, last = res[L] or (None, None, None)

@@ -86,11 +86,11 @@ def test_windows_stay_inside_documents_and_end_together():
 
 def test_same_windows_reference_ppl_table_csv_png(setup, monkeypatch, capsys):
     tmp_path, tokens, runs, common = setup
-    seen = {}  # model id -> list of input windows it received
+    seen = {}  # encoding -> list of input windows its model received
     real = ee.token_losses
 
     def spy(model, x, y):
-        seen.setdefault(id(model), []).append(x.clone())
+        seen.setdefault(model.config.pos_encoding, []).append(x.clone())
         return real(model, x, y)
     monkeypatch.setattr(ee, "token_losses", spy)
     rows = ee.run([*runs, *common, "--max_tokens=192", "--seed=5"])
