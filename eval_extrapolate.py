@@ -250,6 +250,7 @@ def write_plot(path, rows, runs, train_lengths, dataset):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     names = display_names(rows)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -262,6 +263,8 @@ def write_plot(path, rows, runs, train_lengths, dataset):
         ax.annotate(f"trained at {t}", (t, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
                     textcoords="offset points", fontsize=8, color="gray")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title(f"length extrapolation, {dataset}")
