@@ -25,10 +25,10 @@ Two numbers per model and length:
              that ends at each chunk's end. These are the same tokens at every L; only the amount of
              context before them differs.
 Absolute encodings (model.ABSOLUTE_ENCODINGS) cannot run past their block_size: those cells stay
-empty, with a note. Each window is one forward pass (the windows of one chunk form a batch, so at
-most L_max tokens at a time) under torch.no_grad; attention runs on SDPA's fused kernels (PoPE: its
-torch path or Triton kernel), and the loss is taken over slices of positions, so memory grows as
-O(L_max), never with a (T, T) score tensor or a (T, vocab) logit tensor for the full window.
+empty, with a note. The windows of one chunk run as one batch (at most L_max tokens at a time)
+under torch.no_grad; attention runs on SDPA's fused kernels (PoPE: its torch path or Triton kernel),
+and the loss is taken over slices of positions, so memory grows as O(L_max), never with a (T, T)
+score tensor or a (T, vocab) logit tensor for the full window.
 (Exception: alibi_half passes its (H, T, T) bias to SDPA, so it grows as T^2.)
 YaRN: a checkpoint fine-tuned with YaRN carries rope_scaling / rope_original_block_size in its
 model_args and runs with them as is. --yarn_scale=S > 1 gives the other RoPE runs s = S and
