@@ -17,6 +17,7 @@ Baselines of the paper's appendix (indirect indexing, Table "additional baseline
                   slopes for n_head/2 heads (alibi_slopes); the other heads get no positional signal
     'learned'     absolute position embeddings (block_size rows) added to the token embeddings
     'sinusoidal'  the fixed absolute embedding of Vaswani et al. 2017 added to the token embeddings
+                  (amplitude 1, token embeddings unscaled: at init position outweighs content)
 
 RoPE models can run with YaRN frequencies (Peng et al. 2024, "YaRN: Efficient Context Window
 Extension"): rope_scaling = s = L'/L > 1 and rope_original_block_size = L; see rope_frequencies.
@@ -91,7 +92,8 @@ YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN ramp bounds in rotations per original 
 
 
 def yarn_ramp(r, alpha=YARN_ALPHA, beta=YARN_BETA):
-    """YaRN's ramp gamma(r): 0 for r < alpha, 1 for r > beta, linear in between (Peng et al. 2024, eq. 18).
+    """YaRN's ramp gamma(r): 0 for r < alpha, 1 for r > beta, linear in between (Peng et al. 2024,
+    "NTK-by-parts" interpolation, used by YaRN).
 
     r: tensor of r_i = L / lambda_i, the number of full rotations of pair i within the original
     context L. Returns a tensor of r's shape and dtype in [0, 1].
@@ -101,7 +103,7 @@ def yarn_ramp(r, alpha=YARN_ALPHA, beta=YARN_BETA):
 
 def yarn_attention_factor(scaling):
     """sqrt(1/t) = 0.1 ln s + 1: YaRN multiplies q and k by it, so the logits by its square
-    (Peng et al. 2024, eq. 22). 1.0 at s = 1."""
+    (Peng et al. 2024, the YaRN attention temperature). 1.0 at s = 1."""
     return 0.1 * math.log(scaling) + 1.0
 
 
@@ -176,8 +178,7 @@ def sinusoidal_embedding(n_positions, n_embd):
 class KVCache:
     """Per-layer key/value cache for incremental decoding, preallocated for max_len tokens.
 
-    RoPE (and rope_half, YaRN) caches rotated keys; PoPE, NoPE and ALiBi cache raw keys (ALiBi's bias
-    depends only on positions), since pope_attention applies the
+    RoPE caches rotated keys; PoPE and NoPE cache raw keys, since pope_attention applies the
     magnitude and the key phase s*theta_c + delta_c itself (a key's phase depends only on its own
     absolute position s, so caching before or after that step gives the same scores).
     `pos` is the number of tokens already in the cache = the absolute position of the next token.
@@ -244,7 +245,7 @@ class CausalSelfAttention(nn.Module):
         if cfg.pos_encoding == "pope":
             y = pope_attention(q, k, v, self.pope_delta, causal=True, theta=cfg.rope_theta, q_offset=pos0,
                                magnitude=cfg.pope_magnitude, backend=cfg.attn_backend)
-        elif cfg.pos_encoding == "alibi_half":  # float bias: SDPA's fused kernels take it as attn_mask
+        elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
             bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=pos0)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
         else:

@@ -50,8 +50,12 @@ def main(argv):
     torch.manual_seed(cfg["seed"])
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None].repeat(cfg["num_samples"], 1)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if dev.startswith("cuda") else torch.autocast("cpu", enabled=False)
-    with torch.no_grad(), ctx:
-        y = model.generate(x, cfg["max_new_tokens"], temperature=cfg["temperature"], top_k=cfg["top_k"] or None)
+    try:
+        with torch.no_grad(), ctx:
+            y = model.generate(x, cfg["max_new_tokens"], temperature=cfg["temperature"], top_k=cfg["top_k"] or None)
+    except ValueError as e:  # e.g. an absolute position embedding asked past block_size
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     outputs = [decode(row.tolist()) for row in y]
     for text in outputs:
         print(text)

@@ -182,3 +182,21 @@ def test_new_encodings_causal_decode_and_train(pos_encoding):
     opt.step()
     assert math.isfinite(loss.item())
     assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())  # every parameter learns
+
+
+def test_sample_applies_checkpoint_settings_and_refuses_past_block_size(tmp_path, capsys):
+    """sample.py reads YaRN settings from model_args; an absolute model asked past block_size exits 2."""
+    import dataclasses
+    import sample
+    for enc, kw in (("rope", dict(rope_scaling=4.0, rope_original_block_size=8)), ("learned", {})):
+        model = tiny(enc, **kw)
+        torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(model.config),
+                    "tokenizer": {"dataset": "x", "vocab_size": V, "pad_id": None, "tokenizer": {"kind": "none"}}},
+                   tmp_path / "best.pt")
+        argv = [f"--out_dir={tmp_path}", '--start="[1, 2, 3]"', "--temperature=0", "--device=cpu", "--attn_backend=torch"]
+        out = sample.main(argv + ["--max_new_tokens=4"])
+        want = model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0)[0].tolist()
+        assert out == [" ".join(map(str, want))]
+    with pytest.raises(SystemExit) as e:
+        sample.main(argv + ["--max_new_tokens=30"])
+    assert e.value.code == 2 and "block_size" in capsys.readouterr().err
