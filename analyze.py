@@ -118,11 +118,13 @@ def pope_deltas(model):
     return torch.stack([d.detach().double().cpu() for d in deltas]).numpy()
 
 
+XLABEL = "frequency index c, high → low frequency (below it: wavelength 2π/θ_c in tokens)"
+
+
 def _wavelength_ticks(ax, wavelength, n_ticks=6):
     idx = np.unique(np.linspace(0, len(wavelength) - 1, n_ticks).round().astype(int))
     ax.set_xticks(idx)
-    ax.set_xticklabels([f"{w:.3g}" for w in wavelength[idx]], rotation=45)
-    ax.set_xlabel("frequency index, high → low (label: wavelength in tokens)")
+    ax.set_xticklabels([f"{i}\n{w:.3g}" for i, w in zip(idx, wavelength[idx])])
 
 
 def _save(fig, path):
@@ -149,6 +151,7 @@ def plot_run(name, cfg, usage, delta, out_dir):
         ax.set_yticks(range(cfg.n_layer))
         _wavelength_ticks(ax, usage["wavelength"])
         fig.colorbar(im, ax=ax)
+    fig.supxlabel(XLABEL)
     fig.suptitle(f"{name} ({cfg.pos_encoding}): {what}, mean over heads and texts")
     paths = [os.path.join(out_dir, "frequency_usage.png")]
     _save(fig, paths[0])
@@ -167,6 +170,7 @@ def plot_run(name, cfg, usage, delta, out_dir):
             ax.set_ylabel("head")
             _wavelength_ticks(ax, usage["wavelength"], n_ticks=4)
         fig.colorbar(im, ax=axes.ravel().tolist(), label="δ (radians)")
+        fig.supxlabel(XLABEL)
         fig.suptitle(f"{name}: learned phase bias δ per layer and head")
         paths.append(os.path.join(out_dir, "delta.png"))
         _save(fig, paths[-1])
