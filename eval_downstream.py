@@ -115,9 +115,8 @@ def gpt_lm_class():
                 for i, r in enumerate(rows):
                     x[i, :len(r)] = torch.tensor(r)
                 logits, _ = self.model(x.to(self._device))
-                logp = F.log_softmax(logits.float(), dim=-1).cpu()
                 for i, (row, cont) in enumerate(zip(rows, conts)):
-                    lp = logp[i, len(row) - len(cont):len(row)]  # (len(cont), vocab)
+                    lp = F.log_softmax(logits[i, len(row) - len(cont):len(row)].float(), dim=-1).cpu()  # (len(cont), vocab)
                     target = torch.tensor(cont)
                     is_greedy = bool((lp.argmax(dim=-1) == target).all())
                     ll = float(lp.gather(1, target[:, None]).sum())
