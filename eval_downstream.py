@@ -258,8 +258,8 @@ def main(argv):
             res = evaluate_run(lm, tasks, tm, cfg["limit"], cfg["seed"])
         except (OSError, ConnectionError) as e:  # the hub unreachable, a data file missing
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            print(f"error: cannot load the task data ({type(e).__name__}: {msg}); offline, set "
-                  "HF_DATASETS_OFFLINE=1 with a filled HF cache (README: Downstream evaluation)", file=sys.stderr)
+            print(f"error: cannot load the task data ({type(e).__name__}: {msg}); for offline use, fill the HF cache (HF_HOME) and set "
+                  "HF_DATASETS_OFFLINE=1 (README: Downstream evaluation)", file=sys.stderr)
             sys.exit(2)
         name = os.path.basename(os.path.normpath(run))
         print(f"{name}: {time.time() - t0:.1f} s", file=sys.stderr)
