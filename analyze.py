@@ -142,7 +142,8 @@ def plot_run(name, cfg, usage, delta, out_dir):
     import matplotlib.pyplot as plt
 
     os.makedirs(out_dir, exist_ok=True)
-    what = "2-norm of rotary component" if cfg.pos_encoding == "rope" else f"mean {cfg.pope_magnitude}(q_c), {cfg.pope_magnitude}(k_c)"
+    mag = cfg.pope_magnitude
+    what = "2-norm of rotary component" if cfg.pos_encoding == "rope" else f"mean {mag}(q_c), {mag}(k_c)"
     fig, axes = plt.subplots(1, 2, figsize=(12, 1.6 + 0.45 * cfg.n_layer), squeeze=False, layout="constrained")
     for ax, key, label in zip(axes[0], ("q", "k"), ("queries", "keys")):
         im = ax.imshow(usage[key], aspect="auto", cmap="viridis", interpolation="nearest")
@@ -160,7 +161,8 @@ def plot_run(name, cfg, usage, delta, out_dir):
     if delta is not None:
         cols = min(4, cfg.n_layer)
         rows = math.ceil(cfg.n_layer / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 0.6 + (0.3 * cfg.n_head + 1.2) * rows), squeeze=False, layout="constrained")
+        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 0.6 + (0.3 * cfg.n_head + 1.2) * rows),
+                                 squeeze=False, layout="constrained")
         for i, ax in enumerate(axes.flat):
             if i >= cfg.n_layer:
                 ax.axis("off")

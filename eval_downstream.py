@@ -116,7 +116,8 @@ def gpt_lm_class():
                     x[i, :len(r)] = torch.tensor(r)
                 logits, _ = self.model(x.to(self._device))
                 for i, (row, cont) in enumerate(zip(rows, conts)):
-                    lp = F.log_softmax(logits[i, len(row) - len(cont):len(row)].float(), dim=-1).cpu()  # (len(cont), vocab)
+                    lp = logits[i, len(row) - len(cont):len(row)].float()  # (len(cont), vocab)
+                    lp = F.log_softmax(lp, dim=-1).cpu()
                     target = torch.tensor(cont)
                     is_greedy = bool((lp.argmax(dim=-1) == target).all())
                     ll = float(lp.gather(1, target[:, None]).sum())
@@ -258,8 +259,8 @@ def main(argv):
             res = evaluate_run(lm, tasks, tm, cfg["limit"], cfg["seed"])
         except (OSError, ConnectionError) as e:  # the hub unreachable, a data file missing
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            print(f"error: cannot load the task data ({type(e).__name__}: {msg}); for offline use, fill the HF cache (HF_HOME) and set "
-                  "HF_DATASETS_OFFLINE=1 (README: Downstream evaluation)", file=sys.stderr)
+            print(f"error: cannot load the task data ({type(e).__name__}: {msg}); for offline use, fill the HF "
+                  "cache (HF_HOME) and set HF_DATASETS_OFFLINE=1 (README: Downstream evaluation)", file=sys.stderr)
             sys.exit(2)
         name = os.path.basename(os.path.normpath(run))
         print(f"{name}: {time.time() - t0:.1f} s", file=sys.stderr)

@@ -59,7 +59,8 @@ def test_analyze_writes_pngs_and_the_numbers_match_the_weights(pos_encoding, tmp
     texts.write_text("\n\n".join(TEXTS) + "\n")
     paths = analyze.main([run, f"--texts={texts}"])
     out = os.path.join(run, "analysis")
-    want = [os.path.join(out, "frequency_usage.png")] + ([os.path.join(out, "delta.png")] if pos_encoding == "pope" else [])
+    want = [os.path.join(out, "frequency_usage.png")]
+    want += [os.path.join(out, "delta.png")] if pos_encoding == "pope" else []
     assert paths == want
     for p in paths:
         with open(p, "rb") as f:

@@ -79,7 +79,8 @@ def test_loglikelihood_rolling_sums_disjoint_windows(codec):
     model = tiny_model("rope", seed=1)
     lm = ed.gpt_lm_class()(model, encode, decode)
     text = "Shall I compare thee to a summer's day? Thou art more lovely and more temperate: rough winds do shake"
-    text += " the darling buds of May, and summer's lease hath all too short a date; sometime too hot the eye of heaven shines"
+    text += (" the darling buds of May, and summer's lease hath all too short a date; sometime too hot the eye"
+             " of heaven shines")
     ids = encode(text)
     assert len(ids) > 2 * L
     padded = [EOT] + ids
