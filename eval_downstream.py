@@ -246,7 +246,7 @@ def main(argv):
         tm = task_manager(cfg["include_path"])
         unknown = [t for t in tasks if t not in tm.all_tasks]
         if unknown or not tasks:
-            raise RunError(f"unknown task(s) {unknown or tasks}: use harness task names (lm_eval ls tasks) or "
+            raise RunError(f"unknown task(s) {unknown or tasks}: use harness task names (lm-eval ls tasks) or "
                            "add a folder of task YAMLs with --include_path")
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
