@@ -1,0 +1,98 @@
+"""analyze.py: PNGs are written, and the numbers behind them equal a direct computation from the weights."""
+
+import math
+import os
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import analyze
+from checkpoint import load_codec
+from model import GPT, GPTConfig
+
+TEXTS = ["Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:",
+         "From fairest creatures we desire increase"]  # different lengths: texts are averaged, not tokens
+
+
+def save_run(folder, pos_encoding, tokenizer=None):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=16, pos_encoding=pos_encoding))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # norms far from uniform across frequencies
+    model.clamp_pope_delta_()
+    os.makedirs(folder, exist_ok=True)
+    torch.save({"model": model.state_dict(), "model_args": asdict(model.config), "config": {},
+                "tokenizer": {"dataset": "x", "vocab_size": 50257, "pad_id": None,
+                              "tokenizer": tokenizer or {"kind": "gpt2"}}}, os.path.join(folder, "best.pt"))
+    return model
+
+
+@torch.no_grad()
+def layer0_usage(model, ids):
+    """(q, k) usage per frequency of layer 0 for one text, from the weights in float64."""
+    cfg, attn, ln = model.config, model.transformer.h[0].attn, model.transformer.h[0].ln_1
+    x = model.transformer.wte.weight.double()[ids]
+    h = F.rms_norm(x, (cfg.n_embd,), ln.weight.double(), ln.eps)
+    q, k, _ = (h @ attn.c_attn.weight.double().T).split(cfg.n_embd, dim=-1)
+    d = cfg.n_embd // cfg.n_head
+    out = []
+    for t in (q, k):
+        t = t.view(len(ids), cfg.n_head, d)
+        if cfg.pos_encoding == "rope":
+            u = torch.stack([torch.hypot(t[..., c], t[..., c + d // 2]) for c in range(d // 2)], dim=-1)
+        else:
+            u = torch.log1p(torch.exp(t))  # softplus
+        out.append(u.mean(dim=(0, 1)).numpy())
+    return out
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "pope"])
+def test_analyze_writes_pngs_and_the_numbers_match_the_weights(pos_encoding, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2_BPE_SOURCE", "local")
+    run = str(tmp_path / f"run-{pos_encoding}")
+    model = save_run(run, pos_encoding)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n\n".join(TEXTS) + "\n")
+    paths = analyze.main([run, f"--texts={texts}"])
+    out = os.path.join(run, "analysis")
+    want = [os.path.join(out, "frequency_usage.png")]
+    want += [os.path.join(out, "delta.png")] if pos_encoding == "pope" else []
+    assert paths == want
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    data = np.load(os.path.join(out, "frequency_usage.npz"))
+    encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
+    per_text = [layer0_usage(model, encode(t)) for t in TEXTS]
+    d = model.config.n_embd // model.config.n_head
+    n_freq = d // 2 if pos_encoding == "rope" else d
+    assert data["q"].shape == data["k"].shape == (model.config.n_layer, n_freq)
+    np.testing.assert_allclose(data["q"][0], np.mean([u[0] for u in per_text], axis=0), rtol=1e-5)
+    np.testing.assert_allclose(data["k"][0], np.mean([u[1] for u in per_text], axis=0), rtol=1e-5)
+    step = 2 if pos_encoding == "rope" else 1  # RoPE theta_c = base^(-2c/d), PoPE base^(-c/d)
+    np.testing.assert_allclose(data["wavelength"], 2 * math.pi * 10000.0 ** (np.arange(0, d, step) / d))
+    if pos_encoding == "pope":
+        delta = torch.stack([b.attn.pope_delta.detach() for b in model.transformer.h]).numpy()
+        np.testing.assert_array_equal(data["delta"], delta)
+    else:
+        assert "delta" not in data
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    char_run = str(tmp_path / "char")
+    save_run(char_run, "rope", {"kind": "char", "itos": list("ab")})
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    cases = [([str(tmp_path / "nothing")], "no checkpoint at"),
+             ([char_run], "give --texts=FILE"),
+             ([char_run, f"--texts={empty}"], "holds no text"),
+             ([char_run, f"--texts={tmp_path / 'missing.txt'}"], "cannot read --texts")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as e:
+            analyze.main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and err.count("\n") == 1, err
