@@ -238,7 +238,7 @@ def main(argv):
                              "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
                              "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]),
                              "rng": rng, "data_position": {"seed": seed, "iter_num": iter_num},
-                             "tokenizer": tokenizer_entry(data.meta)}
+                             "tokenizer": tokenizer_entry(data.meta, data_dir)}
                     if val["loss"] < best_val_loss:
                         save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer")})
                     save(ckpt_path, state)
