@@ -193,3 +193,24 @@ def test_flops_pope_adds_one_head_dim_of_qk_per_layer():
     b = GPT(GPTConfig(pos_encoding="pope", **kw)).flops_per_token(1024)
     assert b - a == 6 * 6 * 6 * 1024 * 64 + 6 * 6 * 6 * 64
     assert 1.14 < b / a < 1.16
+
+
+def test_kv_cache_form_per_backend_and_triton_decoding_matches(monkeypatch):
+    """The torch path caches 2d-wide Cartesian keys, the Triton kernel raw d-wide keys (KVCache
+    docstring); both decode to the full forward's logits (Triton in its interpreter on CPU)."""
+    import pope_kernel
+    if pope_kernel.triton is None:
+        pytest.skip("triton is not importable")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    model = sharp("pope")
+    idx = torch.randint(0, 37, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full, _ = model(idx)
+        for backend, width in (("torch", 32), ("triton", 16)):
+            model.config.attn_backend = backend
+            cache = KVCache(2, 12)
+            pieces = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:8], kv_cache=cache)[0],
+                      model(idx[:, 8:], kv_cache=cache)[0]]
+            assert cache.k[0].shape[-1] == width and cache.v[0].shape[-1] == 16
+            torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=1e-4)
