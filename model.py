@@ -155,7 +155,8 @@ class CausalSelfAttention(nn.Module):
         """PoPE attention of queries at positions pos0.. over a cache of Cartesian keys (torch path).
 
         Only the new keys are converted (pope_key_cartesian) and appended; the cache holds every
-        earlier key's Cartesian form. Scores equal pope_attention's (same phase code, same SDPA call).
+        earlier key's Cartesian form. Scores equal pope_attention's (same phase code): through SDPA
+        for a chunk of queries, through two matmuls for a single new token.
         """
         cfg, d = self.config, self.head_dim
         dtype = _compute_dtype(q, v)
@@ -164,7 +165,10 @@ class CausalSelfAttention(nn.Module):
         kc = pope_key_cartesian(k, pos0, self.pope_delta, cfg.rope_theta, cfg.pope_magnitude, dtype)
         kc, v = kv_cache.update(self.layer_idx, kc, v.to(dtype))
         qc = _polar_to_cartesian(q, q_pos, freqs, None, cfg.pope_magnitude, dtype)
-        v = F.pad(v, (0, d))  # q/k and v of one width keep SDPA on a fused kernel, as in pope_attention
+        if q.shape[-2] == 1:  # one new token sees every cached key: two small matmuls read 3d numbers
+            # per key; SDPA would need v padded to 2d, a copy of all cached values at every step
+            return torch.softmax((qc @ kc.transpose(-1, -2)) / math.sqrt(d), dim=-1) @ v
+        v = F.pad(v, (0, d))  # a prefill chunk: one width for q/k and v keeps SDPA on a fused O(T) kernel
         y = sdpa_attention(qc, kc, v, causal=True, sm_scale=1.0 / math.sqrt(d), q_offset=pos0)
         return y[..., :d]
 
