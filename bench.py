@@ -11,7 +11,7 @@
 3. Peak memory of a PoPE forward at growing T (child processes): O(T) means doubling T doubles it.
 4. Greedy decoding (6 layers x 384, a 960-token prompt): ms per new token for rope and pope, with the KV
    cache and re-running the whole sequence every step. Prefill excluded: (time for 48 new tokens -
-   time for 16) / 32.
+   time for 16) / 32, each the minimum of 5 runs (1 for the re-forward).
 5. On CUDA: the fused Triton kernel vs PoPE through SDPA vs RoPE through FlashAttention, bf16,
    T in 1k..16k, d in {64, 128} (bench_kernel.py, which also runs on its own with more options).
 Timings are the median of --repeats runs after a warm-up.
@@ -108,12 +108,13 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, repeats=3, dty
 
 
 def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_short=16, n_long=48,
-                 vocab_size=50304, repeats=3, nocache_repeats=1):
+                 vocab_size=50304, repeats=5, reforward_repeats=1):
     """ms per generated token, greedy, batch 1: rope vs pope, KV cache vs a full forward every step.
 
     Per-token time = (time for n_long new tokens - time for n_short) / (n_long - n_short), so the
-    prompt's prefill cancels. RoPE and PoPE runs alternate, so machine load hits both alike; each
-    figure is the median over `repeats` (`nocache_repeats` for the slow re-forward baseline).
+    prompt's prefill cancels. Each time is the minimum over `repeats` runs (`reforward_repeats` for
+    the slow re-forward baseline): on a shared machine, load only ever adds time. RoPE and PoPE runs
+    alternate, so changes in load hit both alike.
     """
     models, prompt = {}, torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
     for pe in ("rope", "pope"):
@@ -133,24 +134,20 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
     def cached(model, n):
         return model.generate(prompt, n, temperature=0)
 
-    def per_token_ms(fn, model, reps):
-        short = timed(lambda: fn(model, n_short), device, reps, warmup=0)
-        long = timed(lambda: fn(model, n_long), device, reps, warmup=0)
-        return 1000 * (long - short) / (n_long - n_short)
-
     for pe in models:  # warm-up
         cached(models[pe], 2)
-    times = {(pe, mode): [] for pe in models for mode in ("cache", "nocache")}
-    for r in range(max(repeats, nocache_repeats)):
+    times = {}  # (pe, mode, n) -> [seconds]
+    for r in range(max(repeats, reforward_repeats)):
         for pe in models:
-            if r < repeats:
-                times[pe, "cache"].append(per_token_ms(cached, models[pe], 1))
-            if r < nocache_repeats:
-                times[pe, "nocache"].append(per_token_ms(reforward, models[pe], 1))
-    rows = []
-    for pe in models:
-        c, n = statistics.median(times[pe, "cache"]), statistics.median(times[pe, "nocache"])
-        rows.append({"pos_encoding": pe, "kv_cache_ms_per_token": c, "reforward_ms_per_token": n, "speedup": n / c})
+            for mode, fn, reps in (("cache", cached, repeats), ("reforward", reforward, reforward_repeats)):
+                if r < reps:
+                    for n in (n_short, n_long):
+                        times.setdefault((pe, mode, n), []).append(timed(lambda: fn(models[pe], n), device, 1, 0))
+    per_token = {(pe, mode): 1000 * (min(times[pe, mode, n_long]) - min(times[pe, mode, n_short])) / (n_long - n_short)
+                 for pe in models for mode in ("cache", "reforward")}
+    rows = [{"pos_encoding": pe, "kv_cache_ms_per_token": per_token[pe, "cache"],
+             "reforward_ms_per_token": per_token[pe, "reforward"],
+             "speedup": per_token[pe, "reforward"] / per_token[pe, "cache"]} for pe in models]
     rows[1]["cache_vs_rope"] = rows[1]["kv_cache_ms_per_token"] / rows[0]["kv_cache_ms_per_token"]
     return rows
 
@@ -230,7 +227,7 @@ def main(argv):
         print_table("PoPE forward peak memory, d=64, 8 heads, fp32", bench_memory(a.device))
     if a.only in (None, "decode"):
         print_table("greedy decoding, 6 layers x 384, 960-token prompt, batch 1, ms per new token",
-                    bench_decode(a.device, vocab_size=a.vocab_size, repeats=a.repeats))
+                    bench_decode(a.device, vocab_size=a.vocab_size))
     if a.only in (None, "kernel"):
         if not str(a.device).startswith("cuda"):
             print("\nTriton kernel benchmark: needs CUDA (python bench_kernel.py runs an interpreter smoke test)")
