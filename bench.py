@@ -10,8 +10,8 @@
    math kernel, as PoPE-pytorch 0.2.1 does).
 3. Peak memory of a PoPE forward at growing T (child processes): O(T) means doubling T doubles it.
 4. Greedy decoding (6 layers x 384, a 960-token prompt): ms per new token for rope and pope, with the KV
-   cache and re-running the whole sequence every step. Prefill excluded: (time for 48 new tokens -
-   time for 16) / 32, each the minimum of 5 runs (1 for the re-forward).
+   cache and re-running the whole sequence every step: the median time of the steps that make
+   new tokens 17..48 (what (time for 48 tokens - time for 16) / 32 measures, minus the load spikes).
 5. On CUDA: the fused Triton kernel vs PoPE through SDPA vs RoPE through FlashAttention, bf16,
    T in 1k..16k, d in {64, 128} (bench_kernel.py, which also runs on its own with more options).
 Timings are the median of --repeats runs after a warm-up.
@@ -26,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, apply_rope
+from model import GPT, GPTConfig, KVCache, apply_rope
 from pope_kernel import _polar_to_cartesian, pope_attention, pope_frequencies
 
 
@@ -108,13 +108,15 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, repeats=3, dty
 
 
 def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_short=16, n_long=48,
-                 vocab_size=50304, repeats=5, reforward_repeats=1):
+                 vocab_size=50304, repeats=3, reforward_repeats=1):
     """ms per generated token, greedy, batch 1: rope vs pope, KV cache vs a full forward every step.
 
-    Per-token time = (time for n_long new tokens - time for n_short) / (n_long - n_short), so the
-    prompt's prefill cancels. Each time is the minimum over `repeats` runs (`reforward_repeats` for
-    the slow re-forward baseline): on a shared machine, load only ever adds time. RoPE and PoPE runs
-    alternate, so changes in load hit both alike.
+    The prompt is run, then n_long tokens are generated one step at a time, and each step (logits of
+    the last position, argmax, then the forward of the new token) is timed. The figure is the median
+    step time of tokens n_short+1..n_long: the tokens that (time for n_long - time for n_short) /
+    (n_long - n_short) covers, with the prefill excluded by construction, and robust to load spikes
+    on a shared machine. `repeats` runs per encoding (`reforward_repeats` for the slow baseline that
+    runs the whole sequence again at every step); RoPE and PoPE runs alternate.
     """
     models, prompt = {}, torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
     for pe in ("rope", "pope"):
@@ -124,30 +126,30 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
     prompt = prompt.to(device)
 
     @torch.no_grad()
-    def reforward(model, n):  # no cache: the whole sequence again for every new token
-        idx = prompt
-        for _ in range(n):
-            nxt = model.lm_head(model._hidden(idx)[:, -1]).argmax(-1, keepdim=True)
+    def step_times(model, use_cache):
+        cache = KVCache(model.config.n_layer, prompt_len + n_long) if use_cache else None
+        idx, hidden, times = prompt, model._hidden(prompt, cache), []
+        for _ in range(n_long):
+            _sync(device)
+            t = time.perf_counter()
+            nxt = model.lm_head(hidden[:, -1]).argmax(-1, keepdim=True)
             idx = torch.cat((idx, nxt), 1)
-        return idx
-
-    def cached(model, n):
-        return model.generate(prompt, n, temperature=0)
+            hidden = model._hidden(nxt, cache) if use_cache else model._hidden(idx)
+            _sync(device)
+            times.append(time.perf_counter() - t)
+        return times[n_short:]
 
     for pe in models:  # warm-up
-        cached(models[pe], 2)
-    times = {}  # (pe, mode, n) -> [seconds]
+        models[pe].generate(prompt, 2, temperature=0)
+    times = {(pe, c): [] for pe in models for c in (True, False)}
     for r in range(max(repeats, reforward_repeats)):
         for pe in models:
-            for mode, fn, reps in (("cache", cached, repeats), ("reforward", reforward, reforward_repeats)):
+            for use_cache, reps in ((True, repeats), (False, reforward_repeats)):
                 if r < reps:
-                    for n in (n_short, n_long):
-                        times.setdefault((pe, mode, n), []).append(timed(lambda: fn(models[pe], n), device, 1, 0))
-    per_token = {(pe, mode): 1000 * (min(times[pe, mode, n_long]) - min(times[pe, mode, n_short])) / (n_long - n_short)
-                 for pe in models for mode in ("cache", "reforward")}
-    rows = [{"pos_encoding": pe, "kv_cache_ms_per_token": per_token[pe, "cache"],
-             "reforward_ms_per_token": per_token[pe, "reforward"],
-             "speedup": per_token[pe, "reforward"] / per_token[pe, "cache"]} for pe in models]
+                    times[pe, use_cache] += step_times(models[pe], use_cache)
+    ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    rows = [{"pos_encoding": pe, "kv_cache_ms_per_token": ms[pe, True], "reforward_ms_per_token": ms[pe, False],
+             "speedup": ms[pe, False] / ms[pe, True]} for pe in models]
     rows[1]["cache_vs_rope"] = rows[1]["kv_cache_ms_per_token"] / rows[0]["kv_cache_ms_per_token"]
     return rows
 
