@@ -1,7 +1,7 @@
 """Benchmarks on the current device: RoPE vs PoPE, as tables.
 
     python bench.py                 # train step + attention micro-benchmark + O(T) memory check
-    python bench.py --only=attn     # one section: step | attn | memory | kernel
+    python bench.py --only=attn     # one section: step | attn | memory | decode | kernel
 
 1. Training step of the same GPT with rope vs pope (default: 6 layers, 384 wide, T=1024, GPT-2 vocab):
    ms/iter, tokens/s, and the PoPE/RoPE time ratio next to the FLOP ratio of model.flops_per_token.
@@ -9,7 +9,10 @@
    and the naive PoPE that hands SDPA 2d-wide q/k with d-wide v (SDPA then falls back to its O(T^2)
    math kernel, as PoPE-pytorch 0.2.1 does).
 3. Peak memory of a PoPE forward at growing T (child processes): O(T) means doubling T doubles it.
-4. On CUDA: the fused Triton kernel vs PoPE through SDPA vs RoPE through FlashAttention, bf16,
+4. Greedy decoding (6 layers x 384, a 960-token prompt): ms per new token for rope and pope, with the KV
+   cache and re-running the whole sequence every step: the median time of the steps that make
+   new tokens 17..48 (what (time for 48 tokens - time for 16) / 32 measures, minus the load spikes).
+5. On CUDA: the fused Triton kernel vs PoPE through SDPA vs RoPE through FlashAttention, bf16,
    T in 1k..16k, d in {64, 128} (bench_kernel.py, which also runs on its own with more options).
 Timings are the median of --repeats runs after a warm-up.
 """
@@ -23,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, apply_rope
+from model import GPT, GPTConfig, KVCache, apply_rope
 from pope_kernel import _polar_to_cartesian, pope_attention, pope_frequencies
 
 
@@ -104,6 +107,53 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, repeats=3, dty
     return rows
 
 
+def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_short=16, n_long=48,
+                 vocab_size=50304, repeats=3, reforward_repeats=1):
+    """ms per generated token, greedy, batch 1: rope vs pope, KV cache vs a full forward every step.
+
+    The prompt is run, then n_long tokens are generated one step at a time, and each step (logits of
+    the last position, argmax, then the forward of the new token) is timed. The figure is the median
+    step time of tokens n_short+1..n_long: the tokens that (time for n_long - time for n_short) /
+    (n_long - n_short) covers, with the prefill excluded by construction, and robust to load spikes
+    on a shared machine. `repeats` runs per encoding (`reforward_repeats` for the slow baseline that
+    runs the whole sequence again at every step); RoPE and PoPE runs alternate.
+    """
+    models, prompt = {}, torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    for pe in ("rope", "pope"):
+        torch.manual_seed(0)
+        models[pe] = GPT(GPTConfig(block_size=prompt_len + n_long, vocab_size=vocab_size, n_layer=n_layer,
+                                   n_head=n_head, n_embd=n_embd, pos_encoding=pe)).eval().to(device)
+    prompt = prompt.to(device)
+
+    @torch.no_grad()
+    def step_times(model, use_cache):
+        cache = KVCache(model.config.n_layer, prompt_len + n_long) if use_cache else None
+        idx, hidden, times = prompt, model._hidden(prompt, cache), []
+        for _ in range(n_long):
+            _sync(device)
+            t = time.perf_counter()
+            nxt = model.lm_head(hidden[:, -1]).argmax(-1, keepdim=True)
+            idx = torch.cat((idx, nxt), 1)
+            hidden = model._hidden(nxt, cache) if use_cache else model._hidden(idx)
+            _sync(device)
+            times.append(time.perf_counter() - t)
+        return times[n_short:]
+
+    for pe in models:  # warm-up
+        models[pe].generate(prompt, 2, temperature=0)
+    times = {(pe, c): [] for pe in models for c in (True, False)}
+    for r in range(max(repeats, reforward_repeats)):
+        for pe in models:
+            for use_cache, reps in ((True, repeats), (False, reforward_repeats)):
+                if r < reps:
+                    times[pe, use_cache] += step_times(models[pe], use_cache)
+    ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    rows = [{"pos_encoding": pe, "kv_cache_ms_per_token": ms[pe, True], "reforward_ms_per_token": ms[pe, False],
+             "speedup": ms[pe, False] / ms[pe, True]} for pe in models]
+    rows[1]["cache_vs_rope"] = rows[1]["kv_cache_ms_per_token"] / rows[0]["kv_cache_ms_per_token"]
+    return rows
+
+
 def _status_kb(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -162,7 +212,7 @@ def print_table(title, rows):
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=["step", "attn", "memory", "kernel"])
+    p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
@@ -177,6 +227,9 @@ def main(argv):
                     bench_attention(a.device, T=a.T, repeats=a.repeats))
     if a.only in (None, "memory"):
         print_table("PoPE forward peak memory, d=64, 8 heads, fp32", bench_memory(a.device))
+    if a.only in (None, "decode"):
+        print_table("greedy decoding, 6 layers x 384, 960-token prompt, batch 1, ms per new token",
+                    bench_decode(a.device, vocab_size=a.vocab_size))
     if a.only in (None, "kernel"):
         if not str(a.device).startswith("cuda"):
             print("\nTriton kernel benchmark: needs CUDA (python bench_kernel.py runs an interpreter smoke test)")

@@ -13,6 +13,7 @@ model and tokenizer, not a copy per script.
 import ast
 import json
 import os
+import tempfile
 
 import torch
 
@@ -59,28 +60,57 @@ def load_run(out_dir, ckpt="best.pt", device="cpu", **overrides):
     return build_model(state, device, **overrides), state
 
 
-def tokenizer_entry(meta):
-    """The part of a dataset's meta.json that a checkpoint stores for decoding (TOKENIZER_KEYS)."""
-    return {k: meta.get(k) for k in TOKENIZER_KEYS}
+def tokenizer_entry(meta, data_dir=None):
+    """The part of a dataset's meta.json that a checkpoint stores for decoding (TOKENIZER_KEYS).
+
+    A tokenizer that decodes from a file in the dataset folder (meta["tokenizer"]["file"], e.g.
+    MAESTRO's miditok tokenizer.json) gets that file's text embedded as tokenizer["file_text"] when
+    data_dir is given and holds the file, so the run folder decodes without the dataset folder.
+    """
+    entry = {k: meta.get(k) for k in TOKENIZER_KEYS}
+    tok = entry["tokenizer"]
+    if isinstance(tok, dict) and tok.get("file") and "file_text" not in tok and data_dir is not None:
+        path = os.path.join(data_dir, tok["file"])
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                entry["tokenizer"] = {**tok, "file_text": f.read()}
+    return entry
 
 
-def tokenizer_meta(state, data_root=None):
+def tokenizer_meta(state, data_root=None, source=None):
     """The tokenizer description of a checkpoint dict: {"dataset", "vocab_size", "pad_id", "tokenizer"}.
 
     Read from the checkpoint first; for checkpoints written before tokenizers were stored there,
-    from <data_root or the run's data_root>/<dataset>/meta.json. Raises RunError naming both places.
+    from <data_root or the run's data_root>/<dataset>/meta.json. source: the checkpoint's path, for
+    the message. Raises RunError naming both places and the fix.
     """
     if state.get("tokenizer"):
         return state["tokenizer"]
     cfg = state.get("config", {})
     root = data_root or cfg.get("data_root", "data")
-    path = os.path.join(root, str(cfg.get("dataset")), "meta.json")
+    data_dir = os.path.join(root, str(cfg.get("dataset")))
+    path = os.path.join(data_dir, "meta.json")
     if os.path.isfile(path):
         with open(path) as f:
-            return tokenizer_entry(json.load(f))
-    raise RunError(f"the checkpoint stores no tokenizer and {path} does not exist: retrain or resume once with "
-                   f"this version of train.py (it stores the tokenizer), or prepare the dataset "
-                   f"'{cfg.get('dataset')}' under --data_root")
+            return tokenizer_entry(json.load(f), data_dir)
+    raise RunError(f"no tokenizer: {source or 'the checkpoint'} stores none (written before train.py stored it) "
+                   f"and {path} does not exist; prepare the dataset '{cfg.get('dataset')}' there (or point "
+                   f"--data_root to it), or resume the run once with this train.py to store it")
+
+
+def miditok_tokenizer(meta):
+    """The miditok tokenizer of a tokenizer description of kind 'miditok' (MAESTRO), rebuilt from the
+    tokenizer.json text the checkpoint embeds (see tokenizer_entry). Raises RunError if it has none."""
+    tok = meta.get("tokenizer") or {}
+    if tok.get("kind") != "miditok" or not tok.get("file_text"):
+        raise RunError(f"tokenizer {tok.get('kind')!r} embeds no miditok tokenizer.json; resume the run once "
+                       "with this train.py, with the dataset folder present, to store it")
+    import miditok
+    with tempfile.TemporaryDirectory() as folder:  # miditok reads its parameters from a file
+        path = os.path.join(folder, "tokenizer.json")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(tok["file_text"])
+        return getattr(miditok, tok.get("class", "REMI"))(params=path)
 
 
 def load_codec(meta):

@@ -16,7 +16,8 @@ import torch
 class Dataset:
     """A prepared dataset folder: meta.json plus one memmapped .bin per split.
 
-    Raises FileNotFoundError naming the prepare command when the folder or a split is missing.
+    Raises FileNotFoundError naming the prepare command when the folder or a split is missing, and
+    ValueError if a split is empty (data prepared before the prepare scripts refused that).
     """
 
     def __init__(self, data_dir, prepare_hint=None):
@@ -28,6 +29,11 @@ class Dataset:
             raise FileNotFoundError(f"no prepared dataset at {data_dir} (meta.json missing). Run: {hint}")
         with open(path) as f:
             self.meta = json.load(f)
+        empty = [name for name, s in self.meta["splits"].items() if int(np.prod(s["shape"])) == 0]
+        if empty:  # written before the prepare scripts refused empty splits
+            raise ValueError(f"{data_dir}: split {', '.join(map(repr, empty))} is empty (0 rows or tokens); delete "
+                             "the folder and prepare it again: the prepare script now stops and names the fix "
+                             "(e.g. --split fraction for a genome FASTA without chromosomes 21 and 22)")
         self.layout, self.loss = self.meta["layout"], self.meta.get("loss", "all")
         self.pad_id = self.meta.get("pad_id")
         self.vocab_size = self.meta["vocab_size"]

@@ -37,7 +37,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pope_kernel import pope_attention, sdpa_attention
+from pope_kernel import _compute_dtype, _polar_to_cartesian, pope_attention, pope_backend, pope_frequencies, \
+    sdpa_attention
 
 POS_ENCODINGS = ("rope", "pope", "none", "rope_half", "alibi_half", "learned", "sinusoidal")
 ABSOLUTE_ENCODINGS = ("learned", "sinusoidal")  # positions < block_size only
@@ -178,9 +179,15 @@ def sinusoidal_embedding(n_positions, n_embd):
 class KVCache:
     """Per-layer key/value cache for incremental decoding, preallocated for max_len tokens.
 
-    RoPE caches rotated keys; PoPE and NoPE cache raw keys, since pope_attention applies the
-    magnitude and the key phase s*theta_c + delta_c itself (a key's phase depends only on its own
-    absolute position s, so caching before or after that step gives the same scores).
+    What each layer caches, per token and head (d = head_dim, values always raw and d wide):
+      RoPE                  rotated keys, d wide: 2d numbers per token with the values.
+      NoPE                  raw keys, d wide: 2d.
+      PoPE, torch backend   the keys' Cartesian form [mu cos(phi), mu sin(phi)], mu = softplus(k),
+                            phi = s*theta_c + delta_c (pope_key_cartesian), 2d wide: 3d numbers per
+                            token, 1.5x RoPE's cache. A key's phase depends only on its own position s,
+                            so this form never changes, and a decoding step computes softplus, cos and
+                            sin for its new tokens only instead of for every cached key.
+      PoPE, Triton backend  raw keys, d wide: 2d. The kernel rotates keys in registers as it loads them.
     `pos` is the number of tokens already in the cache = the absolute position of the next token.
     """
 
@@ -240,9 +247,12 @@ class CausalSelfAttention(nn.Module):
             if cfg.rope_scaling != 1.0:  # YaRN temperature: logits times (0.1 ln s + 1)^2
                 m = yarn_attention_factor(cfg.rope_scaling)
                 q, k = q * m, k * m
-        if kv_cache is not None:
+        cartesian = cfg.pos_encoding == "pope" and kv_cache is not None and not self._pope_triton(q, k, v)
+        if kv_cache is not None and not cartesian:
             k, v = kv_cache.update(self.layer_idx, k, v)
-        if cfg.pos_encoding == "pope":
+        if cartesian:  # decoding on the torch path: the cache holds the keys' Cartesian form
+            y = self._pope_cached_cartesian(q, k, v, kv_cache, pos0)
+        elif cfg.pos_encoding == "pope":
             y = pope_attention(q, k, v, self.pope_delta, causal=True, theta=cfg.rope_theta, q_offset=pos0,
                                magnitude=cfg.pope_magnitude, backend=cfg.attn_backend)
         elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
@@ -252,6 +262,44 @@ class CausalSelfAttention(nn.Module):
             y = sdpa_attention(q, k, v, causal=True, q_offset=pos0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def _pope_triton(self, q, k, v):
+        """True if pope_attention would run the Triton kernel on these tensors (see its `backend`)."""
+        return pope_backend(q, k, v, self.config.attn_backend) == "triton"
+
+    def _pope_cached_cartesian(self, q, k, v, kv_cache, pos0):
+        """PoPE attention of queries at positions pos0.. over a cache of Cartesian keys (torch path).
+
+        Only the new keys are converted (pope_key_cartesian) and appended; the cache holds every
+        earlier key's Cartesian form. Scores equal pope_attention's (same phase code): through SDPA
+        for a chunk of queries, through two matmuls for a single new token.
+        """
+        cfg, d = self.config, self.head_dim
+        dtype = _compute_dtype(q, v)
+        freqs = pope_frequencies(d, cfg.rope_theta, device=q.device)
+        q_pos = torch.arange(pos0, pos0 + q.shape[-2], device=q.device)
+        kc = pope_key_cartesian(k, pos0, self.pope_delta, cfg.rope_theta, cfg.pope_magnitude, dtype)
+        kc, v = kv_cache.update(self.layer_idx, kc, v.to(dtype))
+        qc = _polar_to_cartesian(q, q_pos, freqs, None, cfg.pope_magnitude, dtype)
+        if q.shape[-2] == 1:  # one new token sees every cached key: two small matmuls read 3d numbers
+            # per key; SDPA would need v padded to 2d, a copy of all cached values at every step
+            return torch.softmax((qc @ kc.transpose(-1, -2)) / math.sqrt(d), dim=-1) @ v
+        v = F.pad(v, (0, d))  # a prefill chunk: one width for q/k and v keeps SDPA on a fused O(T) kernel
+        y = sdpa_attention(qc, kc, v, causal=True, sm_scale=1.0 / math.sqrt(d), q_offset=pos0)
+        return y[..., :d]
+
+
+def pope_key_cartesian(k, pos0, delta, theta=10000.0, magnitude="softplus", dtype=None):
+    """Raw PoPE keys (B, H, T, d) at absolute positions pos0..pos0+T-1 -> their Cartesian form
+    (B, H, T, 2d) = [mu cos(phi), mu sin(phi)], mu = magnitude(k) (softplus in the paper),
+    phi = s * theta_c + delta_c radians (paper, Method section), theta_c = theta^(-(c-1)/d).
+
+    delta: (H, d) radians or None. dtype: of the result (default k's). The phases come from
+    pope_kernel's own code, so a cached key scores exactly as in pope_attention. Used by the KV cache.
+    """
+    freqs = pope_frequencies(k.shape[-1], theta, device=k.device)
+    positions = torch.arange(pos0, pos0 + k.shape[-2], device=k.device)
+    return _polar_to_cartesian(k, positions, freqs, delta, magnitude, dtype or k.dtype)
 
 
 class MLP(nn.Module):

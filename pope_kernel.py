@@ -152,9 +152,7 @@ def pope_attention(q, k, v, delta=None, *, causal=True, theta=10000.0, sm_scale=
     _check(q, k, v, delta, q_offset)
     if magnitude not in MAGNITUDES:
         raise ValueError(f"magnitude must be one of {MAGNITUDES}, got {magnitude!r}")
-    if backend == "auto":  # fp32: the torch path (the kernel's IEEE-fp32 tiles spill; see pope_attention_triton)
-        backend = ("triton" if q.is_cuda and triton_supported(q, k, v) and _compute_dtype(q, v) != torch.float32
-                   else "torch")
+    backend = pope_backend(q, k, v, backend)
     if backend == "triton":
         return pope_attention_triton(q, k, v, delta, causal=causal, theta=theta, sm_scale=sm_scale,
                                      q_offset=q_offset, magnitude=magnitude)
@@ -171,6 +169,19 @@ def pope_attention(q, k, v, delta=None, *, causal=True, theta=10000.0, sm_scale=
     v_pad = F.pad(v.to(dtype), (0, 2 * d - dv)) if dv < 2 * d else v.to(dtype)
     out = sdpa_attention(qc, kc, v_pad, causal=causal, sm_scale=sm_scale, q_offset=q_offset)
     return out[..., :dv]
+
+
+def pope_backend(q, k, v, backend="auto"):
+    """The backend pope_attention runs for these tensors: 'triton' or 'torch' ('auto' resolved).
+
+    'auto' picks the fused Triton kernel for CUDA tensors whose compute dtype (v's dtype, or the autocast
+    dtype) is fp16 or bf16 and that the kernel supports (triton_supported); fp32 goes to the torch path,
+    since the kernel's IEEE-fp32 tiles spill. Other values are returned as given (pope_attention checks them).
+    """
+    if backend != "auto":
+        return backend
+    use = q.is_cuda and triton_supported(q, k, v) and _compute_dtype(q, v) != torch.float32
+    return "triton" if use else "torch"
 
 
 def pope_attention_reference(q, k, v, delta=None, *, causal=True, theta=10000.0, sm_scale=None,

@@ -9,6 +9,7 @@ Character-level and GPT-2 BPE decode to text; other tokenizers print token ids, 
 are given as ids: --start="[1, 2, 3]".
 """
 
+import os
 import sys
 
 import torch
@@ -35,7 +36,7 @@ def main(argv):
     dev = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         model, state = load_run(cfg["out_dir"], cfg["ckpt"], dev, attn_backend=cfg["attn_backend"])
-        encode, decode = load_codec(tokenizer_meta(state))
+        encode, decode = load_codec(tokenizer_meta(state, source=os.path.join(cfg["out_dir"], cfg["ckpt"])))
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -19,6 +19,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -232,6 +233,7 @@ def main(argv):
     # --- training loop: eval/checkpoint at the top of iteration iter_num (= steps done so far)
     decay_iters = lr_decay_iters or max_iters
     t0, loss_acc, tokens_seen = time.time(), torch.zeros((), device=dev), 0
+    t_loop, iter_start = t0, iter_num  # for the ETA: this process's pace, evaluations included
     while not eval_only:
         if iter_num % eval_interval == 0 or iter_num == max_iters:
             val = evaluate(val_batches)
@@ -247,7 +249,7 @@ def main(argv):
                              "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
                              "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]),
                              "rng": rng, "data_position": {"seed": seed, "iter_num": iter_num},
-                             "tokenizer": tokenizer_entry(data.meta)}
+                             "tokenizer": tokenizer_entry(data.meta, data_dir)}
                     if val["loss"] < best_val_loss:
                         save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer")})
                     save(ckpt_path, state)
@@ -290,8 +292,9 @@ def main(argv):
             if master:
                 mfu = raw_model.estimate_mfu(tok_per_iter, seq_len, dt, peak)
                 mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
-                print(f"iter {iter_num}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
-                      f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}")
+                print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
+                      f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}, "
+                      + _progress(iter_num, iter_start, max_iters, time.time() - t_start, time.time() - t_loop))
                 log({"iter": iter_num, "loss": lossf, "lr": lr, "ms_per_iter": 1000 * dt,
                      "tokens_per_s": tok_per_iter / dt, "mfu": mfu})
 
@@ -366,6 +369,13 @@ def _lr(it, decay_iters):
         return min_lr
     ratio = (it - warmup_iters) / max(1, decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+def _progress(it, it_start, it_max, elapsed_s, loop_s):
+    """'elapsed H:MM:SS, eta H:MM:SS': eta = the remaining iterations at this process's mean pace
+    (loop_s seconds for it - it_start iterations, periodic evaluations included)."""
+    eta = loop_s / max(it - it_start, 1) * max(it_max - it, 0)
+    return f"elapsed {timedelta(seconds=round(elapsed_s))}, eta {timedelta(seconds=round(eta))}"
 
 
 def _round_vocab(n, multiple=64):

@@ -19,6 +19,9 @@ meta.json keys (format 1):
     tokenizer    {"kind": "char" | "gpt2" | ..., plus what decoding needs, e.g. "itos"}
 Prepare scripts may add keys (bos_id, eos_id, documents, notes, ...); readers ignore unknown keys.
 
+Every split holds at least one row (one token for streams): write_meta refuses an empty split
+with EmptySplitError naming the script's fix, because training on it would fail much later.
+
 Everything is written to a temporary file in the same folder and renamed into place, so a crash
 leaves either the previous complete dataset or no meta.json, never a half-written one that looks
 complete.
@@ -26,6 +29,7 @@ complete.
 
 import json
 import os
+import sys
 import tempfile
 
 import numpy as np
@@ -106,21 +110,40 @@ def smallest_dtype(vocab_size):
     return "int32"
 
 
-def write_meta(out_dir, meta):
+class EmptySplitError(ValueError):
+    """A split would hold no rows or tokens; the message names the split and the fix."""
+
+
+EMPTY_FIX = "give more input data (see the script's --help for how splits are made)"
+
+
+def check_nonempty(sizes, fix=EMPTY_FIX, where=""):
+    """Raise EmptySplitError if any of {split: number of rows or tokens} is 0, naming them and `fix`."""
+    empty = [name for name, n in sizes.items() if n == 0]
+    if empty:
+        raise EmptySplitError(f"{where + ': ' if where else ''}split{'s' if len(empty) > 1 else ''} "
+                              f"{', '.join(map(repr, empty))} would be empty; {fix}")
+
+
+def write_meta(out_dir, meta, empty_fix=EMPTY_FIX):
     """Validate `meta` against the .bin files already in out_dir and write meta.json last, atomically.
-    Raises ValueError if a split file is missing or its size disagrees with its declared shape."""
+    Raises ValueError if a split file is missing or its size disagrees with its declared shape, and
+    EmptySplitError (naming `empty_fix`) if a split has no rows or tokens: then no meta.json is written."""
     meta = {"format": FORMAT, **meta}
     for key in ("dataset", "vocab_size", "dtype", "layout", "splits", "loss", "tokenizer"):
         if key not in meta:
             raise ValueError(f"meta.json needs key {key!r}")
+    check_nonempty({name: int(np.prod(s["shape"])) for name, s in meta["splits"].items()}, empty_fix, out_dir)
     _check_files(out_dir, meta)
     atomic_write_json(os.path.join(out_dir, "meta.json"), meta)
     return meta
 
 
-def write_rows_dataset(out_dir, splits, **meta):
+def write_rows_dataset(out_dir, splits, empty_fix=EMPTY_FIX, **meta):
     """Write in-memory 2-D splits {name: (n_rows, row_len) int array} plus meta.json (rows layout).
-    `meta` must give dataset, vocab_size, pad_id, loss, tokenizer; dtype is chosen from vocab_size."""
+    `meta` must give dataset, vocab_size, pad_id, loss, tokenizer; dtype is chosen from vocab_size.
+    Raises EmptySplitError naming `empty_fix`, before writing anything, if a split has no rows."""
+    check_nonempty({name: len(arr) for name, arr in splits.items()}, empty_fix, out_dir)
     dtype = meta.pop("dtype", None) or smallest_dtype(meta["vocab_size"])
     entries = {}
     for name, arr in splits.items():
@@ -143,6 +166,16 @@ def _check_files(out_dir, meta):
         want = int(np.prod(s["shape"])) * itemsize
         if os.path.getsize(path) != want:
             raise ValueError(f"split {name!r}: {path} has {os.path.getsize(path)} bytes, meta says {want}")
+
+
+def run_cli(prepare, *args, **kwargs):
+    """Call a script's prepare(*args, **kwargs) from its __main__: a ValueError (EmptySplitError
+    included), RuntimeError or FileNotFoundError prints 'error: <message>' and exits with code 2."""
+    try:
+        return prepare(*args, **kwargs)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def is_complete(out_dir, splits=("train", "val", "test")):

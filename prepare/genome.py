@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, is_complete, summarize, write_meta
+from prepare.common import BinWriter, check_nonempty, is_complete, run_cli, summarize, write_meta
 
 URL = ("https://ftp.ncbi.nlm.nih.gov/genomes/all/GCF/000/001/405/GCF_000001405.40_GRCh38.p14/"
        "GCF_000001405.40_GRCh38.p14_genomic.fna.gz")
@@ -188,6 +188,14 @@ def _work(item):
     return (split, len(block), *block_rows(block))
 
 
+EMPTY_FIX = {
+    "chromosomes": "use --split fraction (--split chromosomes takes val from chromosome 21 and test from 22, "
+                   "and train from 1-20/X/Y, so the FASTA must hold all of them)",
+    "fraction": "give a longer FASTA or a smaller --block_bp (--split fraction draws val and test as 5 % "
+                "of the blocks each)",
+}
+
+
 def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600_000, num_proc=None):
     """Tokenize a FASTA into train/val/test rows of 1001 tokens + meta.json (skipped if complete).
     Returns out_dir. Raises ValueError on a bad block_bp / split mode, or if no record fits the split
@@ -239,6 +247,7 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
         if not any(rows_n.values()):
             raise ValueError(f"no record of {input} fits --split {split}: headers name no human chromosome "
                              "1-22/X/Y (NCBI, 'chr7' or '7'); use --split fraction for other FASTAs")
+        check_nonempty(rows_n, EMPTY_FIX[split], f"{input} under --split {split}")  # before any file is kept
     seconds = time.time() - t0
     n_tok, n_bp = sum(toks.values()), sum(bases.values())
     write_meta(out_dir, {
@@ -253,7 +262,7 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
         "skipped_record_names": sorted(skipped)[:200],
         "throughput": {"seconds": round(seconds, 3), "bases_per_sec": round(n_bp / max(seconds, 1e-9)),
                        "tokens_per_sec": round(n_tok / max(seconds, 1e-9))},
-    })
+    }, EMPTY_FIX[split])
     summarize(out_dir)
     print(f"skipped {len(skipped)} records ({sum(skipped.values()):,} bp), dropped {dropped} all-N chunks")
     print(f"throughput: {n_bp:,} bp -> {n_tok:,} tokens in {seconds:.1f} s = {n_bp / max(seconds, 1e-9):,.0f} bp/s")
@@ -278,4 +287,4 @@ if __name__ == "__main__":
     p.add_argument("--block_bp", type=int, default=600_000)
     p.add_argument("--num_proc", type=int, default=None)
     a = p.parse_args()
-    prepare(a.out_dir, a.input, a.split, a.block_bp, a.num_proc)
+    run_cli(prepare, a.out_dir, a.input, a.split, a.block_bp, a.num_proc)

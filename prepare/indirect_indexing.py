@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import is_complete, summarize, write_rows_dataset
+from prepare.common import is_complete, run_cli, summarize, write_rows_dataset
 
 LETTERS = string.ascii_uppercase + string.ascii_lowercase
 VOCAB = LETTERS + string.digits + ",+-"  # ids 0..64
@@ -91,7 +91,7 @@ def prepare(out_dir="data/indirect_indexing", n_train=1_000_000, n_val=10_000, n
     for name, n in (("test", n_test), ("val", n_val), ("train", n_train)):
         splits[name] = _draw(rng, n, seen, name)
     write_rows_dataset(
-        out_dir, splits, dataset="indirect_indexing", vocab_size=len(VOCAB) + 1, pad_id=PAD_ID, loss="last",
+        out_dir, splits, empty_fix="give --n_train, --n_val and --n_test of at least 1", dataset="indirect_indexing", vocab_size=len(VOCAB) + 1, pad_id=PAD_ID, loss="last",
         tokenizer={"kind": "char", "itos": list(VOCAB) + ["<pad>"]},
         sampling={"seed": seed, "min_len": MIN_LEN, "max_len": MAX_LEN, "max_shift": MAX_SHIFT, "zero_shift": False},
     )
@@ -107,4 +107,4 @@ if __name__ == "__main__":
     p.add_argument("--n_test", type=int, default=10_000)
     p.add_argument("--seed", type=int, default=1337)
     a = p.parse_args()
-    prepare(a.out_dir, a.n_train, a.n_val, a.n_test, a.seed)
+    run_cli(prepare, a.out_dir, a.n_train, a.n_val, a.n_test, a.seed)

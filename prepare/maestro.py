@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, atomic_write_json, is_complete, summarize, write_meta
+from prepare.common import BinWriter, atomic_write_json, is_complete, run_cli, summarize, write_meta
 
 URL = "https://storage.googleapis.com/magentadata/datasets/maestro/v3.0.0/maestro-v3.0.0-midi.zip"
 VOCAB_SIZE = 328
@@ -250,7 +250,8 @@ def prepare(out_dir="data/maestro", input=None, split="random", max_len=2048, se
         "throughput": {"seconds": round(seconds, 3), "files_per_sec": round(len(paths) / max(seconds, 1e-9), 2),
                        "tokens_per_sec": round(n_tok / max(seconds, 1e-9)),
                        "untransposed_tokens_per_sec": round(sum(map(len, ok.values())) / max(seconds, 1e-9))},
-    })
+    }, "give --input at least 3 readable MIDI files (--split random puts 5 % of the files, at least one, "
+       "in val and in test), or use --split random if maestro-v3.0.0.csv lists no file of a split")
     summarize(out_dir)
     print(f"skipped {len(skipped)} unreadable files, {dropped_k} out-of-range transpositions")
     print(f"throughput: {len(paths)} files, {n_tok:,} tokens written ({sum(map(len, ok.values())):,} before "
@@ -267,4 +268,4 @@ if __name__ == "__main__":
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--num_proc", type=int, default=None)
     a = p.parse_args()
-    prepare(a.out_dir, a.input, a.split, a.max_len, a.seed, a.num_proc)
+    run_cli(prepare, a.out_dir, a.input, a.split, a.max_len, a.seed, a.num_proc)

@@ -29,7 +29,7 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, is_complete, summarize, write_meta
+from prepare.common import BinWriter, is_complete, run_cli, summarize, write_meta
 from prepare.gpt2_bpe import N_VOCAB, encode_chunks, gpt2_tokenizer_meta, load_documents, range_chunks
 
 HF_NAME = "Skylion007/openwebtext"
@@ -108,7 +108,7 @@ def prepare(out_dir="data/openwebtext", input=None, num_proc=None, val_fraction=
                   "documents": {"train": int(n_docs - len(val)), "val": int(len(val))}},
         "notes": "Each document is followed by EOT (50256). No test split: OpenWebText has none; "
                  "report validation perplexity, as the paper does (Table 4).",
-    })
+    }, "give --input documents with text, and a --val_fraction that leaves val at least one of them")
     summarize(out_dir)
     return out_dir
 
@@ -122,7 +122,4 @@ if __name__ == "__main__":
     p.add_argument("--seed", type=int, default=2357)
     p.add_argument("--hf_name", default=HF_NAME)
     a = p.parse_args()
-    try:
-        prepare(a.out_dir, a.input, a.num_proc, a.val_fraction, a.seed, hf_name=a.hf_name)
-    except (RuntimeError, FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: {e}")
+    run_cli(prepare, a.out_dir, a.input, a.num_proc, a.val_fraction, a.seed, hf_name=a.hf_name)

@@ -25,7 +25,7 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, is_complete, summarize, write_meta
+from prepare.common import BinWriter, is_complete, run_cli, summarize, write_meta
 from prepare.gpt2_bpe import N_VOCAB, encode_chunks, gpt2_tokenizer_meta, load_documents, range_chunks
 
 HF_NAME = "emozilla/pg19-test"
@@ -94,7 +94,7 @@ def prepare(out_dir="data/pg19", input=None, num_proc=None, hf_name=HF_NAME):
         "source": os.path.abspath(input) if input else f"hf:{hf_name}",
         "documents": {"test": {"file": DOCS_FILE, "dtype": "int64", "n_docs": len(lengths),
                                "meaning": "book i = test.bin[off[i]:off[i+1]], ending with EOT"}},
-    })
+    }, "give --input a folder holding non-empty .txt books")
     summarize(out_dir)
     print(f"  {len(lengths)} books, {min(lengths):,} to {max(lengths):,} tokens each")
     return out_dir
@@ -107,7 +107,4 @@ if __name__ == "__main__":
     p.add_argument("--num_proc", type=int, default=None, help="encoding processes (default: all cores)")
     p.add_argument("--hf_name", default=HF_NAME)
     a = p.parse_args()
-    try:
-        prepare(a.out_dir, a.input, a.num_proc, a.hf_name)
-    except (RuntimeError, FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: {e}")
+    run_cli(prepare, a.out_dir, a.input, a.num_proc, a.hf_name)

@@ -37,7 +37,7 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, atomic_write_bytes, is_complete, smallest_dtype, summarize, write_meta
+from prepare.common import BinWriter, atomic_write_bytes, is_complete, run_cli, smallest_dtype, summarize, write_meta
 from prepare.gpt2_bpe import N_VOCAB, gpt2_encoding, gpt2_tokenizer_meta
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -107,7 +107,8 @@ def _write(out_dir, pieces, encode, meta):
         with BinWriter(os.path.join(out_dir, f"{name}.bin"), dtype) as w:
             w.write(np.asarray(encode(piece), dtype=np.int64))
         entries[name] = {"file": f"{name}.bin", "shape": [w.count], "tokens": w.count}
-    write_meta(out_dir, {**meta, "dtype": dtype, "layout": "stream", "splits": entries, "pad_id": None, "loss": "all"})
+    write_meta(out_dir, {**meta, "dtype": dtype, "layout": "stream", "splits": entries, "pad_id": None, "loss": "all"},
+               "give --input a longer text (the splits are its first 90 %, next 5 % and last 5 % of characters)")
     summarize(out_dir)
 
 
@@ -151,7 +152,4 @@ if __name__ == "__main__":
     p.add_argument("--out_dir", default="data/shakespeare")
     p.add_argument("--char_out_dir", default=None, help="default: <out_dir>_char")
     a = p.parse_args()
-    try:
-        prepare(a.out_dir, a.char_out_dir, a.input, a.source)
-    except (RuntimeError, FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: {e}")
+    run_cli(prepare, a.out_dir, a.char_out_dir, a.input, a.source)

@@ -40,6 +40,48 @@ def test_kv_cache_decoding_equals_full_forward(pos_encoding):
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-5, rtol=1e-4)
 
 
+def sharp(pos_encoding, gain=30.0):
+    """tiny() with its query/key weights scaled by `gain`: peaked, position-dependent attention, so
+    a cache that gets a key's position, phase bias or magnitude wrong changes the logits."""
+    model = tiny(pos_encoding)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:2 * 32] *= gain  # rows of q and k (n_embd = 32)
+    return model
+
+
+def layer0_attention_probs(model, idx):
+    """(B, H, T, T) softmax probabilities of layer 0, read out by attending over one-hot values."""
+    from pope_kernel import pope_attention, sdpa_attention
+    attn, T = model.transformer.h[0].attn, idx.shape[1]
+    q, k, _ = attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx))).split(32, dim=2)
+    q, k = (t.view(*idx.shape, 2, 16).transpose(1, 2) for t in (q, k))
+    eye = torch.eye(T).expand(idx.shape[0], 2, T, T)
+    if model.config.pos_encoding == "pope":
+        return pope_attention(q, k, eye, attn.pope_delta, backend="torch")
+    pos = torch.arange(T)
+    return sdpa_attention(apply_rope(q, pos), apply_rope(k, pos), eye)
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope"])
+def test_kv_cache_equals_full_forward_with_peaked_attention(pos_encoding):
+    """As above with weights where attention matters: most queries put over 40 % of their weight on
+    one key (uniform attention over 10-40 keys: 2.5-10 %), so wrong cached keys show."""
+    model = sharp(pos_encoding)
+    idx = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        probs = layer0_attention_probs(model, idx)
+        assert probs[:, :, 10:].amax(-1).median() > 0.4
+        full, _ = model(idx)
+        cache, pieces, start = KVCache(2, 40), [], 0
+        for stop in (17, 18, 19, 26, 40):  # a prompt, single tokens, chunked prefills of 7 and 14
+            pieces.append(model(idx[:, start:stop], kv_cache=cache)[0])
+            start = stop
+        torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=1e-4)
+        out = model.generate(idx[:, :30], 10, temperature=0)
+        assert torch.equal(out[:, 30:], model(out[:, :-1])[0][:, 29:].argmax(-1))
+
+
 @pytest.mark.parametrize("pos_encoding", ["pope", "rope"])
 def test_generate_greedy_matches_argmax_of_full_forward(pos_encoding):
     model = tiny(pos_encoding)
@@ -57,9 +99,6 @@ def test_logits_invariant_to_a_common_position_shift(pos_encoding):
     base, _ = model(idx)
     cache = KVCache(2, 600)
     cache.pos = 500  # nothing cached: the tokens simply start at absolute position 500
-    for layer in range(2):  # give update() buffers to slice; rows before pos are never attended
-        cache.k[layer] = torch.zeros(1, 2, 600, 16)
-        cache.v[layer] = torch.zeros(1, 2, 600, 16)
     shifted = _forward_without_prefix(model, idx, cache)
     torch.testing.assert_close(shifted, base, atol=1e-3, rtol=1e-3)
 
@@ -154,3 +193,24 @@ def test_flops_pope_adds_one_head_dim_of_qk_per_layer():
     b = GPT(GPTConfig(pos_encoding="pope", **kw)).flops_per_token(1024)
     assert b - a == 6 * 6 * 6 * 1024 * 64 + 6 * 6 * 6 * 64
     assert 1.14 < b / a < 1.16
+
+
+def test_kv_cache_form_per_backend_and_triton_decoding_matches(monkeypatch):
+    """The torch path caches 2d-wide Cartesian keys, the Triton kernel raw d-wide keys (KVCache
+    docstring); both decode to the full forward's logits (Triton in its interpreter on CPU)."""
+    import pope_kernel
+    if pope_kernel.triton is None:
+        pytest.skip("triton is not importable")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    model = sharp("pope")
+    idx = torch.randint(0, 37, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full, _ = model(idx)
+        for backend, width in (("torch", 32), ("triton", 16)):
+            model.config.attn_backend = backend
+            cache = KVCache(2, 12)
+            pieces = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:8], kv_cache=cache)[0],
+                      model(idx[:, 8:], kv_cache=cache)[0]]
+            assert cache.k[0].shape[-1] == width and cache.v[0].shape[-1] == 16
+            torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=1e-4)

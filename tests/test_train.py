@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -109,10 +110,13 @@ def toy_stream(tmp_path):
     return str(root)
 
 
-def test_training_drives_the_loss_down(toy_stream, tmp_path):
+def test_training_drives_the_loss_down(toy_stream, tmp_path, capsys):
     out = str(tmp_path / "out")
     m = run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=32", "--max_iters=60",
                     "--eval_interval=30", f"--out_dir={out}", "--learning_rate=3e-3"])
+    printed = capsys.readouterr().out  # the progress line: iteration out of max_iters, elapsed, ETA
+    assert re.search(r"^iter 30/60: loss [\d.]+, .*, lr .*, elapsed \d+:\d\d:\d\d, eta \d+:\d\d:\d\d$", printed, re.M)
+    assert re.search(r"^iter 60/60: .*, eta 0:00:00$", printed, re.M)
     first, last = losses(out)[1], m["test"]["loss"]
     assert first > 3.5 and last < 1.5, (first, last)  # ln(64) = 4.16 at the start (vocab padded to 64)
     assert m["test"]["acc"] > 0.9 and os.path.exists(m["checkpoint"])
@@ -151,3 +155,9 @@ def test_eval_only_recomputes_metrics(tiny_indirect, tmp_path):
     os.remove(os.path.join(out, "metrics.json"))
     again = run(common + ["--eval_only=True", "--init_from=resume"])
     assert again["test"] == first["test"] and os.path.exists(os.path.join(out, "metrics.json"))
+
+
+def test_progress_eta_is_the_remaining_iterations_at_the_mean_pace():
+    assert train._progress(1000, 0, 4000, 200.4, 165.0) == "elapsed 0:03:20, eta 0:08:15"  # 0.165 s x 3000
+    assert train._progress(3000, 2000, 4000, 60, 100.0) == "elapsed 0:01:00, eta 0:01:40"  # resumed at 2000
+    assert train._progress(4000, 0, 4000, 700, 660.0).endswith("eta 0:00:00")

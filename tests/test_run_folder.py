@@ -1,0 +1,105 @@
+"""A run folder is self-contained: sampling needs no dataset folder (checkpoint.py, sample.py)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import sample
+import train
+from checkpoint import miditok_tokenizer, tokenizer_entry
+from prepare.common import BinWriter, atomic_write_json, write_meta
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=2",
+        "--warmup_iters=2", "--attn_backend=torch", "--compile=False", "--block_size=32"]
+TEXT = "to be, or not to be: that is the question. " * 40
+
+
+def char_dataset(folder):
+    """A character-level stream dataset like data/shakespeare_char (tokenizer kind 'char')."""
+    itos = sorted(set(TEXT))
+    ids = np.array([itos.index(c) for c in TEXT])
+    for split in ("train", "val", "test"):
+        with BinWriter(os.path.join(folder, f"{split}.bin"), np.uint8) as w:
+            w.write(ids)
+    write_meta(folder, {"dataset": "toychar", "vocab_size": len(itos), "dtype": "uint8", "layout": "stream",
+                        "splits": {s: {"file": f"{s}.bin", "shape": [len(ids)], "tokens": len(ids)}
+                                   for s in ("train", "val", "test")},
+                        "pad_id": None, "loss": "all", "tokenizer": {"kind": "char", "itos": itos}})
+
+
+def sample_text(out_dir):
+    return sample.main([f"--out_dir={out_dir}", "--start=to be", "--max_new_tokens=30", "--num_samples=2",
+                        "--device=cpu", "--attn_backend=torch"])
+
+
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory):
+    """A tiny run trained with the relative data_root 'data', as a user would (from its folder)."""
+    root = tmp_path_factory.mktemp("repo")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        char_dataset("data/toychar")
+        train.main(TINY + ["--dataset=toychar", "--data_root=data", "--max_iters=6", "--eval_interval=3",
+                           "--out_dir=out-x-pope", "--learning_rate=3e-3"])
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+@pytest.fixture
+def trained_run(trained_once, tmp_path, monkeypatch):
+    """A private copy of the trained run and its dataset; the current directory is its root."""
+    for name in ("data", "out-x-pope"):
+        shutil.copytree(trained_once / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_moved_run_folder_samples_the_same_text(trained_run, monkeypatch):
+    before = sample_text("out-x-pope")
+    elsewhere = trained_run / "laptop"
+    shutil.move(str(trained_run / "out-x-pope"), str(elsewhere / "out-x-pope"))
+    shutil.rmtree(trained_run / "data")
+    monkeypatch.chdir(elsewhere)
+    after = sample_text("out-x-pope")
+    assert after == before and all(t.startswith("to be") for t in after)
+
+
+def test_old_checkpoint_falls_back_to_meta_json_and_else_exits_2_naming_both(trained_run):
+    path = trained_run / "out-x-pope" / "best.pt"
+    want = sample_text("out-x-pope")
+    state = torch.load(path, weights_only=True)
+    del state["tokenizer"]  # a checkpoint written before tokenizers were stored
+    torch.save(state, path)
+    assert sample_text("out-x-pope") == want  # read from data/toychar/meta.json
+    shutil.rmtree(trained_run / "data")
+    p = subprocess.run([sys.executable, os.path.join(REPO, "sample.py"), "--out_dir=out-x-pope", "--device=cpu"],
+                       cwd=trained_run, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert os.path.join("out-x-pope", "best.pt") in p.stderr and os.path.join("data", "toychar", "meta.json") in p.stderr
+
+
+def test_miditok_tokenizer_file_travels_inside_the_checkpoint(tmp_path):
+    """MAESTRO decodes with out_dir/tokenizer.json: the checkpoint embeds its text, so the tokenizer
+    is rebuilt after the dataset folder is gone, with the same vocabulary and decoding."""
+    from prepare import maestro
+    tok = maestro.make_tokenizer()
+    folder = tmp_path / "maestro"
+    atomic_write_json(str(folder / "tokenizer.json"), tok.to_dict())  # as prepare/maestro.py writes it
+    meta = {"dataset": "maestro", "vocab_size": 328, "pad_id": 0,
+            "tokenizer": {"kind": "miditok", "class": "REMI", "file": "tokenizer.json"}}
+    torch.save({"tokenizer": tokenizer_entry(meta, str(folder))}, tmp_path / "best.pt")
+    shutil.rmtree(folder)
+    entry = torch.load(tmp_path / "best.pt", weights_only=True)["tokenizer"]
+    rebuilt = miditok_tokenizer(entry)
+    assert rebuilt.vocab == tok.vocab and len(rebuilt) == 328
+    ids = [1, tok["Bar_None"], tok["Position_0"], tok["Pitch_60"], tok["Velocity_63"], tok["Duration_1.0.8"], 2]
+    assert maestro.decode(rebuilt, ids).dumps_midi() == maestro.decode(tok, ids).dumps_midi()
