@@ -56,3 +56,16 @@ def test_temperature_zero_is_the_greedy_continuation(run_dir):
             idx = torch.cat((idx, model(idx)[0][:, -1:].argmax(-1)), 1)
     want = "".join(VOCAB[i] for i in idx[0].tolist() if i < PAD_ID)
     assert outs == [want] * 3
+
+
+def test_top_k_one_is_greedy_and_the_seed_fixes_the_samples(run_dir, capsys):
+    """In-process (cheaper than a command): top_k=1 at temperature 1 equals temperature 0; at
+    temperature 1 the same --seed gives the same samples and another seed other ones."""
+    import sample as sample_mod
+    common = [f"--out_dir={run_dir}", f"--start={PROMPT}", "--num_samples=2", "--max_new_tokens=20",
+              "--device=cpu", "--attn_backend=torch"]
+    greedy = sample_mod.main(common + ["--temperature=0"])
+    assert sample_mod.main(common + ["--temperature=1.0", "--top_k=1", "--seed=3"]) == greedy
+    a = sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=3"])
+    assert sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=3"]) == a
+    assert sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=4"]) != a != greedy

@@ -208,21 +208,25 @@ def test_best_checkpoint_lr_schedule_and_optimizer_settings(shifted_stream, tmp_
 
     groups = last["optimizer"]["param_groups"]
     assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.25]
+    assert all(g["lr"] == pytest.approx(closed_form(35), rel=1e-9) for g in groups)  # every group's lr
     assert all(tuple(g["betas"]) == (0.85, 0.97) for g in groups)
     train_loss = {r["iter"]: r["loss"] for r in rows if "loss" in r}
     assert train_loss[36] < 0.5 * train_loss[1]
+    metrics = json.load(open(os.path.join(out, "metrics.json")))  # final metrics are best.pt's
+    assert metrics["val"]["loss"] == pytest.approx(val[best_iter], rel=0.02)  # val is periodic: any window alike
 
 
 def test_gradient_clipping_bounds_the_update_and_delta_stays_in_its_box(toy_stream, tmp_path):
     """grad_clip=1e-12 scales every gradient far below AdamW's eps (1e-8), so the weights barely move
-    and the val loss stays within 0.02 (unclipped, these 4 steps at lr 1e-2 lower it by ~1 nat). Then delta is pushed out
+    and the val loss stays within 0.02 (unclipped, these 5 steps at lr 1e-2 lower it by ~1 nat). Then delta is pushed out
     of [-2pi, 0] by hand and the run resumed: every optimizer step projects it back onto the box."""
     out = str(tmp_path / "out")
     common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2",
                      f"--out_dir={out}", "--learning_rate=1e-2", "--warmup_iters=0", "--grad_clip=1e-12"]
-    run(common + ["--max_iters=4"])
+    run(common + ["--max_iters=5"])
     val = {r["iter"]: r["val_loss"] for r in _log(out) if "val_loss" in r}
-    assert abs(val[4] - val[0]) < 0.02, val
+    assert sorted(val) == [0, 2, 4, 5]  # every eval_interval, and at the end
+    assert abs(val[5] - val[0]) < 0.02, val
 
     path = os.path.join(out, "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
@@ -232,9 +236,9 @@ def test_gradient_clipping_bounds_the_update_and_delta_stays_in_its_box(toy_stre
     for k in keys:
         ckpt["model"][k] = pushed.repeat(ckpt["model"][k].numel() // 8).view_as(ckpt["model"][k])
     torch.save(ckpt, path)
-    run(common + ["--max_iters=6", "--init_from=resume", "--learning_rate=1e-3"])
+    run(common + ["--max_iters=7", "--init_from=resume", "--learning_rate=1e-3"])
     ckpt = torch.load(path, weights_only=True)
-    assert ckpt["iter_num"] == 6
+    assert ckpt["iter_num"] == 7
     want = torch.tensor([-2 * math.pi, -2 * math.pi, -5.0, -4.0, -2.0, -1.0, 0.0, 0.0])
     for k in keys:
         torch.testing.assert_close(ckpt["model"][k].flatten()[:8], want, atol=1e-4, rtol=0)
