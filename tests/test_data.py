@@ -154,25 +154,68 @@ def test_stream_batches_are_windows_of_the_file_and_y_is_x_shifted(tmp_path):
         _check_windows(x, y, tokens, 5, 32)
     assert len(starts) > 50 and max(starts) > 2000  # windows come from all over the file
     xs, ys = zip(*ds.full_split_batches("val", 4, 100))
+    assert all(t.dtype == torch.int64 for t in xs + ys)
     assert torch.equal(torch.cat([x.flatten() for x in xs]), torch.from_numpy(tokens[:-1]).long())
     assert torch.equal(torch.cat([y.flatten() for y in ys]), torch.from_numpy(tokens[1:]).long())
 
 
+def _rows_ds(path, rows, pad):
+    with BinWriter(os.path.join(path, "train.bin"), np.uint8) as w:
+        w.write(rows)
+    write_meta(str(path), {"dataset": "toy", "vocab_size": 10, "dtype": "uint8", "layout": "rows",
+                           "splits": {"train": {"file": "train.bin", "shape": list(rows.shape)}},
+                           "pad_id": pad, "loss": "all", "tokenizer": {"kind": "none"}})
+    return Dataset(str(path))
+
+
 def test_padded_rows_with_loss_on_every_token(tmp_path):
-    """Rows layout (JSB, MAESTRO, genome): y is the next token of the row, padding targets are -1,
-    and all-padding columns are trimmed."""
+    """Rows layout (JSB, MAESTRO): y is the next token of the row, padding targets are -1, and
+    all-padding columns are trimmed; every reader (full split, train, fixed batches) draws whole
+    rows of the file, all of them."""
     pad = 9
     rows = np.array([[1, 2, 3, 4, pad, pad, pad, pad], [5, 6, pad, pad, pad, pad, pad, pad],
                      [7, 8, 1, 2, 3, pad, pad, pad]], dtype=np.uint8)
-    with BinWriter(os.path.join(tmp_path, "train.bin"), np.uint8) as w:
-        w.write(rows)
-    write_meta(str(tmp_path), {"dataset": "toy", "vocab_size": 10, "dtype": "uint8", "layout": "rows",
-                               "splits": {"train": {"file": "train.bin", "shape": list(rows.shape)}},
-                               "pad_id": pad, "loss": "all", "tokenizer": {"kind": "none"}})
-    ds = Dataset(str(tmp_path))
+    ds = _rows_ds(tmp_path, rows, pad)
     (x, y), = ds.full_split_batches("train", 8, 16)
     assert x.tolist() == [[1, 2, 3, 4], [5, 6, pad, pad], [7, 8, 1, 2]]
     assert y.tolist() == [[2, 3, 4, -1], [6, -1, -1, -1], [8, 1, 2, 3]]
+    assert [b[0].tolist() for b in ds.full_split_batches("train", 1, 16)] == [[[1, 2, 3]], [[5]], [[7, 8, 1, 2]]]
+    with pytest.raises((ValueError, RuntimeError)):  # the memmap is read-only: a bug cannot overwrite data
+        ds.array("train")[0, 0] = 0
+    want = {tuple(r[:-1]) for r in rows}
+    drawn = [ds.train_batch(it, 0, 0, 2, 16, grad_accum=1) for it in range(20)] + ds.fixed_batches("train", 20, 2, 16)
+    again = ds.fixed_batches("train", 20, 2, 16)  # the same batches on every call
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(drawn[20:], again))
+    seen = set()
+    for x, y in drawn:
+        assert x.dim() == 2 and x.dtype == torch.int64
+        for r in x.tolist():
+            full = next(w for w in want if tuple(w[:len(r)]) == tuple(r))  # a prefix of a file row
+            seen.add(full)
+    assert seen == want
+
+
+def test_full_rows_without_padding(tmp_path):
+    """Rows with no padding id (genome: <cls> + 1000 tokens): x = row[:-1], y = row[1:]."""
+    rows = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 1]], dtype=np.uint8)
+    ds = _rows_ds(tmp_path, rows, None)
+    (x, y), = ds.full_split_batches("train", 8, 16)
+    assert x.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]] and y.tolist() == [[2, 3, 4, 5], [7, 8, 9, 1]]
+
+
+def test_windows_reach_both_ends_of_a_short_stream(tmp_path):
+    """A split only 1 token longer than a window (block_size + 1 tokens): random windows start at 0
+    and at 1, so the first and the last token are both used, and never past the end."""
+    ds, tokens = _stream_ds(str(tmp_path), n=34)
+    starts = set()
+    for it in range(40):
+        x, y = ds.train_batch(it, 0, 0, 4, 32, grad_accum=1)
+        _check_windows(x, y, tokens, 4, 32)
+        starts |= set(x[:, 0].tolist())
+    for x, y in ds.fixed_batches("val", 40, 4, 32):
+        _check_windows(x, y, tokens, 4, 32)
+        starts |= set(x[:, 0].tolist())
+    assert starts == {0, 1}
 
 
 # --- the indirect-indexing generator's distributions (paper appendix) ----------------------------

@@ -213,7 +213,8 @@ def test_best_checkpoint_lr_schedule_and_optimizer_settings(shifted_stream, tmp_
     train_loss = {r["iter"]: r["loss"] for r in rows if "loss" in r}
     assert train_loss[36] < 0.5 * train_loss[1]
     metrics = json.load(open(os.path.join(out, "metrics.json")))  # final metrics are best.pt's
-    assert metrics["val"]["loss"] == pytest.approx(val[best_iter], rel=0.02)  # val is periodic: any window alike
+    # the full val split and the fixed val batches are windows of the same periodic stream: alike
+    assert abs(metrics["val"]["loss"] - val[best_iter]) < 0.25 * (val[36] - val[best_iter])
 
 
 def test_gradient_clipping_bounds_the_update_and_delta_stays_in_its_box(toy_stream, tmp_path):
