@@ -183,16 +183,18 @@ def test_padded_rows_with_loss_on_every_token(tmp_path):
     with pytest.raises((ValueError, RuntimeError)):  # the memmap is read-only: a bug cannot overwrite data
         ds.array("train")[0, 0] = 0
     want = {tuple(r[:-1]) for r in rows}
-    drawn = [ds.train_batch(it, 0, 0, 2, 16, grad_accum=1) for it in range(20)] + ds.fixed_batches("train", 20, 2, 16)
+    train = [ds.train_batch(it, 0, 0, 2, 16, grad_accum=1) for it in range(20)]
+    fixed = ds.fixed_batches("train", 20, 2, 16)
     again = ds.fixed_batches("train", 20, 2, 16)  # the same batches on every call
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(drawn[20:], again))
-    seen = set()
-    for x, y in drawn:
-        assert x.dim() == 2 and x.dtype == torch.int64
-        for r in x.tolist():
-            full = next(w for w in want if tuple(w[:len(r)]) == tuple(r))  # a prefix of a file row
-            seen.add(full)
-    assert seen == want
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fixed, again))
+    for drawn in (train, fixed):
+        seen = set()
+        for x, y in drawn:
+            assert x.dim() == 2 and x.dtype == torch.int64
+            for r in x.tolist():
+                full = next(w for w in want if tuple(w[:len(r)]) == tuple(r))  # a prefix of a file row
+                seen.add(full)
+        assert seen == want
 
 
 def test_full_rows_without_padding(tmp_path):
@@ -207,15 +209,19 @@ def test_windows_reach_both_ends_of_a_short_stream(tmp_path):
     """A split only 1 token longer than a window (block_size + 1 tokens): random windows start at 0
     and at 1, so the first and the last token are both used, and never past the end."""
     ds, tokens = _stream_ds(str(tmp_path), n=34)
-    starts = set()
+    train_starts, val_starts = set(), set()
     for it in range(40):
         x, y = ds.train_batch(it, 0, 0, 4, 32, grad_accum=1)
         _check_windows(x, y, tokens, 4, 32)
-        starts |= set(x[:, 0].tolist())
+        train_starts |= set(x[:, 0].tolist())
     for x, y in ds.fixed_batches("val", 40, 4, 32):
         _check_windows(x, y, tokens, 4, 32)
-        starts |= set(x[:, 0].tolist())
-    assert starts == {0, 1}
+        val_starts |= set(x[:, 0].tolist())
+    assert train_starts == val_starts == {0, 1}
+    (x, y), = ds.fixed_batches("val", 1, 2, 33)  # exactly block_size + 1 tokens: one window
+    _check_windows(x, y, tokens, 2, 33)
+    with pytest.raises(ValueError, match="fewer than block_size"):
+        ds.fixed_batches("val", 1, 2, 34)
 
 
 # --- the indirect-indexing generator's distributions (paper appendix) ----------------------------
