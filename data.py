@@ -84,9 +84,9 @@ class Dataset:
         arr = self.array(split)
         if self.layout == "rows":
             return self._rows_to_xy(arr[np.sort(rng.integers(0, len(arr), batch_size))])
-        if len(arr) <= block_size + 1:
+        if len(arr) < block_size + 1:
             raise ValueError(f"split {split!r} has {len(arr)} tokens, fewer than block_size + 1 = {block_size + 1}")
-        return self._windows_to_xy(arr, rng.integers(0, len(arr) - block_size - 1, batch_size), block_size)
+        return self._windows_to_xy(arr, rng.integers(0, len(arr) - block_size, batch_size), block_size)
 
     def train_batch(self, it, micro_step, seed, batch_size, block_size, grad_accum, rank=0, world_size=1):
         """Micro-batch `micro_step` of rank `rank` at iteration `it` (stateless, see module docstring).
@@ -101,7 +101,7 @@ class Dataset:
         if self.layout == "rows":
             idx = rng.integers(0, len(arr), n_chunks * batch_size).reshape(n_chunks, batch_size)[chunk]
             return self._rows_to_xy(arr[np.sort(idx)])
-        starts = rng.integers(0, len(arr) - block_size - 1, n_chunks * batch_size).reshape(n_chunks, batch_size)
+        starts = rng.integers(0, len(arr) - block_size, n_chunks * batch_size).reshape(n_chunks, batch_size)
         return self._windows_to_xy(arr, starts[chunk], block_size)
 
     def fixed_batches(self, split, n_batches, batch_size, block_size, seed=0):

@@ -3,6 +3,11 @@ import sys
 
 import pytest
 
+# One thread per torch process: the suite's models are tiny, and on a shared 2-core machine two
+# OpenMP threads per process spin against each other (a 60-step toy run: 55 s with 2 threads under
+# load, 5 s with 1). Set before torch is imported, so subprocesses (train.py, sample.py) inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)

@@ -116,3 +116,156 @@ def test_interrupted_write_leaves_no_file(tmp_path):
             w.write(np.arange(10))
             raise RuntimeError("crash")
     assert os.listdir(tmp_path) == []
+
+
+# --- batches against the file they come from -----------------------------------------------------
+
+
+def _stream_ds(path, n=3000, splits=("train", "val")):
+    """A stream whose token i is i: a window's first input names its offset in the file."""
+    tokens = np.arange(n)
+    for split in splits:
+        with BinWriter(os.path.join(path, f"{split}.bin"), np.uint16) as w:
+            w.write(tokens)
+    write_meta(path, {"dataset": "toy", "vocab_size": n, "dtype": "uint16", "layout": "stream",
+                      "splits": {s: {"file": f"{s}.bin", "shape": [n], "tokens": n} for s in splits},
+                      "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    return Dataset(path), tokens
+
+
+def _check_windows(x, y, tokens, batch_size, block_size):
+    assert x.shape == y.shape == (batch_size, block_size) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    for row_x, row_y in zip(x.tolist(), y.tolist()):
+        s = row_x[0]
+        assert row_x == tokens[s:s + block_size].tolist()
+        assert row_y == tokens[s + 1:s + block_size + 1].tolist()  # y is the next token in the file
+
+
+def test_stream_batches_are_windows_of_the_file_and_y_is_x_shifted(tmp_path):
+    ds, tokens = _stream_ds(str(tmp_path))
+    starts = set()
+    for it in range(5):
+        for m in range(2):
+            x, y = ds.train_batch(it, m, 0, 6, 32, grad_accum=2)
+            _check_windows(x, y, tokens, 6, 32)
+            starts |= set(x[:, 0].tolist())
+    for x, y in ds.fixed_batches("val", 3, 5, 32, seed=1):
+        _check_windows(x, y, tokens, 5, 32)
+    assert len(starts) > 50 and max(starts) > 2000  # windows come from all over the file
+    xs, ys = zip(*ds.full_split_batches("val", 4, 100))
+    assert all(t.dtype == torch.int64 for t in xs + ys)
+    assert torch.equal(torch.cat([x.flatten() for x in xs]), torch.from_numpy(tokens[:-1]).long())
+    assert torch.equal(torch.cat([y.flatten() for y in ys]), torch.from_numpy(tokens[1:]).long())
+
+
+def _rows_ds(path, rows, pad):
+    with BinWriter(os.path.join(path, "train.bin"), np.uint8) as w:
+        w.write(rows)
+    write_meta(str(path), {"dataset": "toy", "vocab_size": 10, "dtype": "uint8", "layout": "rows",
+                           "splits": {"train": {"file": "train.bin", "shape": list(rows.shape)}},
+                           "pad_id": pad, "loss": "all", "tokenizer": {"kind": "none"}})
+    return Dataset(str(path))
+
+
+def test_padded_rows_with_loss_on_every_token(tmp_path):
+    """Rows layout (JSB, MAESTRO): y is the next token of the row, padding targets are -1, and
+    all-padding columns are trimmed; every reader (full split, train, fixed batches) draws whole
+    rows of the file, all of them."""
+    pad = 9
+    rows = np.array([[1, 2, 3, 4, pad, pad, pad, pad], [5, 6, pad, pad, pad, pad, pad, pad],
+                     [7, 8, 1, 2, 3, pad, pad, pad]], dtype=np.uint8)
+    ds = _rows_ds(tmp_path, rows, pad)
+    (x, y), = ds.full_split_batches("train", 8, 16)
+    assert x.tolist() == [[1, 2, 3, 4], [5, 6, pad, pad], [7, 8, 1, 2]]
+    assert y.tolist() == [[2, 3, 4, -1], [6, -1, -1, -1], [8, 1, 2, 3]]
+    assert [b[0].tolist() for b in ds.full_split_batches("train", 1, 16)] == [[[1, 2, 3]], [[5]], [[7, 8, 1, 2]]]
+    with pytest.raises((ValueError, RuntimeError)):  # the memmap is read-only: a bug cannot overwrite data
+        ds.array("train")[0, 0] = 0
+    want = {tuple(r[:-1]) for r in rows}
+    train = [ds.train_batch(it, 0, 0, 2, 16, grad_accum=1) for it in range(20)]
+    fixed = ds.fixed_batches("train", 20, 2, 16)
+    again = ds.fixed_batches("train", 20, 2, 16)  # the same batches on every call
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fixed, again))
+    for drawn in (train, fixed):
+        seen = set()
+        for x, y in drawn:
+            assert x.dim() == 2 and x.dtype == torch.int64
+            for r in x.tolist():
+                full = next(w for w in want if tuple(w[:len(r)]) == tuple(r))  # a prefix of a file row
+                seen.add(full)
+        assert seen == want
+
+
+def test_full_rows_without_padding(tmp_path):
+    """Rows with no padding id (genome: <cls> + 1000 tokens): x = row[:-1], y = row[1:]."""
+    rows = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 1]], dtype=np.uint8)
+    ds = _rows_ds(tmp_path, rows, None)
+    (x, y), = ds.full_split_batches("train", 8, 16)
+    assert x.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]] and y.tolist() == [[2, 3, 4, 5], [7, 8, 9, 1]]
+
+
+def test_windows_reach_both_ends_of_a_short_stream(tmp_path):
+    """A split only 1 token longer than a window (block_size + 1 tokens): random windows start at 0
+    and at 1, so the first and the last token are both used, and never past the end."""
+    ds, tokens = _stream_ds(str(tmp_path), n=34)
+    train_starts, val_starts = set(), set()
+    for it in range(40):
+        x, y = ds.train_batch(it, 0, 0, 4, 32, grad_accum=1)
+        _check_windows(x, y, tokens, 4, 32)
+        train_starts |= set(x[:, 0].tolist())
+    for x, y in ds.fixed_batches("val", 40, 4, 32):
+        _check_windows(x, y, tokens, 4, 32)
+        val_starts |= set(x[:, 0].tolist())
+    assert train_starts == val_starts == {0, 1}
+    (x, y), = ds.fixed_batches("val", 1, 2, 33)  # exactly block_size + 1 tokens: one window
+    _check_windows(x, y, tokens, 2, 33)
+    with pytest.raises(ValueError, match=r"has 34 tokens, fewer than block_size \+ 1 = 35"):
+        ds.fixed_batches("val", 1, 2, 34)
+
+
+# --- the indirect-indexing generator's distributions (paper appendix) ----------------------------
+
+
+def chisquare_p(observed, expected=None):
+    """Pearson chi-square goodness-of-fit p-value (df = k - 1), via the regularised upper incomplete
+    gamma function Q(df/2, stat/2); expected defaults to uniform with the observed total."""
+    o = torch.as_tensor(np.asarray(observed, dtype=np.float64))
+    e = o.sum() / len(o) * torch.ones_like(o) if expected is None else torch.as_tensor(np.asarray(expected, dtype=np.float64))
+    stat = ((o - e) ** 2 / e).sum()
+    return float(torch.special.gammaincc(torch.tensor((len(o) - 1) / 2, dtype=torch.float64), stat / 2))
+
+
+def _exact_shift_distribution():
+    """P(shift) when L ~ U{20..40}, i ~ U{0..L-1}, j uniform over the positions with 1 <= |j-i| <= 15."""
+    p = {s: 0.0 for s in list(range(-15, 0)) + list(range(1, 16))}
+    for L in range(20, 41):
+        for i in range(L):
+            js = [j for j in range(L) if 1 <= abs(j - i) <= 15]
+            for j in js:
+                p[j - i] += 1 / (21 * L * len(js))
+    return p
+
+
+def test_indirect_indexing_length_shift_and_position_distributions():
+    """6000 examples: string length uniform on 20..40, shifts as enumerated above, the source
+    position uniform within the string, and every letter equally likely (chi-square, p > 1e-4)."""
+    rng, n = random.Random(11), 6000
+    ex = [sample_example(rng).split(",") for _ in range(n)]
+    lengths = np.bincount([len(s) for s, *_ in ex], minlength=41)[20:]
+    assert lengths.sum() == n and chisquare_p(lengths) > 1e-4
+    p = _exact_shift_distribution()
+    counts = {s: 0 for s in p}
+    for _, _, shift, _ in ex:
+        counts[int(shift)] += 1
+    assert chisquare_p([counts[s] for s in p], [n * p[s] for s in p]) > 1e-4
+    fifth = lambda i, L: 5 * i // L  # noqa: E731  (which fifth of the string the source sits in)
+    rel = np.bincount([fifth(s.index(src), len(s)) for s, src, _, _ in ex], minlength=5)
+    want = np.zeros(5)
+    for L in range(20, 41):
+        for i in range(L):
+            want[fifth(i, L)] += n / (21 * L)
+    assert chisquare_p(rel, want) > 1e-4
+    letters = np.bincount([ord(c) for s, *_ in ex for c in s], minlength=128)
+    letters = letters[[ord(c) for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"]]
+    assert chisquare_p(letters) > 1e-4

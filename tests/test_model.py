@@ -40,7 +40,7 @@ def test_kv_cache_decoding_equals_full_forward(pos_encoding):
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-5, rtol=1e-4)
 
 
-def sharp(pos_encoding, gain=30.0):
+def peaked(pos_encoding, gain=30.0):
     """tiny() with its query/key weights scaled by `gain`: peaked, position-dependent attention, so
     a cache that gets a key's position, phase bias or magnitude wrong changes the logits."""
     model = tiny(pos_encoding)
@@ -67,7 +67,7 @@ def layer0_attention_probs(model, idx):
 def test_kv_cache_equals_full_forward_with_peaked_attention(pos_encoding):
     """As above with weights where attention matters: most queries put over 40 % of their weight on
     one key (uniform attention over 10-40 keys: 2.5-10 %), so wrong cached keys show."""
-    model = sharp(pos_encoding)
+    model = peaked(pos_encoding)
     idx = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         probs = layer0_attention_probs(model, idx)
@@ -203,7 +203,7 @@ def test_kv_cache_form_per_backend_and_triton_decoding_matches(monkeypatch):
         pytest.skip("triton is not importable")
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    model = sharp("pope")
+    model = peaked("pope")
     idx = torch.randint(0, 37, (1, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full, _ = model(idx)
@@ -214,3 +214,177 @@ def test_kv_cache_form_per_backend_and_triton_decoding_matches(monkeypatch):
                       model(idx[:, 8:], kv_cache=cache)[0]]
             assert cache.k[0].shape[-1] == width and cache.v[0].shape[-1] == 16
             torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=1e-4)
+
+
+# --- tests against independent references, with weights that make attention matter --------------
+# A randomly initialised tiny GPT attends almost uniformly (scores ~1e-3), so a broken position
+# encoding or a decode that forgets its context barely moves the logits. `sharp` scales the
+# attention weights up until the scores are O(5) and attention outputs dominate the residual stream.
+
+
+def sharp(pos_encoding, seed=0, **kw):
+    model = tiny(pos_encoding, **kw)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("attn.c_attn.weight"):
+                p.mul_(15.0)
+            elif name.endswith("attn.c_proj.weight"):
+                p.mul_(30.0)
+        model.lm_head.weight.mul_(10.0)  # tied with wte; logits O(1), argmax gaps well above rounding
+    return model
+
+
+def _rmsnorm(x, w):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps) * w
+
+
+def _roformer(x, pos, theta):
+    """RoFormer rotation (Su et al. 2021, eq. 13-15) written out in float64: channel pair
+    (c, c + d/2) (GPT-NeoX pairing) is rotated by pos * theta^(-2c/d) radians, c = 0..d/2-1."""
+    d = x.shape[-1]
+    out = torch.empty_like(x)
+    for c in range(d // 2):
+        a = pos.double() * theta ** (-2.0 * c / d)
+        x1, x2 = x[..., c], x[..., c + d // 2]
+        out[..., c] = x1 * torch.cos(a) - x2 * torch.sin(a)
+        out[..., c + d // 2] = x1 * torch.sin(a) + x2 * torch.cos(a)
+    return out
+
+
+def _reference_logits(model, idx):
+    """The GPT's logits recomputed in float64 from its state_dict, attention written out by hand:
+    RoPE rotates queries AND keys (RoFormer); PoPE scores are sum_c softplus(q_c) softplus(k_c)
+    cos((s - t) theta^(-c/d) + delta_c) / sqrt(d) (paper, Method); NoPE is plain softmax attention."""
+    cfg = model.config
+    sd = {k: v.double() for k, v in model.state_dict().items()}
+    H, d, T = cfg.n_head, cfg.n_embd // cfg.n_head, idx.shape[1]
+    pos = torch.arange(T, dtype=torch.float64)
+    causal = torch.ones(T, T).tril().bool()
+    x = sd["transformer.wte.weight"][idx]
+    for layer in range(cfg.n_layer):
+        p = f"transformer.h.{layer}."
+        h = _rmsnorm(x, sd[p + "ln_1.weight"])
+        q, k, v = (h @ sd[p + "attn.c_attn.weight"].T).split(cfg.n_embd, -1)
+        q, k, v = (t.view(*t.shape[:2], H, d).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
+        if cfg.pos_encoding == "pope":
+            freqs = cfg.rope_theta ** (-torch.arange(d, dtype=torch.float64) / d)
+            delta = sd[p + "attn.pope_delta"]  # (H, d)
+            angle = (pos[None, :] - pos[:, None])[None, :, :, None] * freqs + delta[:, None, None, :]
+            mq, mk = torch.nn.functional.softplus(q), torch.nn.functional.softplus(k)
+            scores = torch.einsum("bhtc,bhsc,htsc->bhts", mq, mk, torch.cos(angle)) / math.sqrt(d)
+        else:
+            if cfg.pos_encoding == "rope":
+                q, k = _roformer(q, pos, cfg.rope_theta), _roformer(k, pos, cfg.rope_theta)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        att = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)
+        y = (att @ v).transpose(1, 2).reshape(*x.shape)
+        x = x + y @ sd[p + "attn.c_proj.weight"].T
+        h = _rmsnorm(x, sd[p + "ln_2.weight"])
+        x = x + torch.nn.functional.gelu(h @ sd[p + "mlp.c_fc.weight"].T) @ sd[p + "mlp.c_proj.weight"].T
+    return _rmsnorm(x, sd["transformer.ln_f.weight"]) @ sd["lm_head.weight"].T
+
+
+def test_apply_rope_equals_the_roformer_rotation():
+    x = torch.randn(2, 3, 40, 16, dtype=torch.float64)
+    pos = torch.arange(40) * 7 + 3  # angles up to ~280 rad at the highest frequency
+    for theta in (10000.0, 500.0):
+        torch.testing.assert_close(apply_rope(x, pos, theta).double(), _roformer(x, pos, theta), atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "pope", "none"])
+def test_logits_equal_a_float64_reference_forward(pos_encoding):
+    """The whole model against a from-scratch float64 forward with attention that matters: a wrong
+    rotation (keys unrotated, other frequencies, other pairing), a wrong PoPE phase or a wrong
+    causal alignment moves the logits by O(1), far above the 1e-3 tolerance."""
+    model = sharp(pos_encoding, rope_theta=100.0)  # a small base: low frequencies turn within T=24 too
+    idx = torch.randint(0, 37, (2, 24))
+    got, _ = model(idx)
+    want = _reference_logits(model, idx)
+    assert want.std() > 0.5
+    torch.testing.assert_close(got.double(), want, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope"])
+def test_sharp_kv_cache_decoding_equals_full_forward(pos_encoding):
+    model = sharp(pos_encoding)
+    idx = torch.randint(0, 37, (3, 19))
+    full, _ = model(idx)
+    cache, pieces, start = KVCache(2, 19), [], 0
+    for stop in (7, 8, 9, 13, 19):  # a prompt, single tokens, then a chunked prefill of 4 and of 6
+        logits, _ = model(idx[:, start:stop], kv_cache=cache)
+        pieces.append(logits)
+        start = stop
+    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope"])
+def test_generate_uses_the_context(pos_encoding):
+    """Greedy generate equals step-by-step argmax of full forwards over everything so far, with
+    weights under which a token's prediction depends on its context (checked: the token alone, at
+    position 0, predicts something else at several steps)."""
+    model = sharp(pos_encoding)
+    prompt = torch.randint(0, 37, (4, 6))
+    out = model.generate(prompt, 10, temperature=0)
+    seq = prompt
+    for _ in range(10):
+        logits, _ = model(seq)
+        seq = torch.cat((seq, logits[:, -1:].argmax(-1)), 1)
+    assert torch.equal(out, seq)
+    alone = torch.stack([model(seq[:, t:t + 1])[0][:, 0].argmax(-1) for t in range(5, 15)], 1)
+    assert (alone != seq[:, 6:]).float().mean() > 0.3  # the test has teeth: context changes the tokens
+
+
+def test_sampling_follows_softmax_over_top_k_at_the_temperature():
+    """4000 one-token samples from one prompt: frequencies match softmax(logits / T) renormalised
+    over the top_k tokens (chi-square, df = top_k - 1); nothing outside the top k is drawn."""
+    from test_data import chisquare_p
+    model = sharp("pope")
+    prompt = torch.randint(0, 37, (1, 6))
+    with torch.no_grad():
+        logits = model(prompt)[0][0, -1].double()
+    temperature, top_k, n = 1.7, 5, 4000
+    top = logits.topk(top_k).indices
+    p = torch.softmax(logits[top] / temperature, -1)
+    assert p.min() > 0.02 and p.max() < 0.9  # every kept token is drawn often enough to count
+    torch.manual_seed(1)
+    drawn = model.generate(prompt.repeat(n, 1), 1, temperature=temperature, top_k=top_k)[:, -1]
+    assert set(drawn.tolist()) <= set(top.tolist())
+    counts = torch.stack([(drawn == t).sum() for t in top]).double()
+    assert chisquare_p(counts.numpy(), (p * n).numpy()) > 1e-3
+    torch.manual_seed(1)
+    one = model.generate(prompt.repeat(50, 1), 1, temperature=temperature, top_k=1)[:, -1]
+    assert (one == logits.argmax()).all()
+
+
+def test_clamp_pope_delta_projects_onto_the_box():
+    model = tiny("pope")
+    vals = torch.tensor([-10.0, -2 * math.pi - 1e-3, -5.0, -3.5, -1.0, 0.0, 1e-3, 4.0])
+    with torch.no_grad():
+        for b in model.transformer.h:
+            b.attn.pope_delta.copy_(vals.repeat(b.attn.pope_delta.numel() // len(vals)).view_as(b.attn.pope_delta))
+    model.clamp_pope_delta_()
+    want = torch.tensor([-2 * math.pi, -2 * math.pi, -5.0, -3.5, -1.0, 0.0, 0.0, 0.0])
+    for b in model.transformer.h:
+        torch.testing.assert_close(b.attn.pope_delta.flatten()[:8], want)
+
+
+def test_weight_decay_by_value_per_parameter():
+    """One AdamW step with all gradients zero moves only the decayed parameters, each by exactly
+    p * (1 - lr * weight_decay): the matrices (token embedding, c_attn, c_proj, c_fc) and nothing
+    else (not delta, the RMSNorm gains, the biases)."""
+    model = tiny("pope", bias=True)
+    lr, wd = 0.01, 0.5
+    opt = model.configure_optimizers(wd, lr, (0.8, 0.95), "cpu")
+    params = [p for g in opt.param_groups for p in g["params"]]
+    assert len(params) == len({id(p) for p in params}) == len(list(model.parameters()))
+    for g in opt.param_groups:
+        assert g["lr"] == lr and g["betas"] == (0.8, 0.95)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        matrix = n.split(".")[-2] in ("wte", "c_attn", "c_proj", "c_fc", "lm_head") and n.endswith("weight")
+        want = before[n] * (1 - lr * wd) if matrix else before[n]
+        torch.testing.assert_close(p.detach(), want, atol=0, rtol=1e-6, msg=n)

@@ -1,6 +1,7 @@
 """train.py end to end on tiny data: config errors, resume, DDP, learning, divergence."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -161,3 +162,120 @@ def test_progress_eta_is_the_remaining_iterations_at_the_mean_pace():
     assert train._progress(1000, 0, 4000, 200.4, 165.0) == "elapsed 0:03:20, eta 0:08:15"  # 0.165 s x 3000
     assert train._progress(3000, 2000, 4000, 60, 100.0) == "elapsed 0:01:00, eta 0:01:40"  # resumed at 2000
     assert train._progress(4000, 0, 4000, 700, 660.0).endswith("eta 0:00:00")
+
+
+# --- the training loop's settings, read back from what a run writes ------------------------------
+
+
+def _stream_dataset(root, name, splits, vocab_size=16):
+    path = os.path.join(root, name)
+    for split, seq in splits.items():
+        with BinWriter(os.path.join(path, f"{split}.bin"), np.uint16) as w:
+            w.write(np.asarray(seq))
+    write_meta(path, {"dataset": name, "vocab_size": vocab_size, "dtype": "uint16", "layout": "stream",
+                      "splits": {s: {"file": f"{s}.bin", "shape": [len(q)], "tokens": len(q)} for s, q in splits.items()},
+                      "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    return root
+
+
+@pytest.fixture
+def shifted_stream(tmp_path):
+    """train: the cycle a -> a + 1 (mod 16); val and test: the cycle a -> a + 5. Learning the train
+    rule first helps val (the 16 tokens become likely), then hurts it: val loss goes down, then up."""
+    train_seq, val_seq = np.arange(4000) % 16, (np.arange(2000) * 5) % 16
+    return _stream_dataset(str(tmp_path / "data"), "shifted", {"train": train_seq, "val": val_seq, "test": val_seq})
+
+
+def _log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_best_checkpoint_lr_schedule_and_optimizer_settings(shifted_stream, tmp_path):
+    """One run on data whose val loss rises, read back from log.jsonl, best.pt and ckpt.pt:
+    best.pt holds the eval with the lowest val loss (not the latest); the logged lr of every step
+    equals the closed form (linear warmup, cosine to min_lr, then min_lr); AdamW's per-group
+    weight_decay and betas are the configured values; and with grad_clip=0 (clipping off) it learns."""
+    out = str(tmp_path / "out")
+    lr, min_lr, warmup, decay_iters = 1e-2, 1e-3, 4, 30
+    run(TINY + [f"--data_root={shifted_stream}", "--dataset=shifted", "--block_size=16", "--max_iters=36",
+                "--eval_interval=3", f"--out_dir={out}", f"--learning_rate={lr}", f"--min_lr={min_lr}",
+                f"--warmup_iters={warmup}", f"--lr_decay_iters={decay_iters}", "--weight_decay=0.25",
+                "--beta1=0.85", "--beta2=0.97", "--grad_clip=0.0"])
+    rows = _log(out)
+    val = {r["iter"]: r["val_loss"] for r in rows if "val_loss" in r}
+    assert sorted(val) == list(range(0, 37, 3))
+    best_iter = min((i for i in val if i > 0), key=val.get)  # iteration 0 is never checkpointed
+    assert val[36] > val[best_iter] + 0.3 and 0 < best_iter < 36  # the run's val loss does go up
+    best = torch.load(os.path.join(out, "best.pt"), weights_only=True)
+    assert best["iter_num"] == best_iter and best["best_val_loss"] == val[best_iter]
+    last = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert last["iter_num"] == 36 and last["best_val_loss"] == val[best_iter]
+
+    def closed_form(it):  # nanoGPT's schedule; `it` is the 0-based step the lr is used for
+        if it < warmup:
+            return lr * (it + 1) / (warmup + 1)
+        if it >= decay_iters:
+            return min_lr
+        return min_lr + 0.5 * (1 + math.cos(math.pi * (it - warmup) / (decay_iters - warmup))) * (lr - min_lr)
+    steps = {r["iter"]: r["lr"] for r in rows if "lr" in r}  # the row of iter i logs step i - 1
+    assert sorted(steps) == list(range(1, 37))
+    for i, got in steps.items():
+        assert got == pytest.approx(closed_form(i - 1), rel=1e-9), i
+    assert steps[1] < steps[4] and steps[5] > steps[20] > steps[30] > steps[31] == min_lr  # warmup, cosine, floor
+
+    groups = last["optimizer"]["param_groups"]
+    assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.25]
+    assert all(g["lr"] == pytest.approx(closed_form(35), rel=1e-9) for g in groups)  # every group's lr
+    assert all(tuple(g["betas"]) == (0.85, 0.97) for g in groups)
+    train_loss = {r["iter"]: r["loss"] for r in rows if "loss" in r}
+    assert train_loss[36] < 0.5 * train_loss[1]
+    metrics = json.load(open(os.path.join(out, "metrics.json")))  # final metrics are best.pt's
+    # the full val split and the fixed val batches are windows of the same periodic stream: alike
+    assert abs(metrics["val"]["loss"] - val[best_iter]) < 0.25 * (val[36] - val[best_iter])
+
+
+def test_gradient_clipping_bounds_the_update_and_delta_stays_in_its_box(toy_stream, tmp_path):
+    """grad_clip=1e-12 scales every gradient far below AdamW's eps (1e-8), so the weights barely move
+    and the val loss stays within 0.02 (unclipped, these 5 steps at lr 1e-2 lower it by ~1 nat).
+    Then delta is pushed out of [-2pi, 0] by hand and the run resumed for 2 unclipped steps: after
+    every optimizer step delta is projected back onto the box, onto the wall nearest to it."""
+    out = str(tmp_path / "out")
+    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2",
+                     f"--out_dir={out}", "--learning_rate=1e-2", "--warmup_iters=0", "--grad_clip=1e-12"]
+    run(common + ["--max_iters=5"])
+    val = {r["iter"]: r["val_loss"] for r in _log(out) if "val_loss" in r}
+    assert sorted(val) == [0, 2, 4, 5]  # every eval_interval, and at the end
+    assert abs(val[5] - val[0]) < 0.02, val
+
+    path = os.path.join(out, "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    pushed = torch.tensor([-9.0, -6.5, -5.0, -4.0, -2.0, -1.0, 0.5, 3.0])
+    keys = [k for k in ckpt["model"] if k.endswith("pope_delta")]
+    assert keys
+    for k in keys:
+        ckpt["model"][k] = pushed.repeat(ckpt["model"][k].numel() // 8).view_as(ckpt["model"][k])
+    torch.save(ckpt, path)
+    run(common + ["--max_iters=7", "--init_from=resume", "--grad_clip=1.0"])  # 2 real steps of ~lr each
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["iter_num"] == 7
+    near = torch.tensor([-2 * math.pi, -2 * math.pi, -5.0, -4.0, -2.0, -1.0, 0.0, 0.0])
+    for k in keys:
+        d = ckpt["model"][k].view(-1, 8)
+        assert d.min() >= -2 * math.pi and d.max() <= 0.0, k  # projected after the last step too
+        assert (d - near).abs().max() < 0.05, k  # put back on the nearest wall, not on -pi
+
+
+def test_quick_start_builds_the_indirect_indexing_data(tmp_path):
+    """`python train.py` on a fresh machine builds data/indirect_indexing itself (here with small
+    splits, so the test is fast) and then trains on it."""
+    from prepare import indirect_indexing
+    real = indirect_indexing.prepare
+
+    def small(out_dir, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1337):
+        return real(out_dir, n_train=1000, n_val=50, n_test=40, seed=seed)
+    root = tmp_path / "data"
+    with mock.patch.object(indirect_indexing, "prepare", small):
+        m = run(TINY + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
+    assert os.path.exists(root / "indirect_indexing" / "meta.json")
+    assert m["dataset"] == "indirect_indexing" and m["test"]["targets"] == 40 and m["val"]["targets"] == 50

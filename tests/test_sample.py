@@ -1,0 +1,71 @@
+"""sample.py as a command, on a run folder trained for one step on indirect indexing."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from checkpoint import load_run
+from prepare.indirect_indexing import PAD_ID, VOCAB
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = "NZTUIGWkXFrhCJDzscat,N,+4,"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_indirect, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("run"))
+    train.main(["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=1", "--max_iters=1",
+                "--eval_interval=1", "--attn_backend=torch", "--compile=False", f"--data_root={tiny_indirect}",
+                f"--out_dir={out}"])
+    return out
+
+
+def sample(*args):
+    p = subprocess.run([sys.executable, "sample.py", "--device=cpu", "--attn_backend=torch", *args], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout.split("\n---------------\n")[:-1]
+
+
+def test_sampled_text_keeps_the_prompt_and_prints_no_padding(run_dir, tmp_path):
+    """Near-uniform sampling (temperature 50, no top-k) over the 128-id padded vocabulary draws the
+    pad id (65) and unused ids (66..127) many times in 3 x 300 tokens; none of them is printed."""
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(PROMPT)
+    outs = sample(f"--out_dir={run_dir}", f"--start=FILE:{prompt_file}", "--num_samples=3",
+                  "--max_new_tokens=300", "--temperature=50", "--top_k=0")
+    assert len(outs) == 3
+    for text in outs:
+        assert text.startswith(PROMPT)
+        assert "<pad>" not in text and set(text) <= set(VOCAB)
+        assert len(PROMPT) + 100 < len(text) < len(PROMPT) + 300  # some ids were dropped, most were letters
+
+
+def test_temperature_zero_is_the_greedy_continuation(run_dir):
+    """--temperature=0: every sample is the argmax continuation, computed here with full forwards."""
+    outs = sample(f"--out_dir={run_dir}", f"--start={PROMPT}", "--num_samples=3", "--max_new_tokens=12",
+                  "--temperature=0", "--seed=5")
+    model, _ = load_run(run_dir, "best.pt", "cpu", attn_backend="torch")
+    idx = torch.tensor([[VOCAB.index(c) for c in PROMPT]])
+    with torch.no_grad():
+        for _ in range(12):
+            idx = torch.cat((idx, model(idx)[0][:, -1:].argmax(-1)), 1)
+    want = "".join(VOCAB[i] for i in idx[0].tolist() if i < PAD_ID)
+    assert outs == [want] * 3
+
+
+def test_top_k_one_is_greedy_and_the_seed_fixes_the_samples(run_dir, capsys):
+    """In-process (cheaper than a command): top_k=1 at temperature 1 equals temperature 0; at
+    temperature 1 the same --seed gives the same samples and another seed other ones."""
+    import sample as sample_mod
+    common = [f"--out_dir={run_dir}", f"--start={PROMPT}", "--num_samples=2", "--max_new_tokens=20",
+              "--device=cpu", "--attn_backend=torch"]
+    greedy = sample_mod.main(common + ["--temperature=0"])
+    assert sample_mod.main(common + ["--temperature=1.0", "--top_k=1", "--seed=3"]) == greedy
+    a = sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=3"])
+    assert sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=3"]) == a
+    assert sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=4"]) != a != greedy
