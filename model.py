@@ -283,7 +283,8 @@ class CausalSelfAttention(nn.Module):
         qc = _polar_to_cartesian(q, q_pos, freqs, None, cfg.pope_magnitude, dtype)
         if q.shape[-2] == 1:  # one new token sees every cached key: two small matmuls read 3d numbers
             # per key; SDPA would need v padded to 2d, a copy of all cached values at every step
-            return torch.softmax((qc @ kc.transpose(-1, -2)) / math.sqrt(d), dim=-1) @ v
+            scores = (qc @ kc.transpose(-1, -2)).float() / math.sqrt(d)
+            return torch.softmax(scores, dim=-1).to(v.dtype) @ v
         v = F.pad(v, (0, d))  # a prefill chunk: one width for q/k and v keeps SDPA on a fused O(T) kernel
         y = sdpa_attention(qc, kc, v, causal=True, sm_scale=1.0 / math.sqrt(d), q_offset=pos0)
         return y[..., :d]
