@@ -826,7 +826,7 @@ PIN_ENV = "POPE_TRITON_CONFIG"
 def pinned_configs():
     """Configs pinned by the environment variable POPE_TRITON_CONFIG, read when the kernels are first built.
 
-    Format: "fwd=128,64,8,3;dkdv=32,64,8,3;dq=64,32,4,3" (BLOCK_M, BLOCK_N, num_warps, num_stages per kernel;
+    Format: "fwd=128,64,8,3;dkdv=32,64,8,3;dq=64,32,8,3" (BLOCK_M, BLOCK_N, num_warps, num_stages per kernel;
     any subset of the three). A pinned kernel is not autotuned, so every process and DDP rank runs the same
     tiles and gets bitwise the same dq, dk and d(delta). Returns {role: (bm, bn, warps, stages)}.
     Raises ValueError for a malformed value: BLOCK_M, BLOCK_N must be powers of two in 16..128.
@@ -842,7 +842,7 @@ def pinned_configs():
         ok = (role.strip() in ("fwd", "dkdv", "dq") and len(cfg) == 4
               and all(b in (16, 32, 64, 128) for b in cfg[:2]) and cfg[2] in (1, 2, 4, 8, 16) and cfg[3] >= 1)
         if not ok:
-            raise ValueError(f"{PIN_ENV}={spec!r}: expected e.g. 'fwd=128,64,8,3;dkdv=32,64,8,3;dq=64,32,4,3' "
+            raise ValueError(f"{PIN_ENV}={spec!r}: expected e.g. 'fwd=128,64,8,3;dkdv=32,64,8,3;dq=64,32,8,3' "
                              "(BLOCK_M,BLOCK_N,num_warps,num_stages per kernel; blocks in 16..128, powers of two)")
         out[role.strip()] = cfg
     return out
