@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from checkpoint import RunError, load_codec, load_run, tokenizer_meta
 from configurator import configure
 from model import rope_frequencies
-from pope_kernel import pope_frequencies
+from pope import pope_frequencies
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TEXTS = os.path.join(HERE, "texts", "shakespeare_sonnets.txt")

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig, KVCache, apply_rope
-from pope_kernel import _polar_to_cartesian, pope_attention, pope_frequencies
+from pope import polar_to_cartesian, pope_attention, pope_frequencies
 
 
 def _sync(device):
@@ -74,12 +74,12 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
     return rows
 
 
-def naive_pope(q, k, v, delta, theta=10000.0):
+def naive_pope(q, k, v, delta, rope_theta=10000.0):
     """PoPE the straightforward way: 2d-wide Cartesian q/k, d-wide v, straight into SDPA."""
     T, d = q.shape[-2], q.shape[-1]
-    freqs, pos = pope_frequencies(d, theta, q.device), torch.arange(T, device=q.device)
-    qc = _polar_to_cartesian(q, pos, freqs, None, "softplus", q.dtype)
-    kc = _polar_to_cartesian(k, pos, freqs, delta, "softplus", q.dtype)
+    freqs, pos = pope_frequencies(d, rope_theta, q.device), torch.arange(T, device=q.device)
+    qc = polar_to_cartesian(q, pos, freqs, None, "softplus", q.dtype)
+    kc = polar_to_cartesian(k, pos, freqs, delta, "softplus", q.dtype)
     return F.scaled_dot_product_attention(qc, kc, v, is_causal=True, scale=1 / math.sqrt(d))
 
 

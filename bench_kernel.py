@@ -1,33 +1,49 @@
-"""Attention kernel benchmark: PoPE (fused Triton kernel) vs PoPE through SDPA vs RoPE through SDPA.
+"""Attention kernel benchmark: PoPE's Triton kernel vs PoPE through flex_attention vs RoPE through FlashAttention.
 
-    python bench_kernel.py                       # CUDA: the default sweep, printed as a table
-    python bench_kernel.py --seq-lens 4096 --head-dims 64 --dtype bf16 --batch 8 --n-head 12
-    python bench_kernel.py --spills               # no GPU: registers / spills of every autotune config
+    python bench_kernel.py                        # CUDA: T = 1k, 4k, 16k, d = 64, 128, bf16, as a table
+    python bench_kernel.py --seq-lens 4096 --head-dims 64 --batch 8 --n-head 12
+    python bench_kernel.py --sass [--json]        # no GPU: SASS of the loop bodies, PoPE vs a reference FA kernel
+    python bench_kernel.py --spills               # no GPU: registers / spills of every autotune candidate
 
-Implementations (all causal, q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
-    pope_triton  pope_attention(backend='triton'): raw q/k in, magnitude, phases and softmax fused.
-    pope_sdpa    pope_attention(backend='torch'): 2d-wide Cartesian q~/k~, V zero-padded to 2d, SDPA.
-    rope_sdpa    RoPE rotation (torch ops, cos/sin tables precomputed outside the timing) followed by
-                 SDPA pinned to the FlashAttention backend on CUDA: the usual baseline.
+Implementations (all causal, raw q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
+    pope_triton  pope_attention(backend='triton'): the Cartesian transform in torch, then pope_kernel.py's
+                 FlashAttention-2 kernels (q/k width 2d, v width d).
+    pope_flex    the same Cartesian q~, k~ (torch), then torch.compile'd flex_attention with a causal block mask.
+    rope_sdpa    RoPE rotation (torch ops, cos/sin tables precomputed outside the timing) followed by SDPA
+                 pinned to the FlashAttention backend: the usual baseline.
+    pope_sdpa    pope_attention(backend='torch'): v zero-padded to 2d, SDPA (not in the default set).
 
-FLOP convention (causal, so half of the T x T scores): RoPE fwd = 2 * 2 * B*H*T*T*d / 2 (QK^T and PV,
+FLOP convention (causal, so half of the T x T scores): RoPE fwd = 2 * B*H*T*T*(d + d) / 2 (QK^T and PV,
 2 FLOPs per multiply-add); PoPE's QK^T has width 2d, so PoPE fwd = 2 * B*H*T*T*(2d + d) / 2; bwd = 2.5 x fwd.
-'tflops' is (fwd + bwd FLOPs) / fwdbwd time, with each implementation credited with its own
-algorithmic FLOPs (pope_sdpa's zero padding of V is not credited).
+'TFLOP/s' is (fwd + bwd FLOPs) / fwd+bwd time, each implementation credited with its own algorithmic FLOPs.
 
-Without CUDA this runs one tiny shape through the Triton interpreter as a smoke test (timings meaningless).
+--sass compiles (triton's bundled ptxas, sm_90 by default, no GPU) the first autotune candidate of pope_kernel's
+fwd, dkdv and dq kernels at d = 64 and 128, and the minimal FlashAttention kernels of this file (q/k and v
+width d, same tiles and loop structure), and reads the innermost loop with the fewest instructions (the
+unmasked one) from the SASS: instructions per warp, MUFU per thread, tensor-core instructions, all per
+128 x 128 block of scores, and local-memory instructions inside any loop. Cycle estimate per block on an
+H100 SM (4 issue slots, 16 MUFU and 4096 dense bf16 FLOP per clock): max(instr * warps / 4,
+MUFU * 32 * warps / 16, FLOPs / 4096), i.e. max(2 instr, 16 MUFU, FLOPs / 4096) at 8 warps.
+Without CUDA and without --sass / --spills, one tiny shape runs through the Triton interpreter (smoke test).
 """
 
 import argparse
+import json
 import math
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 
-IMPLS = ("pope_triton", "pope_sdpa", "rope_sdpa")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+IMPLS = ("pope_triton", "pope_flex", "rope_sdpa", "pope_sdpa")
+DEFAULT_IMPLS = ("pope_triton", "pope_flex", "rope_sdpa")
 
 
 def attention_flops(impl, B, H, T, d, causal=True):
@@ -37,8 +53,8 @@ def attention_flops(impl, B, H, T, d, causal=True):
     return fwd, 2.5 * fwd
 
 
-def _rope_tables(T, d, device, theta=10000.0):
-    inv = theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+def _rope_tables(T, d, device, rope_theta=10000.0):
+    inv = rope_theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
     ang = torch.arange(T, device=device, dtype=torch.float32)[:, None] * inv[None, :]
     return torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
 
@@ -49,11 +65,23 @@ def _apply_rope(x, cos, sin):
 
 
 def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
-    from pope_kernel import pope_attention
+    from pope import polar_to_cartesian, pope_attention, pope_frequencies
+    T, d = q.shape[-2], q.shape[-1]
     if impl == "pope_triton":
         return lambda: pope_attention(q, k, v, delta, causal=True, backend="triton")
     if impl == "pope_sdpa":
         return lambda: pope_attention(q, k, v, delta, causal=True, backend="torch")
+    if impl == "pope_flex":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device=q.device)
+        flex = torch.compile(flex_attention)
+        freqs, pos = pope_frequencies(d, device=q.device), torch.arange(T, device=q.device)
+
+        def pope_flex():
+            qc = polar_to_cartesian(q, pos, freqs, None, "softplus", q.dtype)
+            kc = polar_to_cartesian(k, pos, freqs, delta, "softplus", q.dtype)
+            return flex(qc, kc, v, block_mask=mask, scale=1.0 / math.sqrt(d))
+        return pope_flex
 
     def rope():
         qr, kr = _apply_rope(q, cos.to(q.dtype), sin.to(q.dtype)), _apply_rope(k, cos.to(q.dtype), sin.to(q.dtype))
@@ -86,9 +114,18 @@ def _timer(device, warmup, rep):
     return bench
 
 
-def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 2048, 4096, 8192, 16384),
-                            head_dims=(64, 128), batch=None, n_head=None, impls=IMPLS, warmup=25, rep=100,
-                            verbose=True):
+def flash_implementation():
+    """torch.nn.attention's active FlashAttention implementation ('FA3', 'FA4', or the built-in FA2), as text."""
+    import torch.nn.attention as tna
+    current = getattr(tna, "current_flash_attention_impl", None)
+    if current is None:
+        return "built-in FlashAttention-2 (this torch has no torch.nn.attention.current_flash_attention_impl)"
+    listed = getattr(tna, "list_flash_attention_impls", lambda: [])()
+    return f"{current() or 'built-in FlashAttention-2'} (registered: {', '.join(listed) or 'none'})"
+
+
+def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 16384), head_dims=(64, 128),
+                            batch=None, n_head=None, impls=DEFAULT_IMPLS, warmup=25, rep=100, verbose=True):
     """Time forward, backward and forward+backward of the causal attention implementations.
 
     Args:
@@ -150,53 +187,212 @@ def _format_row(r):
 
 
 def print_table(rows, ratios=True):
-    """Table of the rows, then (ratios=True) PoPE-Triton / RoPE-SDPA fwd+bwd time ratios per (T, d)."""
-    print(f"{'impl':<12} {'T':>6} {'d':>4} {'B':>3} {'H':>3} {'fwd_ms':>9} {'bwd_ms':>9} {'fwdbwd_ms':>10} {'TFLOPs':>7}")
+    """Table of the rows, then (ratios=True) fwd+bwd time ratios pope_triton / rope_sdpa and / pope_flex."""
+    print(f"{'impl':<12} {'T':>6} {'d':>4} {'B':>3} {'H':>3} {'fwd_ms':>9} {'bwd_ms':>9} {'fwdbwd_ms':>10} "
+          f"{'TFLOP/s':>7}")
     for r in rows:
         print(_format_row(r))
-    by = {(r["impl"], r["T"], r["d"]): r for r in rows}
-    ratio_rows = [(T, d, by[("pope_triton", T, d)]["fwdbwd_ms"] / by[("rope_sdpa", T, d)]["fwdbwd_ms"])
-                  for (impl, T, d) in by if impl == "pope_triton" and ("rope_sdpa", T, d) in by]
-    if ratios and ratio_rows:
-        print("\npope_triton / rope_sdpa fwd+bwd time (target <= 1.5 at T=4096, d=64 on H100):")
-        for T, d, x in ratio_rows:
-            print(f"  T={T:>6} d={d:>4}: {x:.2f}x")
-
-# ---- compile-only report: registers, spills and local-memory traffic per autotune config (no GPU) ----
-
-_PTR_TYPES = {"Q": "*{dt}", "K": "*{dt}", "V": "*{dt}", "O": "*{dt}", "DO": "*{dt}", "DK": "*{dt}", "DV_": "*{dt}",
-              "DQ": "*{dt}", "DCS": "*fp32", "COS_T": "*fp32", "SIN_T": "*fp32", "LSE": "*fp32", "DI": "*fp32",
-              "DDELTA_PART": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32"}
+    by = {(r["impl"], r["T"], r["d"]): r["fwdbwd_ms"] for r in rows}
+    keys = [(T, d) for (impl, T, d) in by if impl == "pope_triton"]
+    if ratios and keys:
+        print("\nfwd+bwd time of pope_triton over (goal at T >= 4k: <= 1.6x rope_sdpa, < 1x pope_flex):")
+        for T, d in keys:
+            parts = [f"{other} {by[('pope_triton', T, d)] / by[(other, T, d)]:.2f}x"
+                     for other in ("rope_sdpa", "pope_flex") if (other, T, d) in by]
+            print(f"  T={T:>6} d={d:>4}: " + ", ".join(parts))
 
 
-def compile_kernel(role, config, d, arch, dtype="bf16", dot_prec="tf32"):
-    """Compile one PoPE kernel (causal, softplus, with delta) for sm_<arch> with Triton's bundled ptxas; no GPU.
+# ---- compile-only reports (no GPU): SASS of the loop bodies, registers and spills ---------------------
 
-    role: 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); d = dv head dim;
-    dtype 'bf16' | 'fp16' | 'fp32'. Returns the triton CompiledKernel (asm: ptx, cubin).
+_FA_KERNELS = {}
+
+
+def reference_fa_kernels():
+    """Minimal FlashAttention-2 kernels (q, k, v of one width D; causal, Tq = Tk = T; q pre-scaled by
+    sm_scale * log2 e) with pope_kernel's tiles and loop structure, for --sass: {'fwd', 'dkdv', 'dq'}.
+    Compiled only, never launched. Built on first use, so importing this file does not import triton."""
+    if _FA_KERNELS:
+        return _FA_KERNELS
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fa_fwd(Q, K, V, O, LSE, stride_h, stride_m, T, D: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+        n_m = tl.cdiv(T, BLOCK_M)
+        pid_m, bh = tl.program_id(0) % n_m, (tl.program_id(0) // n_m).to(tl.int64)
+        m0 = pid_m * BLOCK_M
+        offs_m, offs_n, offs_d = m0 + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N), tl.arange(0, D)
+        base = bh * stride_h
+        q = tl.load(Q + base + offs_m[:, None] * stride_m + offs_d[None, :], mask=offs_m[:, None] < T, other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+        acc = tl.full([BLOCK_M, D], 0.0, tl.float32)
+        n_full = (m0 + 1) // BLOCK_N * BLOCK_N
+        for stage in tl.static_range(2):
+            if stage == 0:
+                lo, hi = 0, n_full
+            else:
+                lo, hi = n_full, tl.minimum(T, m0 + BLOCK_M)
+            k_ptrs = K + base + (lo + offs_n)[:, None] * stride_m + offs_d[None, :]
+            v_ptrs = V + base + (lo + offs_n)[:, None] * stride_m + offs_d[None, :]
+            for start_n in range(lo, hi, BLOCK_N):
+                if stage == 0:
+                    k, v = tl.load(k_ptrs), tl.load(v_ptrs)
+                else:
+                    ok = start_n + offs_n < T
+                    k = tl.load(k_ptrs, mask=ok[:, None], other=0.0)
+                    v = tl.load(v_ptrs, mask=ok[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(k))
+                if stage == 1:
+                    s = tl.where((start_n + offs_n)[None, :] <= offs_m[:, None], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+                m_i = m_new
+                k_ptrs += BLOCK_N * stride_m
+                v_ptrs += BLOCK_N * stride_m
+        tl.store(O + base + offs_m[:, None] * stride_m + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
+                 mask=offs_m[:, None] < T)
+        tl.store(LSE + bh * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
+
+    @triton.jit
+    def fa_dkdv(Q, K, V, DO, LSE, DI, DK, DV, stride_h, stride_m, T, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+        n_n = tl.cdiv(T, BLOCK_N)
+        pid_n, bh = tl.program_id(0) % n_n, (tl.program_id(0) // n_n).to(tl.int64)
+        n0 = pid_n * BLOCK_N
+        offs_n, offs_m0, offs_d = n0 + tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_M), tl.arange(0, D)
+        base = bh * stride_h
+        kv_off = base + offs_n[:, None] * stride_m + offs_d[None, :]
+        k = tl.load(K + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        v = tl.load(V + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        dk = tl.full([BLOCK_N, D], 0.0, tl.float32)
+        dv = tl.full([BLOCK_N, D], 0.0, tl.float32)
+        lo = n0 // BLOCK_M * BLOCK_M
+        mid = (n0 + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        full_hi = T // BLOCK_M * BLOCK_M
+        for stage in tl.static_range(3):
+            if stage == 0:
+                a, b = mid, full_hi
+            elif stage == 1:
+                a, b = lo, tl.minimum(mid, T)
+            else:
+                a, b = tl.maximum(mid, full_hi), T
+            q_ptrs = Q + base + (a + offs_m0)[:, None] * stride_m + offs_d[None, :]
+            do_ptrs = DO + base + (a + offs_m0)[:, None] * stride_m + offs_d[None, :]
+            for start_m in range(a, b, BLOCK_M):
+                offs_m = start_m + offs_m0
+                if stage == 0:
+                    q, do = tl.load(q_ptrs), tl.load(do_ptrs)
+                    lse, di = tl.load(LSE + bh * T + offs_m), tl.load(DI + bh * T + offs_m)
+                else:
+                    ok = offs_m < T
+                    q = tl.load(q_ptrs, mask=ok[:, None], other=0.0)
+                    do = tl.load(do_ptrs, mask=ok[:, None], other=0.0)
+                    lse = tl.load(LSE + bh * T + offs_m, mask=ok, other=float("inf"))
+                    di = tl.load(DI + bh * T + offs_m, mask=ok, other=0.0)
+                p_t = tl.exp2(tl.dot(k, tl.trans(q)) - lse[None, :])
+                if stage != 0:
+                    p_t = tl.where((offs_m[None, :] < T) & (offs_n[:, None] <= offs_m[None, :]), p_t, 0.0)
+                dv = tl.dot(p_t.to(do.dtype), do, dv)
+                ds_t = p_t * (tl.dot(v, tl.trans(do)) - di[None, :])
+                dk = tl.dot(ds_t.to(q.dtype), q, dk)
+                q_ptrs += BLOCK_M * stride_m
+                do_ptrs += BLOCK_M * stride_m
+        tl.store(DK + kv_off, (dk * 0.6931471805599453).to(DK.dtype.element_ty), mask=offs_n[:, None] < T)
+        tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < T)
+
+    @triton.jit
+    def fa_dq(Q, K, V, DO, LSE, DI, DQ, stride_h, stride_m, T, D: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+        n_m = tl.cdiv(T, BLOCK_M)
+        pid_m, bh = tl.program_id(0) % n_m, (tl.program_id(0) // n_m).to(tl.int64)
+        m0 = pid_m * BLOCK_M
+        offs_m, offs_n, offs_d = m0 + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N), tl.arange(0, D)
+        base = bh * stride_h
+        q_off = base + offs_m[:, None] * stride_m + offs_d[None, :]
+        q = tl.load(Q + q_off, mask=offs_m[:, None] < T, other=0.0)
+        do = tl.load(DO + q_off, mask=offs_m[:, None] < T, other=0.0)
+        lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
+        di = tl.load(DI + bh * T + offs_m, mask=offs_m < T, other=0.0)
+        dq = tl.full([BLOCK_M, D], 0.0, tl.float32)
+        n_full = (m0 + 1) // BLOCK_N * BLOCK_N
+        for stage in tl.static_range(2):
+            if stage == 0:
+                lo, hi = 0, n_full
+            else:
+                lo, hi = n_full, tl.minimum(T, m0 + BLOCK_M)
+            k_ptrs = K + base + (lo + offs_n)[:, None] * stride_m + offs_d[None, :]
+            v_ptrs = V + base + (lo + offs_n)[:, None] * stride_m + offs_d[None, :]
+            for start_n in range(lo, hi, BLOCK_N):
+                if stage == 0:
+                    k, v = tl.load(k_ptrs), tl.load(v_ptrs)
+                else:
+                    ok = start_n + offs_n < T
+                    k = tl.load(k_ptrs, mask=ok[:, None], other=0.0)
+                    v = tl.load(v_ptrs, mask=ok[:, None], other=0.0)
+                p = tl.exp2(tl.dot(q, tl.trans(k)) - lse[:, None])
+                if stage == 1:
+                    p = tl.where((start_n + offs_n)[None, :] <= offs_m[:, None], p, 0.0)
+                ds = p * (tl.dot(do, tl.trans(v)) - di[:, None])
+                dq = tl.dot(ds.to(k.dtype), k, dq)
+                k_ptrs += BLOCK_N * stride_m
+                v_ptrs += BLOCK_N * stride_m
+        tl.store(DQ + q_off, (dq * 0.6931471805599453).to(DQ.dtype.element_ty), mask=offs_m[:, None] < T)
+
+    _FA_KERNELS.update(fwd=fa_fwd, dkdv=fa_dkdv, dq=fa_dq)
+    return _FA_KERNELS
+
+
+_POINTERS = ("Q", "K", "V", "O", "LSE", "DO", "DI", "DK", "DV", "DQ")
+_FP32_ARGS = ("LSE", "DI")
+_RUNTIME_INTS = ("H", "H_KV", "Tq", "Tk", "T", "q_offset", "TQ_BUCKET", "TK_BUCKET")  # not multiples of 16
+
+
+def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
+    """Compile one kernel (causal) for sm_<arch> with Triton's bundled ptxas; no GPU needed.
+
+    role: 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); d: head dim.
+    impl 'pope': pope_kernel's kernel with D_QK = 2d, D_V = d; 'fa': reference_fa_kernels (width d).
+    dtype 'bf16' | 'fp16' | 'fp32'. Pointers and strides are marked 16-divisible, as the JIT specialises
+    them for contiguous tensors. Returns the triton CompiledKernel (asm: ptx, cubin).
     """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    import pope_kernel as pk
     bm, bn, warps, stages = config
-    raw = pk._KERNEL_FNS[role]
-    consts = dict(D=d, DV=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, MAG=0, HAS_DELTA=True, DOT_PREC=dot_prec, FAST=True)
-    names = raw.__code__.co_varnames[:raw.__code__.co_argcount]
-    sig = {n: "constexpr" if n in consts else _PTR_TYPES.get(n, "i32").format(dt=dtype) for n in names}
-    fn = pk._JITFunction(pk._with_helpers(raw, pk._JITFunction))
-    return triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", arch, 32),
+    if impl == "pope":
+        import pope_kernel as pk
+        fn = pk.KERNELS[role].fn
+        consts = dict(GROUP=1, D_QK=2 * d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=bn)
+    else:
+        fn = reference_fa_kernels()[role]
+        consts = dict(D=d, BLOCK_M=bm, BLOCK_N=bn)
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in _POINTERS:
+            sig[name] = "*fp32" if name in _FP32_ARGS else f"*{dtype}"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "i32"
+            if name not in _RUNTIME_INTS:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=warps, num_stages=stages))
 
 
-def spill_stats(kernel, arch):
-    """(registers, spill store bytes, spill load bytes, local-memory instructions inside loops) of a compiled
-    kernel: ptxas -v on its PTX, and the SASS (cuobjdump) between each backward branch and its target."""
-    import re
-    import subprocess
-    import tempfile
+def _tool(name):
     import triton
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def _sass(kernel, arch):
+    """(ptxas -v info text, [(address, instruction text)]) of a compiled kernel."""
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(ptx, "w") as f:
@@ -204,33 +400,107 @@ def spill_stats(kernel, arch):
         with open(cubin, "wb") as f:
             f.write(kernel.asm["cubin"])
         gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-        info = subprocess.run([os.path.join(bindir, "ptxas"), "-v", f"--gpu-name={gpu}", ptx, "-o", os.devnull],
+        info = subprocess.run([_tool("ptxas"), "-v", f"--gpu-name={gpu}", ptx, "-o", os.devnull],
                               capture_output=True, text=True, check=True).stderr
-        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", cubin], capture_output=True, text=True,
-                              check=True).stdout
-    regs = int(re.search(r"Used (\d+) registers", info).group(1))
-    st, ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info).groups())
-    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
-    instrs = [(int(a, 16), text) for a, text in lines]
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    return info, [(int(a, 16), text.strip()) for a, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
+def _loops(instrs):
+    """[(start, end)] address ranges of the loops: each backward branch and its target."""
     loops = []
     for addr, text in instrs:
         m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
             loops.append((int(m.group(1), 16), addr))
+    return loops
+
+
+def spill_stats(kernel, arch):
+    """(registers, spill store bytes, spill load bytes, local-memory instructions inside loops) of a compiled
+    kernel: ptxas -v on its PTX, and the SASS (cuobjdump) between each backward branch and its target."""
+    info, instrs = _sass(kernel, arch)
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    st, ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info).groups())
+    loops = _loops(instrs)
     in_loop = sum(1 for addr, text in instrs if re.search(r"\b(LDL|STL)\b", text)
                   and any(lo <= addr <= hi for lo, hi in loops))
     return regs, st, ld, in_loop
 
 
-def spill_report(archs=(80, 90), dtype="bf16"):
-    """Print a markdown table of spill_stats for every autotune candidate of pope_kernel._CONFIGS."""
+def loop_body_stats(kernel, arch):
+    """SASS of the innermost loop with the fewest instructions (the unmasked one), per iteration and warp:
+    {'instr', 'mufu', 'mma' (HGMMA + HMMA), 'local' (LDL/STL)}, plus 'loop_local_ops' over every loop."""
+    _, instrs = _sass(kernel, arch)
+    loops = _loops(instrs)
+    inner = [(lo, hi) for lo, hi in loops if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)]
+    lo, hi = min(inner, key=lambda r: r[1] - r[0])
+    body = [text for addr, text in instrs if lo <= addr <= hi]
+    ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in body]
+    local = lambda t: re.search(r"\b(LDL|STL)\b", t)  # noqa: E731
+    return dict(instr=len(body), mufu=sum(o.startswith("MUFU") for o in ops),
+                mma=sum(o.startswith(("HGMMA", "HMMA")) for o in ops), local=sum(bool(local(t)) for t in body),
+                loop_local_ops=sum(1 for addr, t in instrs if local(t) and any(a <= addr <= b for a, b in loops)))
+
+
+def block_flops(role, d_qk, d_v):
+    """FLOPs of one kernel per 128 x 128 block of scores: fwd QK^T + PV; dkdv KQ^T, P^T dO, V dO^T, dS^T Q;
+    dq QK^T, dO V^T, dS K."""
+    per_score = {"fwd": d_qk + d_v, "dkdv": 2 * d_qk + 2 * d_v, "dq": 2 * d_qk + d_v}[role]
+    return 2 * 128 * 128 * per_score
+
+
+def block_cycles(stats, config, flops):
+    """The cycle estimate per 128 x 128 block (module docstring) from loop_body_stats of one iteration."""
+    bm, bn, warps, _ = config
+    iters = 128 * 128 / (bm * bn)
+    return max(stats["instr"] * iters * warps / 4, stats["mufu"] * iters * warps * 32 / 16, flops / 4096)
+
+
+def sass_report(arch=90, dtype="bf16", as_json=False, head_dims=(64, 128)):
+    """PoPE vs reference FA loop bodies for fwd, dkdv, dq at each d, first autotune candidate; prints a table
+    (or one JSON object per row) and returns the rows."""
     import pope_kernel as pk
-    print(f"| kernel | d | config (BM, BN, warps, stages) | sm | registers | spill st/ld (B) | local ops in loops |")
+    rows = []
+    if not as_json:
+        print(f"sm_{arch}, {dtype}, causal, first autotune candidate; per 128 x 128 block of scores, unmasked loop:")
+        print("| kernel | d | config (BM, BN, warps, stages) | PoPE instr/warp, MUFU/thread, MMA | FA same tiles "
+              "| PoPE cycles | FA cycles | ratio | local ops in loops (PoPE / FA) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+    for role in ("fwd", "dkdv", "dq"):
+        for d in head_dims:
+            cfg = pk.CONFIGS[role][d][0]
+            iters = 128 * 128 / (cfg[0] * cfg[1])
+            pope = loop_body_stats(compile_kernel(role, cfg, d, arch, dtype, "pope"), arch)
+            fa = loop_body_stats(compile_kernel(role, cfg, d, arch, dtype, "fa"), arch)
+            pc = block_cycles(pope, cfg, block_flops(role, 2 * d, d))
+            fc = block_cycles(fa, cfg, block_flops(role, d, d))
+            row = dict(kernel=role, d=d, config=list(cfg), pope_cycles=round(pc), fa_cycles=round(fc),
+                       ratio=round(pc / fc, 3), loop_local_ops=pope["loop_local_ops"],
+                       fa_loop_local_ops=fa["loop_local_ops"],
+                       pope_instr=round(pope["instr"] * iters), pope_mufu=round(pope["mufu"] * iters),
+                       pope_mma=round(pope["mma"] * iters), fa_instr=round(fa["instr"] * iters),
+                       fa_mufu=round(fa["mufu"] * iters), fa_mma=round(fa["mma"] * iters))
+            rows.append(row)
+            if as_json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"| {role} | {d} | {tuple(cfg)} | {row['pope_instr']}, {row['pope_mufu']}, {row['pope_mma']} | "
+                      f"{row['fa_instr']}, {row['fa_mufu']}, {row['fa_mma']} | {row['pope_cycles']} | "
+                      f"{row['fa_cycles']} | {row['ratio']:.2f} | {row['loop_local_ops']} / "
+                      f"{row['fa_loop_local_ops']} |", flush=True)
+    return rows
+
+
+def spill_report(archs=(80, 90), dtype="bf16"):
+    """Print a markdown table of spill_stats for every autotune candidate of pope_kernel.CONFIGS."""
+    import pope_kernel as pk
+    print("| kernel | d | config (BM, BN, warps, stages) | sm | registers | spill st/ld (B) | local ops in loops |")
     print("|---|---|---|---|---|---|---|")
     rows = []
     for role in ("fwd", "dkdv", "dq"):
         for d in (64, 128):
-            for cfg in pk._CONFIGS[role][d]:
+            for cfg in pk.CONFIGS[role][d]:
                 for arch in archs:
                     t0 = time.time()
                     regs, st, ld, loop_ops = spill_stats(compile_kernel(role, cfg, d, arch, dtype), arch)
@@ -242,21 +512,26 @@ def spill_report(archs=(80, 90), dtype="bf16"):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096, 16384])
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--n-head", type=int, default=None)
-    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(DEFAULT_IMPLS))
+    p.add_argument("--sass", action="store_true", help="no GPU needed: loop-body SASS of PoPE vs reference FA")
+    p.add_argument("--json", action="store_true", help="with --sass: one JSON object per row")
+    p.add_argument("--arch", type=int, default=90, help="with --sass: the sm_ architecture (default 90)")
     p.add_argument("--spills", action="store_true", help="no GPU needed: compile every autotune config for sm_80 "
                    "and sm_90 and print registers, spills and local-memory ops inside loops")
     args = p.parse_args(argv)
+    if args.sass or args.json:
+        return sass_report(args.arch, args.dtype, as_json=args.json)
     if args.spills:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         return spill_report(dtype=args.dtype)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if torch.cuda.is_available():
-        print(f"device: {torch.cuda.get_device_name()}, dtype {dtype}")
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, dtype {dtype}")
+        print(f"torch.nn.attention flash implementation: {flash_implementation()}")
         rows = bench_attention_kernels("cuda", dtype, args.seq_lens, args.head_dims, args.batch, args.n_head,
                                        impls=args.impls, verbose=False)
         print_table(rows)
@@ -264,16 +539,15 @@ def main(argv=None):
     print("CUDA is not available: kernel timings need an NVIDIA GPU (e.g. H100 / A100).\n"
           "Running one tiny shape through the Triton interpreter instead (a smoke test; its times are "
           "interpreter times, not kernel performance).")
-    os.environ["TRITON_INTERPRET"] = "1"  # pope_kernel reads it at call time
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from pope_kernel import pope_attention
+    os.environ["TRITON_INTERPRET"] = "1"  # before pope / pope_kernel (and triton.language) are imported
+    from pope import pope_attention
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 64, 16, generator=gen) for _ in range(3))
     delta = -2 * math.pi * torch.rand(2, 16, generator=gen)
     err = (pope_attention(q, k, v, delta, backend="triton") - pope_attention(q, k, v, delta, backend="torch")).abs().max()
     print(f"max |triton - torch| on (1, 2, 64, 16) fp32: {err:.2e}")
     rows = bench_attention_kernels("cpu", torch.float32, seq_lens=(64,), head_dims=(16,), batch=1, n_head=2,
-                                   verbose=False)
+                                   impls=("pope_triton", "pope_sdpa", "rope_sdpa"), verbose=False)
     print_table(rows, ratios=False)
     return rows
 

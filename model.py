@@ -6,7 +6,7 @@ RMSNorm instead of LayerNorm. `pos_encoding` picks how attention sees positions:
     'rope'  RoFormer rotary embedding on d/2 channel pairs, frequencies rope_theta^(-2(c-1)/d)
     'pope'  Polar Coordinate Position Embedding (paper, Method section): d frequencies
             rope_theta^(-(c-1)/d), magnitudes softplus(q), softplus(k), a learnable per-head phase
-            bias delta (n_head, head_dim) in radians kept in [-2*pi, 0]; see pope_kernel.py
+            bias delta (n_head, head_dim) in radians kept in [-2*pi, 0]; see pope.py
     'none'  no positional encoding (NoPE): causal masking is the only source of order
 
 Baselines of the paper's appendix (indirect indexing, Table "additional baselines"):
@@ -37,8 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pope_kernel import _compute_dtype, _polar_to_cartesian, pope_attention, pope_backend, pope_frequencies, \
-    sdpa_attention
+from pope import pope_attention, pope_attention_cached, pope_key_cartesian, sdpa_attention
 
 POS_ENCODINGS = ("rope", "pope", "none", "rope_half", "alibi_half", "learned", "sinusoidal")
 ABSOLUTE_ENCODINGS = ("learned", "sinusoidal")  # positions < block_size only
@@ -180,33 +179,36 @@ class KVCache:
     """Per-layer key/value cache for incremental decoding, preallocated for max_len tokens.
 
     What each layer caches, per token and head (d = head_dim, values always raw and d wide):
-      RoPE                  rotated keys, d wide: 2d numbers per token with the values.
-      NoPE                  raw keys, d wide: 2d.
-      PoPE, torch backend   the keys' Cartesian form [mu cos(phi), mu sin(phi)], mu = softplus(k),
-                            phi = s*theta_c + delta_c (pope_key_cartesian), 2d wide: 3d numbers per
-                            token, 1.5x RoPE's cache. A key's phase depends only on its own position s,
-                            so this form never changes, and a decoding step computes softplus, cos and
-                            sin for its new tokens only instead of for every cached key.
-      PoPE, Triton backend  raw keys, d wide: 2d. The kernel rotates keys in registers as it loads them.
-    `pos` is the number of tokens already in the cache = the absolute position of the next token.
+      RoPE   rotated keys, d wide: 2d numbers per token with the values.
+      NoPE   raw keys, d wide: 2d.
+      PoPE   the keys' Cartesian form [mu cos(phi), mu sin(phi)], mu = softplus(k), phi = s*theta_c +
+             delta_c (pope.pope_key_cartesian), 2d wide: 3d numbers per token, 1.5x RoPE's cache, for
+             both backends. A key's phase depends only on its own position s, so this form never
+             changes, and a decoding step computes softplus, cos and sin for its new tokens only.
+    `q_offset` is the number of tokens already in the cache = the absolute position of the next token
+    (`pos` is its read-only alias).
     """
 
     def __init__(self, n_layer, max_len):
-        self.n_layer, self.max_len, self.pos = n_layer, max_len, 0
+        self.n_layer, self.max_len, self.q_offset = n_layer, max_len, 0
         self.k = [None] * n_layer
         self.v = [None] * n_layer
 
+    @property
+    def pos(self):
+        return self.q_offset
+
     def update(self, layer, k, v):
-        """Append k, v (B, H, T, d) at self.pos for `layer`; return all cached (B, H, pos + T, d)."""
+        """Append k, v (B, H, T, d) at self.q_offset for `layer`; return all cached (B, H, q_offset + T, d)."""
         B, H, T, d = k.shape
-        end = self.pos + T
+        start, end = self.q_offset, self.q_offset + T
         if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} tokens; cannot add {T} at position {self.pos}")
+            raise ValueError(f"KV cache holds {self.max_len} tokens; cannot add {T} at position {start}")
         if self.k[layer] is None:
             self.k[layer] = k.new_empty(B, H, self.max_len, d)
             self.v[layer] = v.new_empty(B, H, self.max_len, v.shape[-1])
-        self.k[layer][:, :, self.pos:end] = k
-        self.v[layer][:, :, self.pos:end] = v
+        self.k[layer][:, :, start:end] = k
+        self.v[layer][:, :, start:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
@@ -235,7 +237,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        pos0 = kv_cache.pos if kv_cache is not None else 0
+        pos0 = kv_cache.q_offset if kv_cache is not None else 0
         cfg = self.config
         if cfg.pos_encoding in ("rope", "rope_half"):
             positions = torch.arange(pos0, pos0 + T, device=x.device)
@@ -247,14 +249,10 @@ class CausalSelfAttention(nn.Module):
             if cfg.rope_scaling != 1.0:  # YaRN temperature: logits times (0.1 ln s + 1)^2
                 m = yarn_attention_factor(cfg.rope_scaling)
                 q, k = q * m, k * m
-        cartesian = cfg.pos_encoding == "pope" and kv_cache is not None and not self._pope_triton(q, k, v)
-        if kv_cache is not None and not cartesian:
+        if kv_cache is not None and cfg.pos_encoding != "pope":
             k, v = kv_cache.update(self.layer_idx, k, v)
-        if cartesian:  # decoding on the torch path: the cache holds the keys' Cartesian form
-            y = self._pope_cached_cartesian(q, k, v, kv_cache, pos0)
-        elif cfg.pos_encoding == "pope":
-            y = pope_attention(q, k, v, self.pope_delta, causal=True, theta=cfg.rope_theta, q_offset=pos0,
-                               magnitude=cfg.pope_magnitude, backend=cfg.attn_backend)
+        if cfg.pos_encoding == "pope":
+            y = self._pope(q, k, v, kv_cache, pos0)
         elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
             bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=pos0)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
@@ -263,44 +261,17 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def _pope_triton(self, q, k, v):
-        """True if pope_attention would run the Triton kernel on these tensors (see its `backend`)."""
-        return pope_backend(q, k, v, self.config.attn_backend) == "triton"
-
-    def _pope_cached_cartesian(self, q, k, v, kv_cache, pos0):
-        """PoPE attention of queries at positions pos0.. over a cache of Cartesian keys (torch path).
-
-        Only the new keys are converted (pope_key_cartesian) and appended; the cache holds every
-        earlier key's Cartesian form. Scores equal pope_attention's (same phase code): through SDPA
-        for a chunk of queries, through two matmuls for a single new token.
-        """
-        cfg, d = self.config, self.head_dim
-        dtype = _compute_dtype(q, v)
-        freqs = pope_frequencies(d, cfg.rope_theta, device=q.device)
-        q_pos = torch.arange(pos0, pos0 + q.shape[-2], device=q.device)
-        kc = pope_key_cartesian(k, pos0, self.pope_delta, cfg.rope_theta, cfg.pope_magnitude, dtype)
-        kc, v = kv_cache.update(self.layer_idx, kc, v.to(dtype))
-        qc = _polar_to_cartesian(q, q_pos, freqs, None, cfg.pope_magnitude, dtype)
-        if q.shape[-2] == 1:  # one new token sees every cached key: two small matmuls read 3d numbers
-            # per key; SDPA would need v padded to 2d, a copy of all cached values at every step
-            scores = (qc @ kc.transpose(-1, -2)).float() / math.sqrt(d)
-            return torch.softmax(scores, dim=-1).to(v.dtype) @ v
-        v = F.pad(v, (0, d))  # a prefill chunk: one width for q/k and v keeps SDPA on a fused O(T) kernel
-        y = sdpa_attention(qc, kc, v, causal=True, sm_scale=1.0 / math.sqrt(d), q_offset=pos0)
-        return y[..., :d]
-
-
-def pope_key_cartesian(k, pos0, delta, theta=10000.0, magnitude="softplus", dtype=None):
-    """Raw PoPE keys (B, H, T, d) at absolute positions pos0..pos0+T-1 -> their Cartesian form
-    (B, H, T, 2d) = [mu cos(phi), mu sin(phi)], mu = magnitude(k) (softplus in the paper),
-    phi = s * theta_c + delta_c radians (paper, Method section), theta_c = theta^(-(c-1)/d).
-
-    delta: (H, d) radians or None. dtype: of the result (default k's). The phases come from
-    pope_kernel's own code, so a cached key scores exactly as in pope_attention. Used by the KV cache.
-    """
-    freqs = pope_frequencies(k.shape[-1], theta, device=k.device)
-    positions = torch.arange(pos0, pos0 + k.shape[-2], device=k.device)
-    return _polar_to_cartesian(k, positions, freqs, delta, magnitude, dtype or k.dtype)
+    def _pope(self, q, k, v, kv_cache, q_offset):
+        """PoPE attention of queries at positions q_offset..; with a KV cache, only the new keys are turned
+        into their Cartesian form (pope_key_cartesian) and appended, and the queries attend over the cache."""
+        cfg = self.config
+        kw = dict(causal=True, rope_theta=cfg.rope_theta, q_offset=q_offset, magnitude=cfg.pope_magnitude,
+                  backend=cfg.attn_backend)
+        if kv_cache is None:
+            return pope_attention(q, k, v, self.pope_delta, **kw)
+        kc = pope_key_cartesian(k, q_offset, self.pope_delta, cfg.rope_theta, cfg.pope_magnitude)
+        kc, v = kv_cache.update(self.layer_idx, kc, v.to(kc.dtype))
+        return pope_attention_cached(q, kc, v, **kw)
 
 
 class MLP(nn.Module):
@@ -374,7 +345,7 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x, kv_cache)
         if kv_cache is not None:
-            kv_cache.pos += idx.shape[1]
+            kv_cache.q_offset += idx.shape[1]
         return self.transformer.ln_f(x)
 
     def forward(self, idx, targets=None, kv_cache=None):

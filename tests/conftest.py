@@ -8,6 +8,15 @@ import pytest
 # load, 5 s with 1). Set before torch is imported, so subprocesses (train.py, sample.py) inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import torch  # noqa: E402  (after OMP_NUM_THREADS; importing torch does not import triton)
+
+# Without CUDA the Triton kernels run in Triton's interpreter on CPU tensors. pope_kernel's @triton.jit
+# decorators choose the interpreter when they run, at import, so the flag is set here, before any test
+# module imports pope / pope_kernel / model. Subprocesses inherit it (harmless: on CPU they take the
+# torch path); the compile-only kernel tests drop it from their subprocess's environment.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)

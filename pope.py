@@ -1,0 +1,422 @@
+"""PoPE's maths in plain PyTorch: frequencies, the polar-to-Cartesian transform, attention, the cached key form.
+
+Paper: Gopalakrishnan, Csordas, Schmidhuber, Mozer, "Decoupling the What and Where with Polar
+Coordinate Positional Embedding", ICML 2026, Method section. For head dimension d, each of the d
+channels of a query at position t and of a key at position s becomes a complex number
+
+    q~_c = softplus(q_c) exp(i t theta_c),    k~_c = softplus(k_c) exp(i (s theta_c + delta_c)),
+    theta_c = rope_theta^(-(c-1)/d) radians per token,
+
+and the attention logit is sm_scale Re[q~^H k~] = sm_scale sum_c mu_q mu_k cos((s - t) theta_c + delta_c).
+With x = mu cos(phi) and y = mu sin(phi) this is a real dot product of width 2d between the Cartesian
+forms [x, y] of query and key (polar_to_cartesian). Both backends compute that transform here, once
+per call (O(T d)), and then run ordinary softmax attention of width 2d for q/k and d for v:
+    'torch'   F.scaled_dot_product_attention (CPU or GPU), v zero-padded to 2d so SDPA keeps its
+              fused O(T)-memory kernels;
+    'triton'  pope_kernel.py's FlashAttention-2 kernels (CUDA; on CPU under TRITON_INTERPRET=1).
+A key's Cartesian form depends only on its own position, so it is also what the KV cache stores, for
+both backends (pope_key_cartesian, pope_attention_cached).
+
+Public API
+    pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend)
+    pope_attention_cached(q, k_cartesian, v, *, ...)   decoding over cached Cartesian keys
+    pope_key_cartesian(k, q_offset, delta, ...)        the key form the KV cache stores
+    polar_to_cartesian(x, positions, freqs, delta, magnitude, dtype, scale)
+    pope_frequencies(head_dim, rope_theta), pope_magnitude(x, magnitude), MAGNITUDES
+    pope_attention_reference(...)   float64 reference straight from the polar formula (tests)
+    pope_attention_triton(...), pope_backend(q, k, v, backend), triton_unsupported_reason(q, k, v),
+    triton_supported(q, k, v), TRITON_HEAD_DIMS, compute_dtype(q, v)
+    sdpa_attention(q, k, v, *, causal, sm_scale, q_offset), causal_mask(Tq, Tk, q_offset)
+Grouped-query attention: k, v and delta may have H_kv heads for H query heads (H a multiple of H_kv);
+query head h uses key/value head h // (H / H_kv).
+This module imports without Triton; only backend='triton' needs it.
+"""
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import pope_kernel
+    _KERNEL_IMPORT_ERROR = None
+except Exception as _e:  # pragma: no cover - triton missing (macOS, Windows) or broken
+    pope_kernel = None
+    _KERNEL_IMPORT_ERROR = _e
+
+MAGNITUDES = ("softplus", "relu", "identity")
+TRITON_HEAD_DIMS = (16, 32, 64, 128)  # raw head dims d (and dv) the Triton backend takes
+LOG2E = 1.4426950408889634
+_THETA_WARNED = []
+
+
+def _rope_theta(rope_theta, theta):
+    """The frequency base, accepting the keyword `theta` of earlier versions with a one-time DeprecationWarning."""
+    if theta is None:
+        return rope_theta
+    if not _THETA_WARNED:
+        _THETA_WARNED.append(True)
+        warnings.warn("the PoPE keyword 'theta' is now 'rope_theta' (as in GPTConfig); 'theta' will be removed",
+                      DeprecationWarning, stacklevel=3)
+    return theta
+
+
+def pope_frequencies(head_dim, rope_theta=10000.0, device=None, *, theta=None):
+    """The d PoPE frequencies theta_c = rope_theta^(-(c-1)/d), c = 1..d, as float32 radians per token.
+
+    Shape (head_dim,). They lie in (rope_theta^(-1+1/d), 1], like RoPE's. The paper prints the exponent
+    without its minus sign; frequencies above 1 rad/token would alias, so the sign is restored here.
+    `theta` is the deprecated name of rope_theta. Raises ValueError for head_dim < 1 or rope_theta <= 1.
+    """
+    rope_theta = _rope_theta(rope_theta, theta)
+    if head_dim < 1 or rope_theta <= 1:
+        raise ValueError(f"need head_dim >= 1 and rope_theta > 1, got head_dim={head_dim}, rope_theta={rope_theta}")
+    c = torch.arange(head_dim, device=device, dtype=torch.float64)
+    return (rope_theta ** (-c / head_dim)).to(torch.float32)
+
+
+def pope_magnitude(x, magnitude="softplus"):
+    """mu = softplus(x) (the paper), or the ablations relu(x) and x ('identity'). Raises ValueError otherwise."""
+    if magnitude == "softplus":
+        return F.softplus(x)
+    if magnitude == "relu":
+        return F.relu(x)
+    if magnitude == "identity":
+        return x
+    raise ValueError(f"magnitude must be one of {MAGNITUDES}, got {magnitude!r}")
+
+
+def _magnitude_grad(x, magnitude):
+    """d mu / dx: sigmoid(x), 1[x > 0] (as torch's relu backward) or 1."""
+    if magnitude == "softplus":
+        return torch.sigmoid(x)
+    if magnitude == "relu":
+        return (x > 0).to(x.dtype)
+    return torch.ones_like(x)
+
+
+def _phase_cos_sin(positions, freqs, delta):
+    """float32 cos and sin of positions * freqs (+ delta) radians: (T, d), or (H, T, d) with delta (H, d).
+
+    The phase is formed in float64 and rounded to float32 only after cos/sin, so it is the exact product
+    s * theta_c of the float32 table: a float32 product is off by up to ~4e-3 rad at 1e5 tokens.
+    """
+    phase = positions.double()[:, None] * freqs.double()
+    if delta is not None:
+        phase = phase + delta.double()[:, None, :]
+    return torch.cos(phase).float(), torch.sin(phase).float()
+
+
+def polar_to_cartesian(x, positions, freqs, delta=None, magnitude="softplus", dtype=None, scale=1.0):
+    """Raw queries or keys -> their Cartesian form, differentiable in x and delta.
+
+    x (B, H, T, d) raw (before the magnitude function); positions (T,) absolute token positions; freqs (d,)
+    radians per token (pope_frequencies); delta (H, d) radians or None. Returns (B, H, T, 2d)
+    scale * [mu cos(phi), mu sin(phi)], mu = magnitude(x), phi = position * theta_c (+ delta_c), in `dtype`
+    (default x's). Magnitudes, phases and products stay float32 (phases formed in float64) even under
+    bf16 autocast.
+    """
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        mu = pope_magnitude(x.float(), magnitude)
+        if scale != 1.0:
+            mu = mu * scale
+        cos, sin = _phase_cos_sin(positions, freqs, delta)
+        out = torch.cat((mu * cos, mu * sin), dim=-1)
+    return out.to(dtype or x.dtype)
+
+
+def pope_key_cartesian(k, q_offset, delta, rope_theta=10000.0, magnitude="softplus", dtype=None, *, theta=None):
+    """Raw PoPE keys (B, H, T, d) at absolute positions q_offset..q_offset+T-1 -> their Cartesian form
+    (B, H, T, 2d) = [mu cos(phi), mu sin(phi)], phi = s * theta_c + delta_c radians (paper, Method).
+
+    delta: (H, d) radians or None. dtype: of the result; default the autocast dtype under autocast, else
+    k's. This is the form the KV cache stores for both backends: a key's phase depends on its own
+    position only, so a cached key never changes. pope_attention_cached attends over it.
+    """
+    rope_theta = _rope_theta(rope_theta, theta)
+    freqs = pope_frequencies(k.shape[-1], rope_theta, device=k.device)
+    positions = torch.arange(q_offset, q_offset + k.shape[-2], device=k.device)
+    return polar_to_cartesian(k, positions, freqs, delta, magnitude, dtype or compute_dtype(k, k))
+
+
+def compute_dtype(q, v):
+    """The dtype attention runs in: the autocast dtype under autocast on q's device, else v's dtype."""
+    dev = q.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else v.dtype
+
+
+def causal_mask(Tq, Tk, q_offset, device=None):
+    """Boolean (Tq, Tk) mask, True where query i (at absolute position q_offset + i) may see key j,
+    i.e. j <= q_offset + i. Keys sit at absolute positions 0..Tk-1."""
+    i = torch.arange(Tq, device=device).unsqueeze(1)
+    j = torch.arange(Tk, device=device).unsqueeze(0)
+    return j <= i + q_offset
+
+
+def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0):
+    """Softmax attention through F.scaled_dot_product_attention with PoPE's position convention.
+
+    q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv) -> (B, H, Tq, dv); H a multiple of H_kv
+    (grouped-query attention through SDPA's enable_gqa). Query i sits at absolute position q_offset + i,
+    key j at position j; with causal=True query i sees keys j <= q_offset + i. q_offset = 0 with Tq = Tk
+    is ordinary training; q_offset = Tk - Tq is decoding with a KV cache (bottom-right alignment).
+    sm_scale defaults to 1/sqrt(dk). The common cases (Tq = Tk and q_offset = 0, or non-causal) keep
+    SDPA's O(T) fused kernels; any other q_offset materialises a (Tq, Tk) boolean mask, small when decoding.
+    """
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    kw = dict(scale=sm_scale, **({"enable_gqa": True} if q.shape[1] != k.shape[1] else {}))
+    if not causal or (Tq == 1 and q_offset >= Tk - 1):  # a single new token sees every cached key
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+    if q_offset == 0 and Tq == Tk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, q_offset, device=q.device), **kw)
+
+
+def _check(q, k, v, delta, q_offset, magnitude):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be (B, H, T, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    (B, H, _, d), (Bk, H_kv, Tk, dk), (Bv, Hv, Tv, _) = q.shape, k.shape, v.shape
+    if not (B == Bk == Bv and d == dk and (Hv, Tv) == (H_kv, Tk) and H_kv >= 1 and H % H_kv == 0):
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; expected "
+                         "q (B, H, Tq, d), k (B, H_kv, Tk, d), v (B, H_kv, Tk, dv) with H a multiple of H_kv")
+    if delta is not None and tuple(delta.shape) != (H_kv, d):
+        raise ValueError(f"delta must be (H_kv, d) = {(H_kv, d)} (one phase per key head and channel), "
+                         f"got {tuple(delta.shape)}")
+    if q_offset < 0:
+        raise ValueError(f"q_offset must be >= 0 (absolute position of the first query), got {q_offset}")
+    if magnitude not in MAGNITUDES:
+        raise ValueError(f"magnitude must be one of {MAGNITUDES}, got {magnitude!r}")
+
+
+def pope_attention(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
+                   magnitude="softplus", backend="auto", theta=None):
+    """PoPE softmax attention (paper, Method section, the score equation).
+
+    Args:
+        q: (B, H, Tq, d) raw queries, before the magnitude function.
+        k: (B, H_kv, Tk, d) raw keys, before the magnitude function; H a multiple of H_kv.
+        v: (B, H_kv, Tk, dv) values.
+        delta: (H_kv, d) per-head phase bias in radians added to the key phases, or None for 0.
+            model.py keeps it inside [-2*pi, 0]; this function does not clamp it.
+        causal: if True, query i sees keys j <= q_offset + i.
+        rope_theta: frequency base; theta_c = rope_theta^(-(c-1)/d) radians per token. (`theta`: its
+            deprecated name, still accepted.)
+        sm_scale: logit scale, default 1/sqrt(d) with d the raw head dim (not 2d).
+        q_offset: absolute position of the first query relative to the first key, in tokens
+            (Tk - Tq when decoding with a KV cache).
+        magnitude: 'softplus' (the paper), or the ablations 'relu' and 'identity'.
+        backend: 'auto' (default): the Triton kernel for CUDA tensors whose compute dtype is fp16/bf16
+            and that it supports (pope_backend), else 'torch'. 'triton': pope_attention_triton (on CPU only
+            under TRITON_INTERPRET=1, slow, for tests). 'torch': polar_to_cartesian and SDPA.
+
+    Returns:
+        (B, H, Tq, dv) in v's dtype (in the autocast dtype under autocast, for both backends),
+        differentiable in q, k, v and delta.
+
+    Raises:
+        ValueError on shape, magnitude, q_offset or backend errors, and for backend='triton' on cases
+        the kernel does not support (see pope_attention_triton).
+    """
+    rope_theta = _rope_theta(rope_theta, theta)
+    _check(q, k, v, delta, q_offset, magnitude)
+    backend = pope_backend(q, k, v, backend)
+    if backend == "triton":
+        return pope_attention_triton(q, k, v, delta, causal=causal, rope_theta=rope_theta, sm_scale=sm_scale,
+                                     q_offset=q_offset, magnitude=magnitude)
+    if backend != "torch":
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    d, dv, Tq, Tk = q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    freqs = pope_frequencies(d, rope_theta, device=q.device)
+    dtype = compute_dtype(q, v)
+    qc = polar_to_cartesian(q, torch.arange(q_offset, q_offset + Tq, device=q.device), freqs, None, magnitude, dtype)
+    kc = polar_to_cartesian(k, torch.arange(Tk, device=q.device), freqs, delta, magnitude, dtype)
+    v_pad = F.pad(v.to(dtype), (0, 2 * d - dv)) if dv < 2 * d else v.to(dtype)
+    return sdpa_attention(qc, kc, v_pad, causal=causal, sm_scale=sm_scale, q_offset=q_offset)[..., :dv]
+
+
+def pope_attention_cached(q, k_cartesian, v, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
+                          magnitude="softplus", backend="auto"):
+    """PoPE attention of raw queries over keys already in Cartesian form (decoding with a KV cache).
+
+    q: (B, H, Tq, d) raw queries at absolute positions q_offset..; k_cartesian: (B, H_kv, Tk, 2d) from
+    pope_key_cartesian (keys at positions 0..Tk-1); v: (B, H_kv, Tk, dv). Other arguments as pope_attention
+    (delta is already inside the keys). Returns (B, H, Tq, dv) in the compute dtype; equal to
+    pope_attention on the raw keys. The torch backend attends for a single new token through two matmuls
+    (3d numbers read per key; SDPA would need v padded to 2d, a copy of the cached values at every step).
+    """
+    B, H, Tq, d = q.shape
+    H_kv, Tk, dv = k_cartesian.shape[1], k_cartesian.shape[2], v.shape[-1]
+    if k_cartesian.shape[-1] != 2 * d or H % H_kv or v.shape[:3] != k_cartesian.shape[:3]:
+        raise ValueError(f"expected k_cartesian (B, H_kv, Tk, 2d) and v (B, H_kv, Tk, dv) for q {tuple(q.shape)}, "
+                         f"got {tuple(k_cartesian.shape)}, {tuple(v.shape)}")
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    dtype = compute_dtype(q, v)
+    kc, v = k_cartesian.to(dtype), v.to(dtype)
+    freqs = pope_frequencies(d, rope_theta, device=q.device)
+    positions = torch.arange(q_offset, q_offset + Tq, device=q.device)
+    backend = pope_backend(q, k_cartesian, v, backend)
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "triton":
+        _triton_ready(q, k_cartesian, v)
+        qc = polar_to_cartesian(q, positions, freqs, None, magnitude, dtype, scale=sm_scale * LOG2E)
+        return pope_kernel.attention(qc, kc, v, causal=causal, q_offset=q_offset)[0]
+    qc = polar_to_cartesian(q, positions, freqs, None, magnitude, dtype)
+    if Tq == 1 and (not causal or q_offset >= Tk - 1):  # one new token that sees every cached key
+        G = H // H_kv
+        scores = (qc.view(B, H_kv, G, 2 * d) @ kc.transpose(-1, -2)).float() * sm_scale
+        return (torch.softmax(scores, dim=-1).to(v.dtype) @ v).view(B, H, 1, dv)
+    v = F.pad(v, (0, 2 * d - dv)) if dv < 2 * d else v  # one width for q/k and v: SDPA's fused O(T) kernels
+    return sdpa_attention(qc, kc, v, causal=causal, sm_scale=sm_scale, q_offset=q_offset)[..., :dv]
+
+
+def pope_backend(q, k, v, backend="auto"):
+    """The backend pope_attention runs for these tensors: 'triton' or 'torch' ('auto' resolved).
+
+    'auto' picks the Triton kernel for CUDA tensors whose compute dtype (v's dtype, or the autocast dtype)
+    is fp16 or bf16 and that the kernel supports (triton_supported); fp32 goes to the torch path. Other
+    values are returned as given (pope_attention checks them).
+    """
+    if backend != "auto":
+        return backend
+    use = q.is_cuda and triton_supported(q, k, v) and compute_dtype(q, v) != torch.float32
+    return "triton" if use else "torch"
+
+
+def triton_unsupported_reason(q, k, v):
+    """None if the Triton backend handles these raw (B, H, T, d) tensors, else a sentence saying why not.
+
+    Supported: pope_kernel (triton) importable; d and dv in TRITON_HEAD_DIMS = (16, 32, 64, 128); compute
+    dtype float16, bfloat16 or float32; Tk >= 1. The device is not checked.
+    """
+    if pope_kernel is None:
+        return f"triton is not importable ({_KERNEL_IMPORT_ERROR!r}); use backend='torch'"
+    d, dv = q.shape[-1], v.shape[-1]
+    if d not in TRITON_HEAD_DIMS or dv not in TRITON_HEAD_DIMS:
+        return (f"the Triton PoPE kernel supports head dims {TRITON_HEAD_DIMS} for q/k and v, got d={d}, dv={dv}; "
+                "use backend='torch' for other head dims")
+    if compute_dtype(q, v) not in pope_kernel.DTYPES:
+        return (f"the Triton PoPE kernel supports float16, bfloat16 and float32, got {compute_dtype(q, v)}; "
+                "use backend='torch'")
+    if k.shape[-2] < 1:
+        return "the Triton PoPE kernel needs at least one key (Tk >= 1)"
+    return None
+
+
+def triton_supported(q, k, v):
+    """True if backend='triton' accepts these tensors' shapes and dtype (triton_unsupported_reason); the
+    device check (CUDA, or CPU under TRITON_INTERPRET=1) is separate."""
+    return triton_unsupported_reason(q, k, v) is None
+
+
+def _triton_ready(q, k, v):
+    reason = triton_unsupported_reason(q, k, v)
+    if reason is not None:
+        raise ValueError(reason)
+    if not q.is_cuda and not pope_kernel.INTERPRETING:
+        raise ValueError(f"backend='triton' needs CUDA tensors, got device {q.device}. Use backend='auto' or "
+                         "'torch' on CPU, or set TRITON_INTERPRET=1 before importing pope / pope_kernel to run "
+                         "the kernel in the (slow) Triton interpreter, e.g. for tests")
+
+
+class _TritonPoPE(torch.autograd.Function):
+    """Cartesian transform (torch) + pope_kernel's FlashAttention-2; the backward recomputes q~, k~.
+
+    Only the raw q, k (views of the model's qkv projection, alive anyway), v, delta, out and lse are kept
+    for the backward: keeping q~, k~ (2d wide) and the transform's fp32 intermediates would add about
+    8 (bf16) + 16 (fp32) bytes per head channel and token and layer. The backward recomputes q~, k~
+    (O(T d)), runs the kernel's backward for dq~, dk~, dv and applies the chain rule here:
+        d mu = s (cos dX + sin dY),  d raw = d mu * magnitude'(raw),  d phi = s mu (cos dY - sin dX),
+        d delta = sum over batch and key positions of d phi (one deterministic reduction, no atomics).
+    """
+
+    @staticmethod
+    def _operands(q, k, delta, rope_theta, sm_scale, q_offset, magnitude, dtype):
+        freqs = pope_frequencies(q.shape[-1], rope_theta, device=q.device)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            q_cs = _phase_cos_sin(torch.arange(q_offset, q_offset + q.shape[-2], device=q.device), freqs, None)
+            k_cs = _phase_cos_sin(torch.arange(k.shape[-2], device=q.device), freqs, delta)
+            mu_q = pope_magnitude(q.float(), magnitude) * (sm_scale * LOG2E)
+            mu_k = pope_magnitude(k.float(), magnitude)
+            qc = torch.cat((mu_q * q_cs[0], mu_q * q_cs[1]), -1).to(dtype)
+            kc = torch.cat((mu_k * k_cs[0], mu_k * k_cs[1]), -1).to(dtype)
+        return qc, kc, (mu_q, q_cs), (mu_k, k_cs)
+
+    @staticmethod
+    def forward(ctx, q, k, v, delta, causal, rope_theta, sm_scale, q_offset, magnitude):
+        qc, kc, _, _ = _TritonPoPE._operands(q, k, delta, rope_theta, sm_scale, q_offset, magnitude, v.dtype)
+        o, lse = pope_kernel.attention_forward(qc, kc, v, causal, q_offset)
+        ctx.save_for_backward(q, k, v, delta, o, lse)
+        ctx.args = (causal, rope_theta, sm_scale, q_offset, magnitude)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, delta, o, lse = ctx.saved_tensors
+        causal, rope_theta, sm_scale, q_offset, magnitude = ctx.args
+        qc, kc, (mu_q, (cq, sq)), (mu_k, (ck, sk)) = _TritonPoPE._operands(q, k, delta, rope_theta, sm_scale,
+                                                                          q_offset, magnitude, v.dtype)
+        dqc, dkc, dv = pope_kernel.attention_backward(do, qc, kc, v, o, lse, causal, q_offset)
+        d = q.shape[-1]
+        gx, gy = dqc.float().split(d, dim=-1)
+        dq = (cq * gx + sq * gy) * (sm_scale * LOG2E) * _magnitude_grad(q.float(), magnitude)
+        gx, gy = dkc.float().split(d, dim=-1)
+        dk = (ck * gx + sk * gy) * _magnitude_grad(k.float(), magnitude)
+        ddelta = None
+        if delta is not None and ctx.needs_input_grad[3]:
+            ddelta = (mu_k * (ck * gy - sk * gx)).sum(dim=(0, 2)).to(delta.dtype)
+        return dq.to(q.dtype), dk.to(k.dtype), dv, ddelta, None, None, None, None, None
+
+
+def pope_attention_triton(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
+                          magnitude="softplus", theta=None):
+    """PoPE attention through pope_kernel's FlashAttention-2 kernels (pope_attention(..., backend='triton')).
+
+    Arguments, result and errors as pope_attention. The Cartesian q~ (pre-scaled by sm_scale * log2(e))
+    and k~ are formed here once per call, in float32 from float64 phases, then cast to the compute dtype
+    (v's dtype, or the autocast dtype); the kernel never sees positions or delta. Differentiable in q, k,
+    v and delta (the backward recomputes q~, k~: see _TritonPoPE). Supported: d, dv in TRITON_HEAD_DIMS;
+    float16 / bfloat16 / float32 (backend='auto' sends fp32 to the torch path); any Tq, Tk >= 1; CUDA
+    tensors, or CPU under TRITON_INTERPRET=1. Determinism and limits: pope_kernel.attention.
+    """
+    rope_theta = _rope_theta(rope_theta, theta)
+    _check(q, k, v, delta, q_offset, magnitude)
+    _triton_ready(q, k, v)
+    if not (q.device == k.device == v.device) or (delta is not None and delta.device != q.device):
+        raise ValueError("q, k, v and delta must be on the same device")
+    dtype = compute_dtype(q, v)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    pope_kernel.check_limits(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q_offset, (v.stride(2),))
+    return _TritonPoPE.apply(q, k, v, delta, bool(causal), float(rope_theta), sm_scale, int(q_offset), magnitude)
+
+
+def pope_attention_reference(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
+                             magnitude="softplus", theta=None):
+    """Float64 reference of pope_attention straight from the polar score formula, for tests.
+
+    logits[b,h,i,j] = sm_scale * sum_c mu_q[i,c] mu_k[j,c] cos((j - (q_offset+i)) theta_c + delta[h,c]);
+    same arguments and shapes as pope_attention (k, v, delta of a key/value head are repeated over its
+    query heads), returns float64 (B, H, Tq, dv). theta_c is the float32 table pope_frequencies (the
+    model's definition, used by both backends), so the float64 phases are exact for it. Materialises the
+    (H, Tq, Tk, d) cosine tensor, so keep it to small shapes.
+    """
+    rope_theta = _rope_theta(rope_theta, theta)
+    _check(q, k, v, delta, q_offset, magnitude)
+    (B, H, Tq, d), (H_kv, Tk) = q.shape, k.shape[1:3]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    G = H // H_kv
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    delta = torch.zeros(H, d, dtype=torch.float64, device=q.device) if delta is None else \
+        delta.double().repeat_interleave(G, dim=0)
+    freqs = pope_frequencies(d, rope_theta, device=q.device).double()
+    mu_q, mu_k = pope_magnitude(q.double(), magnitude), pope_magnitude(k.double(), magnitude)
+    rel = (torch.arange(Tk, device=q.device) - (q_offset + torch.arange(Tq, device=q.device)).unsqueeze(1)).double()
+    angle = rel[None, :, :, None] * freqs + delta[:, None, None, :]  # (H, Tq, Tk, d) radians
+    logits = sm_scale * torch.einsum("bhic,bhjc,hijc->bhij", mu_q, mu_k, torch.cos(angle))
+    if causal:
+        logits = logits.masked_fill(~causal_mask(Tq, Tk, q_offset, device=q.device), float("-inf"))
+    return torch.softmax(logits, dim=-1) @ v.double()
