@@ -52,7 +52,7 @@ def peaked(pos_encoding, gain=30.0):
 
 def layer0_attention_probs(model, idx):
     """(B, H, T, T) softmax probabilities of layer 0, read out by attending over one-hot values."""
-    from pope_kernel import pope_attention, sdpa_attention
+    from pope import pope_attention, sdpa_attention
     attn, T = model.transformer.h[0].attn, idx.shape[1]
     q, k, _ = attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx))).split(32, dim=2)
     q, k = (t.view(*idx.shape, 2, 16).transpose(1, 2) for t in (q, k))
@@ -98,15 +98,17 @@ def test_logits_invariant_to_a_common_position_shift(pos_encoding):
     idx = torch.randint(0, 37, (1, 9))
     base, _ = model(idx)
     cache = KVCache(2, 600)
-    cache.pos = 500  # nothing cached: the tokens simply start at absolute position 500
+    cache.q_offset = 500  # nothing cached: the tokens simply start at absolute position 500
     shifted = _forward_without_prefix(model, idx, cache)
     torch.testing.assert_close(shifted, base, atol=1e-3, rtol=1e-3)
 
 
 def _forward_without_prefix(model, idx, cache):
-    """Forward idx at positions cache.pos.. attending only to itself (keys before cache.pos masked)."""
+    """Forward idx at positions cache.q_offset.. attending only to itself: the empty cache slots before
+    cache.q_offset are cut off, and the causal masks shifted to match (PoPE's phases keep the absolute positions)."""
     import model as model_mod
-    start = cache.pos
+    import pope
+    start = cache.q_offset
     original = model_mod.KVCache.update
 
     def update(self, layer, k, v):
@@ -114,7 +116,7 @@ def _forward_without_prefix(model, idx, cache):
         return ks[:, :, start:], vs[:, :, start:]
     from unittest import mock
     with mock.patch.object(model_mod.KVCache, "update", update), \
-            mock.patch.object(model_mod, "pope_attention", _shifted(model_mod.pope_attention, start)), \
+            mock.patch.object(pope, "sdpa_attention", _shifted(pope.sdpa_attention, start)), \
             mock.patch.object(model_mod, "sdpa_attention", _shifted(model_mod.sdpa_attention, start)):
         logits, _ = model(idx, kv_cache=cache)
     return logits
@@ -195,25 +197,28 @@ def test_flops_pope_adds_one_head_dim_of_qk_per_layer():
     assert 1.14 < b / a < 1.16
 
 
-def test_kv_cache_form_per_backend_and_triton_decoding_matches(monkeypatch):
-    """The torch path caches 2d-wide Cartesian keys, the Triton kernel raw d-wide keys (KVCache
-    docstring); both decode to the full forward's logits (Triton in its interpreter on CPU)."""
-    import pope_kernel
-    if pope_kernel.triton is None:
+def test_kv_cache_holds_cartesian_keys_for_both_backends():
+    """Both PoPE backends cache the keys' 2d-wide Cartesian form (KVCache docstring) and decode to the full
+    forward's logits, with attention that matters (Triton in its interpreter on CPU, compiled on CUDA)."""
+    import pope
+    if pope.pope_kernel is None:
         pytest.skip("triton is not importable")
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    model = peaked("pope")
-    idx = torch.randint(0, 37, (1, 12), generator=torch.Generator().manual_seed(2))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = peaked("pope").to(dev)
+    idx = torch.randint(0, 37, (1, 12), generator=torch.Generator().manual_seed(2)).to(dev)
     with torch.no_grad():
         full, _ = model(idx)
-        for backend, width in (("torch", 32), ("triton", 16)):
+        for backend in ("torch", "triton"):
             model.config.attn_backend = backend
             cache = KVCache(2, 12)
             pieces = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:8], kv_cache=cache)[0],
                       model(idx[:, 8:], kv_cache=cache)[0]]
-            assert cache.k[0].shape[-1] == width and cache.v[0].shape[-1] == 16
+            assert cache.k[0].shape[-1] == 32 and cache.v[0].shape[-1] == 16 and cache.pos == cache.q_offset == 12
             torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=1e-4)
+            kc = pope.pope_key_cartesian(model.transformer.h[0].attn.c_attn(
+                model.transformer.h[0].ln_1(model.transformer.wte(idx))).split(32, 2)[1].view(1, 12, 2, 16)
+                .transpose(1, 2), 0, model.transformer.h[0].attn.pope_delta)
+            torch.testing.assert_close(cache.k[0], kc, atol=1e-5, rtol=1e-5)  # layer 0: the keys' Cartesian form
 
 
 # --- tests against independent references, with weights that make attention matter --------------

@@ -1,17 +1,23 @@
-"""pope_attention (torch path) against PoPE's score formula computed independently in float64."""
+"""pope.py: pope_attention (torch path) against PoPE's score formula in float64; the cached key form; the API."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pope_kernel import _polar_to_cartesian, pope_attention, pope_attention_reference, pope_frequencies
+from pope import (pope_attention, pope_attention_cached, pope_attention_reference, pope_frequencies, pope_key_cartesian,
+                  polar_to_cartesian)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def formula_attention(q, k, v, delta, q_offset, causal, magnitude="softplus", theta=10000.0):
     """Paper, Method: logit(t, s) = sum_c mu_q mu_k cos((s - t) theta_c + delta_c) / sqrt(d), written as
-    explicit loops over heads and channels in float64 (independent of pope_kernel's vectorised code)."""
+    explicit loops over heads and channels in float64 (independent of pope.py's vectorised code)."""
     q, k, v = q.double(), k.double(), v.double()
     B, H, Tq, d = q.shape
     Tk = k.shape[2]
@@ -78,8 +84,8 @@ def test_scores_invariant_to_a_common_shift():
     delta, freqs, pos = -torch.rand(2, 16, generator=g), pope_frequencies(16), torch.arange(6)
     scores = []
     for shift in (0, 37, 1000):
-        qc = _polar_to_cartesian(q, pos + shift, freqs, None, "softplus", torch.float32)
-        kc = _polar_to_cartesian(k, pos + shift, freqs, delta, "softplus", torch.float32)
+        qc = polar_to_cartesian(q, pos + shift, freqs, None, "softplus", torch.float32)
+        kc = polar_to_cartesian(k, pos + shift, freqs, delta, "softplus", torch.float32)
         scores.append(qc @ kc.transpose(-1, -2))
     torch.testing.assert_close(scores[1], scores[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(scores[2], scores[0], atol=2e-3, rtol=1e-3)  # fp32 phases at t ~ 1e3 rad
@@ -106,3 +112,56 @@ def test_bf16_autocast_keeps_fp32_phases():
         got = pope_attention(q, k, v, delta, causal=False, q_offset=10_000, backend="torch")
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("H, H_kv, Tq, Tk, q_offset", [(2, 2, 1, 9, 8), (4, 2, 1, 9, 8), (4, 1, 5, 12, 7),
+                                                      (2, 2, 12, 12, 0)])
+def test_cached_cartesian_keys_equal_pope_attention(H, H_kv, Tq, Tk, q_offset):
+    """Decoding over the cached key form (pope_key_cartesian of the keys at positions 0..Tk-1) equals
+    pope_attention on the raw keys: one new token (two matmuls), a chunk, grouped heads."""
+    g = torch.Generator().manual_seed(4)
+    q = 3 * torch.randn(1, H, Tq, 16, generator=g)  # scaled: peaked attention, so wrong phases show
+    k, v = 3 * torch.randn(1, H_kv, Tk, 16, generator=g), torch.randn(1, H_kv, Tk, 8, generator=g)
+    delta = -2 * math.pi * torch.rand(H_kv, 16, generator=g)
+    want = pope_attention(q, k, v, delta, q_offset=q_offset, rope_theta=500.0, backend="torch")
+    kc = torch.cat([pope_key_cartesian(k[:, :, :3], 0, delta, 500.0), pope_key_cartesian(k[:, :, 3:], 3, delta, 500.0)],
+                   dim=2)  # appended in two pieces, as a cache fills
+    got = pope_attention_cached(q, kc, v, q_offset=q_offset, rope_theta=500.0, backend="torch")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    ref = pope_attention_reference(q, k, v, delta, q_offset=q_offset, rope_theta=500.0)
+    torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_theta_keyword_still_works_with_one_deprecation_warning():
+    """rope_theta was called theta: old callers keep working, warned once per process."""
+    code = (f"import sys, warnings, torch; sys.path.insert(0, {REPO!r})\n"
+            "warnings.simplefilter('always')\n"
+            "import pope\n"
+            "q = torch.randn(1, 2, 5, 8)\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    a = pope.pope_frequencies(8, theta=500.0)\n"
+            "    b = pope.pope_attention(q, q, q, theta=500.0, backend='torch')\n"
+            "    c = pope.pope_attention_reference(q, q, q, theta=500.0)\n"
+            "assert torch.equal(a, pope.pope_frequencies(8, rope_theta=500.0))\n"
+            "assert torch.equal(b, pope.pope_attention(q, q, q, rope_theta=500.0, backend='torch'))\n"
+            "assert torch.equal(c, pope.pope_attention_reference(q, q, q, rope_theta=500.0))\n"
+            "assert not torch.equal(b, pope.pope_attention(q, q, q, backend='torch'))\n"
+            "dep = [x for x in w if issubclass(x.category, DeprecationWarning) and 'rope_theta' in str(x.message)]\n"
+            "assert len(dep) == 1, [str(x.message) for x in w]\n"
+            "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_pope_imports_and_runs_without_triton():
+    """pope.py is the maths and the torch path: it must import and run where triton is missing (macOS)."""
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); sys.modules['triton'] = None\n"
+            "import torch, pope, model\n"
+            "assert pope.pope_kernel is None\n"
+            "q = torch.randn(1, 2, 5, 16)\n"
+            "assert pope.pope_attention(q, q, q).shape == (1, 2, 5, 16)\n"
+            "assert 'triton is not importable' in pope.triton_unsupported_reason(q, q, q)\n"
+            "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
