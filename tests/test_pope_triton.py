@@ -132,7 +132,6 @@ def test_other_block_sizes(monkeypatch):
     _check_against_reference(1, 2, 29, 61, 16, 16, True, 32, "softplus", True, dtype=torch.float32)
 
 
-@pytest.mark.slow
 @interpreter_only
 def test_training_size_tiles_match_reference(monkeypatch):
     """The GPU's training tiles under the interpreter: Tq = Tk = 256, d = 64, a 128-row forward / dq tile and a
@@ -260,6 +259,7 @@ def test_ddelta_agrees_across_pinned_tiles(monkeypatch):
         for role in pk.KERNELS:
             monkeypatch.setattr(pk.KERNELS[role], "configs", pk.KERNELS[role].configs)  # restored after the test
         pk.pin_configs(spec)
+        assert [c.kwargs["BLOCK_M"] for c in pk.KERNELS["dkdv"].configs] == [int(spec.split("=")[2].split(",")[0])]
         results.append(_ddelta(q, k, v, delta))
     for name, a, b in zip(("dq", "dk", "dv", "ddelta"), *results):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
