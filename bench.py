@@ -12,8 +12,8 @@
 4. Greedy decoding (6 layers x 384, a 960-token prompt): ms per new token for rope and pope, with the KV
    cache and re-running the whole sequence every step: the median time of the steps that make
    new tokens 17..48 (what (time for 48 tokens - time for 16) / 32 measures, minus the load spikes).
-5. On CUDA: the fused Triton kernel vs PoPE through SDPA vs RoPE through FlashAttention, bf16,
-   T in 1k..16k, d in {64, 128} (bench_kernel.py, which also runs on its own with more options).
+5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
+   FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
 Timings are the median of --repeats runs after a warm-up.
 """
 

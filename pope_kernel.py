@@ -58,14 +58,19 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 # every kernel. The first candidate of each list is the training tile (what `python bench_kernel.py --sass`
 # reports); 16-row tiles serve decoding. Chosen by compiling for sm_80 and sm_90 with the triton wheel's
 # ptxas (`python bench_kernel.py --spills`, no GPU): no candidate has local-memory instructions inside
-# its loops, and sm_90 uses wgmma for every tile of at least 64 rows. Nothing was timed on a GPU.
+# its loops, and sm_90 uses wgmma for every tile whose matmul rows (queries in fwd / dq, keys in dkdv)
+# number 64 or more; every training tile has. Larger tiles spill in their loops: fwd d=64 (128, 64, 4, 3)
+# is fine but dkdv d=64 (64, 128, 8, 3) has 5 local ops per loop on sm_80, (64, 64, 4, 3) 4 on sm_90;
+# dkdv d=128 (64, 64, 8, 2/3) 46-56 on sm_90; dq d=64 (128, 64, 8, 3) 14 on sm_80; dq d=128
+# (128, 32, 8, 2) 37 on sm_80. Nothing was timed on a GPU.
 CONFIGS = {
-    "fwd": {64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2)],
-            128: [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2), (16, 64, 4, 2), (32, 64, 4, 2)]},
-    "dkdv": {64: [(64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 3), (16, 64, 4, 2)],
-             128: [(64, 64, 8, 2), (32, 64, 8, 3), (32, 32, 4, 3), (16, 64, 4, 2)]},
-    "dq": {64: [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2)],
-           128: [(64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (16, 64, 4, 2)]},
+    "fwd": {64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2),
+                 (16, 128, 4, 2)],
+            128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 2), (16, 64, 4, 2), (32, 64, 4, 2)]},
+    "dkdv": {64: [(32, 128, 8, 3), (32, 64, 4, 3), (16, 128, 8, 2), (16, 64, 4, 2)],
+             128: [(32, 64, 8, 3), (32, 32, 4, 3), (16, 64, 8, 2)]},
+    "dq": {64: [(128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2)],
+           128: [(64, 64, 8, 2), (64, 64, 8, 3), (64, 32, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2)]},
 }
 # Under the interpreter (no autotuning): small, unequal tiles, so that the CPU tests cross several
 # blocks, the causal diagonal and the sequence ends.
