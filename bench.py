@@ -128,13 +128,13 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
     @torch.no_grad()
     def step_times(model, use_cache):
         cache = KVCache(model.config.n_layer, prompt_len + n_long) if use_cache else None
-        idx, hidden, times = prompt, model._hidden(prompt, cache), []
+        idx, hidden, times = prompt, model.hidden_states(prompt, cache), []
         for _ in range(n_long):
             _sync(device)
             t = time.perf_counter()
             nxt = model.lm_head(hidden[:, -1]).argmax(-1, keepdim=True)
             idx = torch.cat((idx, nxt), 1)
-            hidden = model._hidden(nxt, cache) if use_cache else model._hidden(idx)
+            hidden = model.hidden_states(nxt, cache) if use_cache else model.hidden_states(idx)
             _sync(device)
             times.append(time.perf_counter() - t)
         return times[n_short:]

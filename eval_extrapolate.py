@@ -120,7 +120,7 @@ def token_losses(model, x, y):
     The lm_head and cross-entropy run on slices of at most 2**24 / vocab_size positions, so no
     (B, T, vocab) logit tensor is held at once.
     """
-    h = model._hidden(x)  # (B, T, n_embd), the final RMSNorm applied
+    h = model.hidden_states(x)  # (B, T, n_embd), the final RMSNorm applied
     B, T, C = h.shape
     h, y = h.reshape(B * T, C), y.reshape(B * T)
     step = max(1, 2 ** 24 // model.lm_head.out_features)

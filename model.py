@@ -330,7 +330,9 @@ class GPT(nn.Module):
         """Number of parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def _hidden(self, idx, kv_cache=None):
+    def hidden_states(self, idx, kv_cache=None):
+        """idx (B, T) token ids -> (B, T, n_embd) final hidden states (after ln_f, before lm_head).
+        kv_cache: a KVCache; idx continues its tokens, at positions kv_cache.q_offset.., and is appended."""
         x = self.transformer.wte(idx)
         if self.config.pos_encoding in ABSOLUTE_ENCODINGS:
             pos0, T = (kv_cache.pos if kv_cache is not None else 0), idx.shape[1]
@@ -353,9 +355,9 @@ class GPT(nn.Module):
 
         targets (B, T) int64; positions whose target is -1 are ignored, so a dataset can put the loss
         on the final token only. loss is the mean cross-entropy in nats over the other positions.
-        kv_cache: a KVCache; idx then continues the cached tokens (positions start at kv_cache.pos).
+        kv_cache: a KVCache; idx then continues the cached tokens (positions start at kv_cache.q_offset).
         """
-        logits = self.lm_head(self._hidden(idx, kv_cache))
+        logits = self.lm_head(self.hidden_states(idx, kv_cache))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -378,7 +380,7 @@ class GPT(nn.Module):
         """Continue idx (B, T) by max_new_tokens tokens with a KV cache; returns (B, T + max_new_tokens).
 
         temperature 0 picks the argmax; top_k keeps the k most likely tokens. The prompt is run once,
-        then one token per step, each at absolute position kv_cache.pos.
+        then one token per step, each at absolute position kv_cache.q_offset.
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -386,7 +388,7 @@ class GPT(nn.Module):
             raise ValueError(f"pos_encoding={self.config.pos_encoding!r} is absolute: prompt + max_new_tokens = "
                              f"{idx.shape[1] + max_new_tokens} exceeds block_size {self.config.block_size}")
         cache = KVCache(self.config.n_layer, idx.shape[1] + max_new_tokens)
-        hidden = self._hidden(idx, cache)
+        hidden = self.hidden_states(idx, cache)
         for i in range(max_new_tokens):
             logits = self.lm_head(hidden[:, -1, :]).float()
             if temperature == 0:
@@ -399,7 +401,7 @@ class GPT(nn.Module):
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
             if i + 1 < max_new_tokens:
-                hidden = self._hidden(idx_next, cache)
+                hidden = self.hidden_states(idx_next, cache)
         return idx
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):

@@ -150,7 +150,7 @@ def test_absolute_embeddings_match_formula_and_refuse_positions_past_block_size(
     idx = torch.randint(0, V, (1, 5))
     for model, wpe in ((sin, table.float()), (learned, learned.transformer.wpe.weight)):
         with torch.no_grad(), __import__("unittest").mock.patch.object(model.transformer, "h", torch.nn.ModuleList()):
-            hidden = model._hidden(idx)  # no blocks: ln_f(token + position embedding)
+            hidden = model.hidden_states(idx)  # no blocks: ln_f(token + position embedding)
         torch.testing.assert_close(hidden, model.transformer.ln_f(model.transformer.wte(idx) + wpe[:5]))
         with pytest.raises(ValueError, match="block_size"):
             model(torch.randint(0, V, (1, 25)))
