@@ -406,7 +406,7 @@ def pope_attention_reference(q, k, v, delta=None, *, causal=True, rope_theta=100
     """
     rope_theta = _rope_theta(rope_theta, theta)
     _check(q, k, v, delta, q_offset, magnitude)
-    (B, H, Tq, d), (H_kv, Tk) = q.shape, k.shape[1:3]
+    (_, H, Tq, d), (H_kv, Tk) = q.shape, k.shape[1:3]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     G = H // H_kv
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)

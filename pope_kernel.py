@@ -499,7 +499,7 @@ def _strides(*tensors):
 
 def _forward(q, k, v, causal, q_offset):
     B, H, Tq, _ = q.shape
-    H_kv, Tk = k.shape[1], k.shape[2]
+    Tk = k.shape[2]
     o = q.new_empty((B, H, Tq, v.shape[-1]), dtype=v.dtype)
     lse = q.new_empty((B, H, Tq), dtype=torch.float32)
     if Tq == 0 or B * H == 0:
