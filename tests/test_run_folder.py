@@ -103,3 +103,25 @@ def test_miditok_tokenizer_file_travels_inside_the_checkpoint(tmp_path):
     assert rebuilt.vocab == tok.vocab and len(rebuilt) == 328
     ids = [1, tok["Bar_None"], tok["Position_0"], tok["Pitch_60"], tok["Velocity_63"], tok["Duration_1.0.8"], 2]
     assert maestro.decode(rebuilt, ids).dumps_midi() == maestro.decode(tok, ids).dumps_midi()
+
+
+def test_same_tokenizer_compares_what_ids_mean_not_where_the_tokenizer_came_from():
+    from checkpoint import same_tokenizer
+
+    def gpt2(dataset, source, **kw):
+        return {"dataset": dataset, "vocab_size": 50257, "pad_id": None,
+                "tokenizer": {"kind": "gpt2", "encoding": "gpt2", "n_vocab": 50257, "eot_id": 50256, "source": source, **kw}}
+
+    def remi(**kw):
+        return {"dataset": "maestro", "vocab_size": 328, "pad_id": 0,
+                "tokenizer": {"kind": "miditok", "class": "REMI", "file": "tokenizer.json", **kw}}
+
+    def char(itos, pad_id=None):
+        return {"dataset": "c", "vocab_size": len(itos), "pad_id": pad_id, "tokenizer": {"kind": "char", "itos": list(itos)}}
+
+    assert same_tokenizer(gpt2("openwebtext", "tiktoken"), gpt2("pg19", "local"))  # same BPE, read two ways
+    assert not same_tokenizer(gpt2("openwebtext", "tiktoken"), gpt2("pg19", "tiktoken", eot_id=0))
+    assert same_tokenizer(remi(file_text="{a}"), remi(file_text="{a}")) and same_tokenizer(remi(file_text="{a}"), remi())
+    assert not same_tokenizer(remi(file_text="{a}"), remi(file_text="{b}"))  # another tokenizer.json
+    assert same_tokenizer(char("abc"), char("abc")) and not same_tokenizer(char("abc"), char("abd"))
+    assert not same_tokenizer(char("abc"), char("abc", pad_id=2)) and not same_tokenizer(char("abc"), char("abcd"))
