@@ -125,3 +125,27 @@ def test_same_tokenizer_compares_what_ids_mean_not_where_the_tokenizer_came_from
     assert not same_tokenizer(remi(file_text="{a}"), remi(file_text="{b}"))  # another tokenizer.json
     assert same_tokenizer(char("abc"), char("abc")) and not same_tokenizer(char("abc"), char("abd"))
     assert not same_tokenizer(char("abc"), char("abc", pad_id=2)) and not same_tokenizer(char("abc"), char("abcd"))
+
+
+def test_a_maestro_run_stores_its_tokenizer_json_in_best_pt(tmp_path):
+    """A real (2-step) run on a MAESTRO-like dataset made by prepare/maestro.py from generated MIDI
+    (rows of 33 REMI tokens): best.pt carries tokenizer.json's text, so the tokenizer is rebuilt
+    from the run folder alone, with the vocabulary prepare/maestro.py defines."""
+    import random
+
+    from prepare import maestro
+    from test_prepare_music_genome import write_midi
+    rng, midi = random.Random(0), tmp_path / "midi"
+    midi.mkdir()
+    for i in range(4):  # 2 train (x 7 transpositions), 1 val, 1 test piece
+        write_midi(str(midi / f"piece{i}.mid"), [(j * 240, 200, rng.randint(40, 90), rng.randint(30, 110)) for j in range(8)])
+    data = tmp_path / "data" / "maestro"
+    maestro.prepare(out_dir=str(data), input=str(midi), max_len=33, num_proc=1)
+    text = (data / "tokenizer.json").read_text(encoding="utf-8")
+    out = str(tmp_path / "out")
+    train.main(TINY + [f"--data_root={tmp_path / 'data'}", "--dataset=maestro", "--max_iters=2", "--eval_interval=2",
+                       f"--out_dir={out}", "--pos_encoding=pope", "--dropout=0.0"])
+    shutil.rmtree(tmp_path / "data")
+    entry = torch.load(os.path.join(out, "best.pt"), weights_only=True)["tokenizer"]
+    assert entry["tokenizer"]["file_text"] == text and entry["vocab_size"] == 328 and entry["pad_id"] == 0
+    assert miditok_tokenizer(entry).vocab == maestro.make_tokenizer().vocab
