@@ -103,12 +103,12 @@ def test_bad_input_exits_2(tmp_path, capsys):
         assert e.value.code == 2 and message in err and err.count("\n") == 1, err
 
 
-def _analyze(tmp_path, run, monkeypatch):
+def _usage(run, monkeypatch):
+    """analyze.frequency_usage of a run folder's model on TEXTS (the numbers behind the plots)."""
+    from checkpoint import load_run
     monkeypatch.setenv("GPT2_BPE_SOURCE", "local")
-    texts = tmp_path / "texts.txt"
-    texts.write_text("\n\n".join(TEXTS) + "\n")
-    analyze.main([run, f"--texts={texts}"])
-    return np.load(os.path.join(run, "analysis", "frequency_usage.npz"))
+    encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
+    return analyze.frequency_usage(load_run(run)[0], [encode(t) for t in TEXTS])
 
 
 def test_yarn_run_wavelengths_are_the_scaled_ones(tmp_path, monkeypatch):
@@ -117,7 +117,7 @@ def test_yarn_run_wavelengths_are_the_scaled_ones(tmp_path, monkeypatch):
     + gamma_i theta_i = 0.287415, 0.025, 0.0025, 0.00025; wavelength 2 pi / theta'_i."""
     run = str(tmp_path / "run-yarn")
     save_run(run, "rope", rope_scaling=4.0, rope_original_block_size=16)
-    data = _analyze(tmp_path, run, monkeypatch)
+    data = _usage(run, monkeypatch)
     theta = 10.0 ** -np.arange(4)
     gamma = np.clip((16 * theta / (2 * math.pi) - 1) / 31, 0, 1)
     scaled = (1 - gamma) * theta / 4 + gamma * theta
@@ -130,7 +130,7 @@ def test_pope_magnitude_ablations_are_measured_with_their_own_function(magnitude
     """PoPE's relu / identity ablations: the usage is mean relu(q_c) / mean q_c, not softplus."""
     run = str(tmp_path / f"run-{magnitude}")
     model = save_run(run, "pope", pope_magnitude=magnitude)
-    data = _analyze(tmp_path, run, monkeypatch)
+    data = _usage(run, monkeypatch)
     encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
     per_text = [layer0_usage(model, encode(t)) for t in TEXTS]
     for j, key in enumerate(("q", "k")):

@@ -173,7 +173,8 @@ def test_document_offsets_that_do_not_cover_the_split_exit_2(setup, case, capsys
     tmp_path, _, runs, common = setup
     off = np.concatenate([[0], np.cumsum(DOCS)])  # 0 300 340 540 604 734
     bad = {"short_of_the_end": np.r_[off[:-1], 700], "past_the_end": np.r_[off[:-1], 760],
-           "not_from_zero": np.r_[10, off[1:]], "decreasing": off[[0, 2, 1, 3, 4, 5]], "one_offset": off[:1], "empty": off[:0]}[case]
+           "not_from_zero": np.r_[10, off[1:]], "decreasing": off[[0, 2, 1, 3, 4, 5]],
+           "one_offset": off[:1], "empty": off[:0]}[case]
     bad.astype(np.int64).tofile(tmp_path / "data" / "toy" / "test.docs.bin")
     assert ee.main([*runs, *common]) == 2
     err = capsys.readouterr().err

@@ -108,9 +108,12 @@ def test_finetune_refuses_the_pretraining_folder_under_any_spelling(char_pretrai
     os.symlink(tmp_path / "pre", tmp_path / "link")
     monkeypatch.chdir(tmp_path)
     before = {f: (tmp_path / "pre" / f).read_bytes() for f in os.listdir(tmp_path / "pre")}
-    init_ckpt, out_dir = {"trailing_slash": ("pre/best.pt", "pre/"), "dot_slash": ("pre/best.pt", "./pre"),
-                          "absolute": ("pre/best.pt", str(tmp_path / "pre")), "dot_dot": ("./pre/best.pt", "link/../pre"),
-                          "symlink_out_dir": ("pre/best.pt", "link"), "symlink_init_ckpt": ("link/best.pt", "pre")}[spelling]
+    init_ckpt, out_dir = {"trailing_slash": ("pre/best.pt", "pre/"),
+                          "dot_slash": ("pre/best.pt", "./pre"),
+                          "absolute": ("pre/best.pt", str(tmp_path / "pre")),
+                          "dot_dot": ("./pre/best.pt", "link/../pre"),
+                          "symlink_out_dir": ("pre/best.pt", "link"),  # link -> pre
+                          "symlink_init_ckpt": ("link/best.pt", "pre")}[spelling]
     args = char_pretrained["args"] + ["--init_from=finetune", f"--init_ckpt={init_ckpt}", f"--out_dir={out_dir}",
                                       "--max_iters=1", "--eval_interval=1", "--learning_rate=0.0"]
     err = _one_line_exit_2(capsys, train.main, args)
