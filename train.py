@@ -337,7 +337,8 @@ def _finetune_weights(model_args, out_dir, dev, data_tokenizer):
     from checkpoint import RunError, describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_meta
     if not init_ckpt:
         _exit("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
-    ckpt_dirs = {os.path.realpath(os.path.dirname(os.path.abspath(init_ckpt))), os.path.dirname(os.path.realpath(init_ckpt))}
+    ckpt_dirs = {os.path.realpath(os.path.dirname(os.path.abspath(init_ckpt))),  # the folder named, resolved
+                 os.path.dirname(os.path.realpath(init_ckpt))}  # the folder of the file a symlink points to
     if os.path.realpath(out_dir) in ckpt_dirs:
         _exit(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
     try:

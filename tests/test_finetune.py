@@ -101,11 +101,13 @@ def test_finetune_first_evaluation_is_a_best_pt_candidate_and_best_val_loss_star
 
 
 @pytest.mark.parametrize("spelling", ["trailing_slash", "dot_slash", "absolute", "dot_dot", "symlink_out_dir",
-                                      "symlink_init_ckpt"])
+                                      "symlink_init_ckpt", "symlinked_file", "symlinked_file_folder"])
 def test_finetune_refuses_the_pretraining_folder_under_any_spelling(char_pretrained, spelling, tmp_path,
                                                                     monkeypatch, capsys):
     shutil.copytree(char_pretrained["run"], tmp_path / "pre")
     os.symlink(tmp_path / "pre", tmp_path / "link")
+    (tmp_path / "alias").mkdir()
+    os.symlink(tmp_path / "pre" / "best.pt", tmp_path / "alias" / "best.pt")
     monkeypatch.chdir(tmp_path)
     before = {f: (tmp_path / "pre" / f).read_bytes() for f in os.listdir(tmp_path / "pre")}
     init_ckpt, out_dir = {"trailing_slash": ("pre/best.pt", "pre/"),
@@ -113,7 +115,9 @@ def test_finetune_refuses_the_pretraining_folder_under_any_spelling(char_pretrai
                           "absolute": ("pre/best.pt", str(tmp_path / "pre")),
                           "dot_dot": ("./pre/best.pt", "link/../pre"),
                           "symlink_out_dir": ("pre/best.pt", "link"),  # link -> pre
-                          "symlink_init_ckpt": ("link/best.pt", "pre")}[spelling]
+                          "symlink_init_ckpt": ("link/best.pt", "pre"),
+                          "symlinked_file": ("alias/best.pt", "pre"),  # alias/best.pt -> pre/best.pt
+                          "symlinked_file_folder": ("alias/best.pt", "alias")}[spelling]
     args = char_pretrained["args"] + ["--init_from=finetune", f"--init_ckpt={init_ckpt}", f"--out_dir={out_dir}",
                                       "--max_iters=1", "--eval_interval=1", "--learning_rate=0.0"]
     err = _one_line_exit_2(capsys, train.main, args)
