@@ -61,7 +61,8 @@ def char_pretrained(tmp_path_factory):
         char_dataset(os.path.join(data_root, name), text, name)
     args = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=4",
             "--warmup_iters=2", "--attn_backend=torch", "--compile=False", "--device=cpu", "--block_size=16",
-            "--pos_encoding=rope", "--dropout=0.0", "--bias=False", f"--data_root={data_root}", "--dataset=chars"]
+            "--pos_encoding=rope", "--dropout=0.0", "--bias=False", "--gradient_accumulation_steps=1", "--grad_clip=1.0",
+            "--weight_decay=0.01", f"--data_root={data_root}", "--dataset=chars"]  # all explicit: defaults may change
     run = str(root / "pre")
     train.main(args + ["--max_iters=60", "--eval_interval=30", "--learning_rate=1e-2", "--min_lr=1e-3", f"--out_dir={run}"])
     return {"root": str(root), "data_root": data_root, "run": run, "args": args}

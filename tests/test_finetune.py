@@ -130,7 +130,7 @@ def test_learned_embeddings_fine_tune_only_at_their_block_size(char_pretrained, 
     one-line exit 2, not load_state_dict's traceback; at its own block_size the fine-tune runs."""
     args = [a for a in char_pretrained["args"] if not a.startswith("--pos_encoding")] + ["--pos_encoding=learned"]
     pre = str(tmp_path / "pre")
-    train.main(args + ["--max_iters=1", "--eval_interval=1", f"--out_dir={pre}"])
+    train.main(args + ["--max_iters=2", "--eval_interval=2", "--learning_rate=1e-2", f"--out_dir={pre}"])
     ft = args + ["--init_from=finetune", f"--init_ckpt={pre}/best.pt", "--max_iters=0", f"--out_dir={tmp_path / 'ft'}"]
     err = _one_line_exit_2(capsys, train.main, ft + ["--block_size=32"])
     assert "block_size=16" in err and "block_size=32" in err and "learned" in err

@@ -144,7 +144,7 @@ def test_a_maestro_run_stores_its_tokenizer_json_in_best_pt(tmp_path):
     text = (data / "tokenizer.json").read_text(encoding="utf-8")
     out = str(tmp_path / "out")
     train.main(TINY + [f"--data_root={tmp_path / 'data'}", "--dataset=maestro", "--max_iters=2", "--eval_interval=2",
-                       f"--out_dir={out}", "--pos_encoding=pope", "--dropout=0.0"])
+                       f"--out_dir={out}", "--pos_encoding=pope", "--dropout=0.0", "--learning_rate=1e-2"])
     shutil.rmtree(tmp_path / "data")
     entry = torch.load(os.path.join(out, "best.pt"), weights_only=True)["tokenizer"]
     assert entry["tokenizer"]["file_text"] == text and entry["vocab_size"] == 328 and entry["pad_id"] == 0
