@@ -202,7 +202,7 @@ def check_tokenizer(run, state, args, ds_meta):
     except RunError:
         return  # an old checkpoint without its dataset at hand: the vocabulary check above is all we have
     if not same_tokenizer(trained, ds_meta):  # e.g. two char alphabets of one size: same shapes, other symbols
-        raise InputError(f"{run} was trained with {describe_tokenizer(trained)}, dataset {ds_meta['dataset']} uses "
+        raise InputError(f"{run} was trained with {describe_tokenizer(trained)}, --dataset has "
                          f"{describe_tokenizer(ds_meta)}: pick the matching --dataset")
 
 

@@ -347,7 +347,7 @@ def _finetune_weights(model_args, out_dir, dev, data_tokenizer):
     except RunError as e:
         _exit(str(e))
     if not same_tokenizer(trained, data_tokenizer):
-        _exit(f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, but dataset {dataset!r} uses "
+        _exit(f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, this run's data uses "
               f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
               "prepared with the checkpoint's tokenizer")
     old = {**asdict(GPTConfig()), **state["model_args"]}
