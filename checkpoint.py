@@ -98,6 +98,33 @@ def tokenizer_meta(state, data_root=None, source=None):
                    f"--data_root to it), or resume the run once with this train.py to store it")
 
 
+PROVENANCE_KEYS = ("source", "file", "file_text")  # where a tokenizer was read from, not what its ids mean
+
+
+def same_tokenizer(a, b):
+    """True if two tokenizer descriptions (tokenizer_meta / tokenizer_entry / a meta.json) give every
+    token id the same meaning: equal vocab_size, pad_id and "tokenizer" entries (kind, symbols, ...),
+    ignoring PROVENANCE_KEYS (e.g. GPT-2 read through tiktoken or a local copy); an embedded tokenizer
+    file's text (file_text) is compared when both carry it."""
+    ta, tb = a.get("tokenizer") or {}, b.get("tokenizer") or {}
+
+    def meaning(d, t):
+        return d.get("vocab_size"), d.get("pad_id"), {k: v for k, v in t.items() if k not in PROVENANCE_KEYS}
+    if meaning(a, ta) != meaning(b, tb):
+        return False
+    return "file_text" not in ta or "file_text" not in tb or ta["file_text"] == tb["file_text"]
+
+
+def describe_tokenizer(meta):
+    """One line naming a tokenizer description: kind, dataset, vocab_size and the first symbols."""
+    tok = meta.get("tokenizer") or {}
+    text = f"the {tok.get('kind')!r} tokenizer of dataset {meta.get('dataset')!r} ({meta.get('vocab_size')} ids"
+    if tok.get("itos"):
+        symbols = "".join(map(str, tok["itos"]))
+        text += f", symbols {symbols[:40]!r}" + ("..." if len(symbols) > 40 else "")
+    return text + ")"
+
+
 def miditok_tokenizer(meta):
     """The miditok tokenizer of a tokenizer description of kind 'miditok' (MAESTRO), rebuilt from the
     tokenizer.json text the checkpoint embeds (see tokenizer_entry). Raises RunError if it has none."""

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from checkpoint import RunError, build_model, load_checkpoint, tokenizer_meta
+from checkpoint import RunError, build_model, describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_meta
 from data import Dataset
 from model import ABSOLUTE_ENCODINGS, GPTConfig
 from prepare.common import atomic_write_bytes
@@ -201,10 +201,9 @@ def check_tokenizer(run, state, args, ds_meta):
         trained = tokenizer_meta(state)
     except RunError:
         return  # an old checkpoint without its dataset at hand: the vocabulary check above is all we have
-    mine, theirs = trained.get("tokenizer") or {}, ds_meta.get("tokenizer") or {}
-    if mine.get("kind") != theirs.get("kind") or mine.get("itos") != theirs.get("itos"):
-        raise InputError(f"{run} was trained with tokenizer {mine.get('kind')!r} (dataset {trained.get('dataset')}), "
-                         f"dataset {ds_meta['dataset']} uses {theirs.get('kind')!r}: pick the matching --dataset")
+    if not same_tokenizer(trained, ds_meta):  # e.g. two char alphabets of one size: same shapes, other symbols
+        raise InputError(f"{run} was trained with {describe_tokenizer(trained)}, --dataset has "
+                         f"{describe_tokenizer(ds_meta)}: pick the matching --dataset")
 
 
 # ---- outputs ----

@@ -159,7 +159,7 @@ def main(argv):
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     elif init_from == "finetune":
-        init_weights = _finetune_weights(model_args, out_dir, dev)
+        init_weights = _finetune_weights(model_args, out_dir, dev, tokenizer_entry(data.meta, data_dir))
     elif init_from != "scratch":
         _exit(f"init_from must be 'scratch', 'resume' or 'finetune', got {init_from!r}")
     try:
@@ -244,7 +244,7 @@ def main(argv):
             if master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
                 log({"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
-                if iter_num > 0:
+                if iter_num > 0 or init_from == "finetune":  # a fine-tune's step 0 has real weights too
                     state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                              "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
                              "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]),
@@ -329,19 +329,27 @@ FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "drop
                  "pope_delta_init")  # what a fine-tune may change (delta's init is moot once weights load)
 
 
-def _finetune_weights(model_args, out_dir, dev):
+def _finetune_weights(model_args, out_dir, dev, data_tokenizer):
     """init_from='finetune': the weights of init_ckpt. Updates model_args in place: the checkpoint's
     architecture, this run's FINETUNE_FREE settings. Exits 2 if the run asks for another encoding or
-    other shapes, or would write into the folder of init_ckpt."""
-    from checkpoint import RunError, load_checkpoint
+    other shapes, if this dataset's tokenizer (data_tokenizer, a tokenizer_entry) is not the one the
+    checkpoint was trained with, or if out_dir is init_ckpt's folder under any spelling (symlinks too)."""
+    from checkpoint import RunError, describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_meta
     if not init_ckpt:
         _exit("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
-    if os.path.abspath(out_dir) == os.path.dirname(os.path.abspath(init_ckpt)):
+    ckpt_dirs = {os.path.realpath(os.path.dirname(os.path.abspath(init_ckpt))),  # the folder named, resolved
+                 os.path.dirname(os.path.realpath(init_ckpt))}  # the folder of the file a symlink points to
+    if os.path.realpath(out_dir) in ckpt_dirs:
         _exit(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
     try:
         state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), dev)
+        trained = tokenizer_meta(state, source=init_ckpt)
     except RunError as e:
         _exit(str(e))
+    if not same_tokenizer(trained, data_tokenizer):
+        _exit(f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, this run's data uses "
+              f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
+              "prepared with the checkpoint's tokenizer")
     old = {**asdict(GPTConfig()), **state["model_args"]}
     diff = [k for k in model_args if k not in FINETUNE_FREE and model_args[k] != old[k]]
     if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:

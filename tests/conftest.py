@@ -31,6 +31,52 @@ def tiny_indirect(tmp_path_factory):
     return str(root)
 
 
+CHAR_TEXT = "to be, or not to be: that is the question. " * 40
+
+
+def char_dataset(folder, text, name):
+    """A character-level stream dataset like data/shakespeare_char: the same text in train, val and
+    test, tokenizer {"kind": "char", "itos": sorted characters of text}."""
+    import numpy as np
+    from prepare.common import BinWriter, write_meta
+    itos = sorted(set(text))
+    ids = np.array([itos.index(c) for c in text])
+    for split in ("train", "val", "test"):
+        with BinWriter(os.path.join(folder, f"{split}.bin"), np.uint8) as w:
+            w.write(ids)
+    write_meta(folder, {"dataset": name, "vocab_size": len(itos), "dtype": "uint8", "layout": "stream",
+                        "splits": {s: {"file": f"{s}.bin", "shape": [len(ids)], "tokens": len(ids)}
+                                   for s in ("train", "val", "test")},
+                        "pad_id": None, "loss": "all", "tokenizer": {"kind": "char", "itos": itos}})
+
+
+@pytest.fixture(scope="session")
+def char_pretrained(tmp_path_factory):
+    """Three character-level datasets under <root>/data and a tiny RoPE run pretrained on one of them
+    (block_size 16, 60 steps), for the fine-tuning and evaluation guards:
+      chars           CHAR_TEXT;
+      chars_shuffled  CHAR_TEXT's characters in a random order: the same tokenizer, a higher loss;
+      chars_upper     CHAR_TEXT upper-cased: the same vocab_size, other symbols (another tokenizer).
+    Returns {"root", "data_root", "run", "args"}; args: train.py arguments of the run but out_dir.
+    Tests that write must copy the run folder first."""
+    import random
+
+    import train
+    root = tmp_path_factory.mktemp("char_pretrained")
+    data_root = str(root / "data")
+    shuffled = list(CHAR_TEXT)
+    random.Random(0).shuffle(shuffled)
+    for name, text in (("chars", CHAR_TEXT), ("chars_shuffled", "".join(shuffled)), ("chars_upper", CHAR_TEXT.upper())):
+        char_dataset(os.path.join(data_root, name), text, name)
+    args = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=4",
+            "--warmup_iters=2", "--attn_backend=torch", "--compile=False", "--device=cpu", "--block_size=16",
+            "--pos_encoding=rope", "--dropout=0.0", "--bias=False", "--gradient_accumulation_steps=1", "--grad_clip=1.0",
+            "--weight_decay=0.01", f"--data_root={data_root}", "--dataset=chars"]  # all explicit: defaults may change
+    run = str(root / "pre")
+    train.main(args + ["--max_iters=60", "--eval_interval=30", "--learning_rate=1e-2", "--min_lr=1e-3", f"--out_dir={run}"])
+    return {"root": str(root), "data_root": data_root, "run": run, "args": args}
+
+
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow (see README, Tests)")
 

@@ -197,3 +197,80 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
             ed.main(argv)
         err = capsys.readouterr().err
         assert e.value.code == 2 and message in err and err.startswith("error: ") and err.count("\n") == 1, err
+
+
+# --- token-level behaviour, through a one-character-per-token codec (so every token is chosen here) --
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ."  # 64 symbols, ids 0..63
+
+
+def char_codec():
+    return (lambda s: [ALPHABET.index(c) for c in s]), (lambda ids: "".join(ALPHABET[i] for i in ids))
+
+
+def char_model(pos_encoding, seed):
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(block_size=L, vocab_size=len(ALPHABET), n_layer=2, n_head=2, n_embd=32,
+                          pos_encoding=pos_encoding, attn_backend="torch"))
+    with torch.no_grad():  # peaked attention; blocks that outweigh the (tied) token embedding, so the
+        for block in model.transformer.h:  # argmax is not just the current token; confident logits
+            block.attn.c_attn.weight.mul_(6.0)
+            block.attn.c_proj.weight.mul_(10.0)
+            block.mlp.c_proj.weight.mul_(10.0)
+        model.transformer.ln_f.weight.mul_(30.0)
+    return model.eval()
+
+
+def test_is_greedy_only_when_every_continuation_token_is_the_argmax():
+    """Continuations built token by token from the model's own argmaxes: all of them greedy (True);
+    the last, the first, or a middle token not the argmax (False) while the others are."""
+    encode, decode = char_codec()
+    model = char_model("rope", seed=4)
+    lm = ed.gpt_lm_class()(model, encode, decode, eot_token_id=63, batch_size=4)
+    ctx = encode("the cat sat")
+
+    def argmax(ids):
+        return int(reference_logprobs(model, ids)[-1].argmax())
+
+    def other(ids):
+        return (argmax(ids) + 1) % len(ALPHABET)
+    g = greedy_reference(model, ctx, 3)
+    x0, m1 = other(ctx), other(ctx + g[:1])
+    conts = [(g, True), (g[:2] + [other(ctx + g[:2])], False), ([x0, argmax(ctx + [x0])], False),
+             ([g[0], m1, argmax(ctx + [g[0], m1])], False)]
+    got = lm.loglikelihood(instances("loglikelihood", [(decode(ctx), decode(c)) for c, _ in conts]), disable_tqdm=True)
+    for (cont, want), (ll, greedy) in zip(conts, got):
+        lp = reference_logprobs(model, (ctx + cont)[:-1])[-len(cont):]
+        assert greedy is want and ll == pytest.approx(float(lp.gather(1, torch.tensor(cont)[:, None]).sum()), abs=1e-5)
+
+
+def test_generation_stops_at_end_of_text():
+    """EOT ends a generation whatever the task's stop strings: declare the k-th greedy token (its first
+    occurrence) the EOT: the text is the k tokens before it, after k + 1 forward passes."""
+    encode, decode = char_codec()
+    model = char_model("pope", seed=8)
+    ids = encode("It was")
+    gen = greedy_reference(model, ids, 8)
+    k = next(i for i in range(2, 8) if gen[i] not in gen[:i])
+    lm = ed.gpt_lm_class()(model, encode, decode, eot_token_id=gen[k])
+    calls = []
+    hook = model.register_forward_hook(lambda *a: calls.append(1))
+    got = lm.generate_until(instances("generate_until", [("It was", {"until": ["#"], "max_gen_toks": 8})]),
+                            disable_tqdm=True)
+    hook.remove()
+    assert got == [decode(gen[:k])] and len(calls) == k + 1
+
+
+def test_max_gen_toks_past_block_size_generates_block_size_minus_one_tokens():
+    """max_gen_toks=100 > block_size 16: 15 new tokens after the context's last token (context +
+    generation = 16 tokens), the same as max_gen_toks=15; max_gen_toks=4 keeps the last 12."""
+    encode, decode = char_codec()
+    model = char_model("rope", seed=6)
+    context = "It was the best of times it was the worst"
+    ids = encode(context)
+    gen15, gen4 = greedy_reference(model, ids[-1:], L - 1), greedy_reference(model, ids[-(L - 4):], 4)
+    eot = min(set(range(len(ALPHABET))) - set(gen15) - set(gen4))  # never generated here
+    lm = ed.gpt_lm_class()(model, encode, decode, eot_token_id=eot)
+    reqs = [(context, {"until": ["#"], "max_gen_toks": n}) for n in (100, L - 1, 4)]
+    got = lm.generate_until(instances("generate_until", reqs), disable_tqdm=True)
+    assert got == [decode(gen15), decode(gen15), decode(gen4)] and len(got[0]) == L - 1

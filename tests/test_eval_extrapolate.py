@@ -165,3 +165,79 @@ def test_bad_input_exits_2_with_one_line(setup, case, message, capsys):
     assert ee.main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("case", ["short_of_the_end", "past_the_end", "not_from_zero", "decreasing", "one_offset", "empty"])
+def test_document_offsets_that_do_not_cover_the_split_exit_2(setup, case, capsys):
+    """test.docs.bin must hold 0 = off[0] <= off[1] <= ... <= off[-1] = len(test.bin) = 734."""
+    tmp_path, _, runs, common = setup
+    off = np.concatenate([[0], np.cumsum(DOCS)])  # 0 300 340 540 604 734
+    bad = {"short_of_the_end": np.r_[off[:-1], 700], "past_the_end": np.r_[off[:-1], 760],
+           "not_from_zero": np.r_[10, off[1:]], "decreasing": off[[0, 2, 1, 3, 4, 5]],
+           "one_offset": off[:1], "empty": off[:0]}[case]
+    bad.astype(np.int64).tofile(tmp_path / "data" / "toy" / "test.docs.bin")
+    assert ee.main([*runs, *common]) == 2
+    err = capsys.readouterr().err
+    assert "does not hold document offsets 0 .. 734 of test.bin" in err and len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("last_k", [0, 17, 64])
+def test_last_k_must_fit_the_shortest_length(setup, last_k, capsys):
+    tmp_path, _, runs, common = setup  # lengths 16, 32, 64
+    assert ee.main([*runs, *common, f"--last_k={last_k}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--last_k must lie in 1 .. the shortest length 16, got {last_k}" in err and err.count("\n") == 1, err
+
+
+def test_last_k_equal_to_the_shortest_length_scores_its_whole_last_window(setup):
+    """--last_k=16 at length 16: the last-tokens view is the mean loss of the window that ends at the
+    chunk's end, all 16 targets (the one chunk of a 64-token budget)."""
+    tmp_path, tokens, runs, common = setup
+    rows = ee.run([runs[1], *common, "--max_tokens=64", "--last_k=16"])
+    (s,) = ee.chunk_starts(np.concatenate([[0], np.cumsum(DOCS)]), 64, 64)
+    t = torch.from_numpy(tokens.astype(np.int64))
+    model, _ = load_run(runs[1])
+    with torch.no_grad():
+        _, loss = model(t[s + 48:s + 64][None], t[s + 49:s + 65][None])
+    assert rows[0]["length"] == 16 and rows[0]["last_loss"] == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_yarn_scale_takes_L_from_the_run_block_size(setup, capsys):
+    """--yarn_scale=4 on a RoPE run trained at block_size 16 must equal that run's weights saved as a
+    YaRN run with s = 4 and L = 16 (model_args, run as is); L = 64 gives other numbers."""
+    tmp_path, _, runs, common = setup
+    state = torch.load(os.path.join(runs[0], "best.pt"), weights_only=True)
+    assert state["model_args"]["block_size"] == 16
+    saved = {}
+    for L in (16, 64):
+        saved[L] = str(tmp_path / f"run-yarn-{L}")
+        os.makedirs(saved[L])
+        torch.save({**state, "model_args": {**state["model_args"], "rope_scaling": 4.0, "rope_original_block_size": L}},
+                   os.path.join(saved[L], "best.pt"))
+    rows = ee.run([runs[0], saved[16], saved[64], *common, "--max_tokens=64", "--yarn_scale=4"])
+    assert "already YaRN (s=4); --yarn_scale ignored" in capsys.readouterr().out
+    ppl = {r: [x["ppl"] for x in rows if x["run"] == r] for r in (runs[0], saved[16], saved[64])}
+    assert ppl[runs[0]] == pytest.approx(ppl[saved[16]], rel=1e-6)
+    assert max(abs(a / b - 1) for a, b in zip(ppl[saved[64]], ppl[saved[16]])) > 1e-3  # L matters here
+
+
+def test_a_run_with_another_tokenizer_of_the_same_size_is_refused(char_pretrained, tmp_path, capsys):
+    """Runs compared in one table must share the dataset's tokenizer: chars and chars_upper both have
+    16 ids (every shape fits), with other symbols. All runs are checked before any is evaluated."""
+    pre, data_root = char_pretrained["run"], char_pretrained["data_root"]
+    other = tmp_path / "upper"  # the tokenizer a run trained on chars_upper stores
+    other.mkdir()
+    state = torch.load(os.path.join(pre, "best.pt"), weights_only=True)
+    state["tokenizer"] = {**state["tokenizer"], "dataset": "chars_upper",
+                          "tokenizer": {"kind": "char", "itos": list(" ,.:ABEHINOQRSTU")}}
+    torch.save(state, other / "best.pt")
+    args = [f"--data_root={data_root}", "--lengths=8,16", "--last_k=4", "--max_tokens=32", "--device=cpu",
+            f"--out_dir={tmp_path / 'out'}"]
+    for runs, dataset in (([pre, str(other)], "chars"), ([pre], "chars_upper")):
+        assert ee.main([*runs, *args, f"--dataset={dataset}"]) == 2
+        err = capsys.readouterr().err
+        assert "' ,.:abehinoqrstu'" in err and "' ,.:ABEHINOQRSTU'" in err and err.count("\n") == 1, err
+    assert not os.path.exists(tmp_path / "out")
+    rows = ee.run([pre, *args, "--dataset=chars_shuffled"])  # another dataset, the same tokenizer: fine
+    assert len(rows) == 2 and all(math.isfinite(r["ppl"]) for r in rows)

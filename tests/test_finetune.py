@@ -1,7 +1,9 @@
 """train.py init_from='finetune' (weights of a checkpoint, new block_size / YaRN, fresh optimizer), and the
 fine-tune and appendix-baseline configs checked against the configs they derive from."""
 
+import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -52,3 +54,85 @@ def test_indirect_baseline_configs_differ_from_rope_only_in_the_encoding(enc):
     rope = configure(train.DEFAULTS, [os.path.join(REPO, "config/train_indirect_rope.py")])
     assert cfg["pos_encoding"] == enc
     assert {k: v for k, v in cfg.items() if cfg[k] != rope[k]}.keys() == {"pos_encoding", "out_dir"}
+
+
+# --- fine-tuning guards and the fine-tune's own best.pt (a shared pretrained char-level run) -------
+
+
+def _finetune(pre, *extra):
+    """train.main for a fine-tune of pre's best.pt with the pretraining's tiny settings."""
+    return train.main(pre["args"] + ["--init_from=finetune", f"--init_ckpt={pre['run']}/best.pt", *extra])
+
+
+def _one_line_exit_2(capsys, fn, *args):
+    with pytest.raises(SystemExit) as e:
+        fn(*args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_finetune_on_another_tokenizer_of_the_same_size_exits_2_naming_both(char_pretrained, tmp_path, capsys):
+    """chars and chars_upper both have 16 ids, so every shape fits: only the tokenizer check stops it."""
+    err = _one_line_exit_2(capsys, _finetune, char_pretrained, "--dataset=chars_upper", "--max_iters=1",
+                           f"--out_dir={tmp_path / 'ft'}")
+    assert "'chars'" in err and "'chars_upper'" in err and "' ,.:abehinoqrstu'" in err and "' ,.:ABEHINOQRSTU'" in err
+    assert not os.path.exists(tmp_path / "ft" / "best.pt")
+
+
+def test_finetune_first_evaluation_is_a_best_pt_candidate_and_best_val_loss_starts_fresh(char_pretrained, tmp_path):
+    """learning_rate 0 on data of the same tokenizer that the pretrained model predicts worse: the
+    weights never change, every evaluation gives the same loss, higher than the pretraining's best.
+    best.pt must still be written (at iter 0, the first evaluation) holding the fine-tune's own loss."""
+    ft = str(tmp_path / "ft")
+    m = _finetune(char_pretrained, "--dataset=chars_shuffled", "--block_size=32", "--learning_rate=0.0",
+                  "--decay_lr=False", "--max_iters=2", "--eval_interval=1", f"--out_dir={ft}")
+    with open(os.path.join(ft, "log.jsonl")) as f:
+        val = {r["iter"]: r["val_loss"] for r in map(json.loads, f) if "val_loss" in r}
+    pre = torch.load(os.path.join(char_pretrained["run"], "best.pt"), weights_only=True)
+    assert sorted(val) == [0, 1, 2] and len(set(val.values())) == 1 and val[0] > pre["best_val_loss"] + 0.5
+    best = torch.load(os.path.join(ft, "best.pt"), weights_only=True)
+    assert best["iter_num"] == 0 and best["best_val_loss"] == val[0]
+    assert best["model_args"]["block_size"] == 32 and best["tokenizer"]["dataset"] == "chars_shuffled"
+    assert all(torch.equal(best["model"][k], pre["model"][k]) for k in pre["model"])
+    last = torch.load(os.path.join(ft, "ckpt.pt"), weights_only=True)
+    assert last["iter_num"] == 2 and last["best_val_loss"] == val[0]
+    assert m["best_val_loss_fixed_batches"] == val[0] and m["checkpoint"] == os.path.join(ft, "best.pt")
+
+
+@pytest.mark.parametrize("spelling", ["trailing_slash", "dot_slash", "absolute", "dot_dot", "symlink_out_dir",
+                                      "symlink_init_ckpt", "symlinked_file", "symlinked_file_folder"])
+def test_finetune_refuses_the_pretraining_folder_under_any_spelling(char_pretrained, spelling, tmp_path,
+                                                                    monkeypatch, capsys):
+    shutil.copytree(char_pretrained["run"], tmp_path / "pre")
+    os.symlink(tmp_path / "pre", tmp_path / "link")
+    (tmp_path / "alias").mkdir()
+    os.symlink(tmp_path / "pre" / "best.pt", tmp_path / "alias" / "best.pt")
+    monkeypatch.chdir(tmp_path)
+    before = {f: (tmp_path / "pre" / f).read_bytes() for f in os.listdir(tmp_path / "pre")}
+    init_ckpt, out_dir = {"trailing_slash": ("pre/best.pt", "pre/"),
+                          "dot_slash": ("pre/best.pt", "./pre"),
+                          "absolute": ("pre/best.pt", str(tmp_path / "pre")),
+                          "dot_dot": ("./pre/best.pt", "link/../pre"),
+                          "symlink_out_dir": ("pre/best.pt", "link"),  # link -> pre
+                          "symlink_init_ckpt": ("link/best.pt", "pre"),
+                          "symlinked_file": ("alias/best.pt", "pre"),  # alias/best.pt -> pre/best.pt
+                          "symlinked_file_folder": ("alias/best.pt", "alias")}[spelling]
+    args = char_pretrained["args"] + ["--init_from=finetune", f"--init_ckpt={init_ckpt}", f"--out_dir={out_dir}",
+                                      "--max_iters=1", "--eval_interval=1", "--learning_rate=0.0"]
+    err = _one_line_exit_2(capsys, train.main, args)
+    assert "would overwrite" in err
+    assert {f: (tmp_path / "pre" / f).read_bytes() for f in os.listdir(tmp_path / "pre")} == before
+
+
+def test_learned_embeddings_fine_tune_only_at_their_block_size(char_pretrained, tmp_path, capsys):
+    """A learned run has one position embedding per position < block_size: a new block_size must be a
+    one-line exit 2, not load_state_dict's traceback; at its own block_size the fine-tune runs."""
+    args = [a for a in char_pretrained["args"] if not a.startswith("--pos_encoding")] + ["--pos_encoding=learned"]
+    pre = str(tmp_path / "pre")
+    train.main(args + ["--max_iters=2", "--eval_interval=2", "--learning_rate=1e-2", f"--out_dir={pre}"])
+    ft = args + ["--init_from=finetune", f"--init_ckpt={pre}/best.pt", "--max_iters=0", f"--out_dir={tmp_path / 'ft'}"]
+    err = _one_line_exit_2(capsys, train.main, ft + ["--block_size=32"])
+    assert "block_size=16" in err and "block_size=32" in err and "learned" in err
+    m = train.main(ft)
+    assert m["iter_num"] == 0 and os.path.exists(tmp_path / "ft" / "best.pt")

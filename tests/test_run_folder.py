@@ -103,3 +103,49 @@ def test_miditok_tokenizer_file_travels_inside_the_checkpoint(tmp_path):
     assert rebuilt.vocab == tok.vocab and len(rebuilt) == 328
     ids = [1, tok["Bar_None"], tok["Position_0"], tok["Pitch_60"], tok["Velocity_63"], tok["Duration_1.0.8"], 2]
     assert maestro.decode(rebuilt, ids).dumps_midi() == maestro.decode(tok, ids).dumps_midi()
+
+
+def test_same_tokenizer_compares_what_ids_mean_not_where_the_tokenizer_came_from():
+    from checkpoint import same_tokenizer
+
+    def gpt2(dataset, source, **kw):
+        return {"dataset": dataset, "vocab_size": 50257, "pad_id": None,
+                "tokenizer": {"kind": "gpt2", "encoding": "gpt2", "n_vocab": 50257, "eot_id": 50256, "source": source, **kw}}
+
+    def remi(**kw):
+        return {"dataset": "maestro", "vocab_size": 328, "pad_id": 0,
+                "tokenizer": {"kind": "miditok", "class": "REMI", "file": "tokenizer.json", **kw}}
+
+    def char(itos, pad_id=None):
+        return {"dataset": "c", "vocab_size": len(itos), "pad_id": pad_id, "tokenizer": {"kind": "char", "itos": list(itos)}}
+
+    assert same_tokenizer(gpt2("openwebtext", "tiktoken"), gpt2("pg19", "local"))  # same BPE, read two ways
+    assert not same_tokenizer(gpt2("openwebtext", "tiktoken"), gpt2("pg19", "tiktoken", eot_id=0))
+    assert same_tokenizer(remi(file_text="{a}"), remi(file_text="{a}")) and same_tokenizer(remi(file_text="{a}"), remi())
+    assert not same_tokenizer(remi(file_text="{a}"), remi(file_text="{b}"))  # another tokenizer.json
+    assert same_tokenizer(char("abc"), char("abc")) and not same_tokenizer(char("abc"), char("abd"))
+    assert not same_tokenizer(char("abc"), char("abc", pad_id=2)) and not same_tokenizer(char("abc"), char("abcd"))
+
+
+def test_a_maestro_run_stores_its_tokenizer_json_in_best_pt(tmp_path):
+    """A real (2-step) run on a MAESTRO-like dataset made by prepare/maestro.py from generated MIDI
+    (rows of 33 REMI tokens): best.pt carries tokenizer.json's text, so the tokenizer is rebuilt
+    from the run folder alone, with the vocabulary prepare/maestro.py defines."""
+    import random
+
+    from prepare import maestro
+    from test_prepare_music_genome import write_midi
+    rng, midi = random.Random(0), tmp_path / "midi"
+    midi.mkdir()
+    for i in range(4):  # 2 train (x 7 transpositions), 1 val, 1 test piece
+        write_midi(str(midi / f"piece{i}.mid"), [(j * 240, 200, rng.randint(40, 90), rng.randint(30, 110)) for j in range(8)])
+    data = tmp_path / "data" / "maestro"
+    maestro.prepare(out_dir=str(data), input=str(midi), max_len=33, num_proc=1)
+    text = (data / "tokenizer.json").read_text(encoding="utf-8")
+    out = str(tmp_path / "out")
+    train.main(TINY + [f"--data_root={tmp_path / 'data'}", "--dataset=maestro", "--max_iters=2", "--eval_interval=2",
+                       f"--out_dir={out}", "--pos_encoding=pope", "--dropout=0.0", "--learning_rate=1e-2"])
+    shutil.rmtree(tmp_path / "data")
+    entry = torch.load(os.path.join(out, "best.pt"), weights_only=True)["tokenizer"]
+    assert entry["tokenizer"]["file_text"] == text and entry["vocab_size"] == 328 and entry["pad_id"] == 0
+    assert miditok_tokenizer(entry).vocab == maestro.make_tokenizer().vocab
