@@ -123,7 +123,7 @@ def test_same_windows_reference_ppl_table_csv_png(setup, monkeypatch, capsys):
 
     with open(tmp_path / "out" / "extrapolation.csv") as f:
         got = list(csv.DictReader(f))
-    assert list(got[0]) == ["run", "label", "length", "tokens", "ppl", "last_loss"]
+    assert list(got[0]) == ["run", "label", "protocol", "length", "tokens", "ppl", "ppl_window_mean", "last_loss"]
     assert [g["label"] for g in got] == ["rope"] * 3 + ["pope"] * 3
     assert float(got[4]["ppl"]) == pytest.approx(rows[4]["ppl"], rel=1e-5)
     png = (tmp_path / "out" / "extrapolation.png").read_bytes()
