@@ -204,8 +204,10 @@ def sliding_windows(m, length, stride):
     (0, length), scores targets 1 .. length; then a = stride, 2 * stride, ... with n = stride while
     the window fits; where 0 < r < stride targets are left, a last window (m - length, r) ends at
     the stretch's end. Every target 1 .. m is scored once; past the first window each sees at least
-    length - stride + 1 tokens.
+    length - stride + 1 tokens. ValueError unless 0 < stride <= length <= m.
     """
+    if not 0 < stride <= length <= m:
+        raise ValueError(f"sliding windows need 0 < stride <= length <= m, got {stride}, {length}, {m}")
     wins = [(0, length)]
     while wins[-1][0] + stride + length <= m:
         wins.append((wins[-1][0] + stride, stride))

@@ -204,6 +204,17 @@ def test_sliding_windows_score_each_target_once():
         assert len(wins) == 1 + -(-(m - L) // S)  # L/S forwards per S targets
 
 
+def test_sliding_stretches_keep_long_documents_and_the_budget():
+    off = np.concatenate([[0], np.cumsum(DOCS)])
+    whole = dict(ee.sliding_stretches(off, 64))
+    assert whole == {0: 299, 340: 199, 604: 129}  # the documents of >= 65 tokens, whole
+    for seed in range(10):
+        for budget in (1, 100, 140, 300):
+            st = ee.sliding_stretches(off, 64, budget, seed)
+            assert budget <= sum(m for _, m in st) < budget + 64  # the last one cut, to no fewer than 64
+            assert all(a in whole and 64 <= m <= whole[a] for a, m in st)
+
+
 def test_sliding_equals_hand_loop_of_the_promised_context(tmp_path):
     """A 150-token document, windows of 32 with stride 8 (a last window of 6 targets) and stride 32."""
     tokens = make_dataset(str(tmp_path / "data"), docs=[151])
