@@ -6,8 +6,10 @@
     python eval_extrapolate.py out-owt-124m-rope out-owt-124m-pope --protocol=sliding --max_tokens=1000000
 
 The paper's headline test (section 4, Figure 2): models trained at 1024 tokens, scored zero-shot on
-the PG-19 test books at 1024, 2048, ..., 10240 tokens. The paper does not say how it cut the books
-into windows, so which protocol below its figure matches is unknown; tiled is the default.
+the PG-19 test books at 1024, 2048, ..., 10240 tokens. Which protocol below its figure used is
+unknown: the paper names the split (100 books, about 7M tokens) but no windows, stride or
+truncation. Scoring whole books points to tiled or sliding rather than truncate, no more than that.
+Tiled, the protocol that needs no stride, is the default.
 
 Protocols (--protocol). At length L a model reads windows of L input tokens and predicts their L
 next tokens (targets); the context of a prediction is the number of tokens it reads, 1 .. L.
@@ -45,7 +47,7 @@ Which documents and tokens (chosen once, from the dataset, the lengths, the prot
   truncate: the documents of at least L_max + 1 tokens (shorter ones are left out at every length);
      with B > 0, max(1, B // L_max) of them drawn by --seed. n_docs * L targets at length L.
 Numbers per model and length (and the number of targets scored):
-  ppl              exp(mean next-token loss over all scored targets), token-weighted: the paper's;
+  ppl              exp(mean next-token loss over all scored targets), token-weighted;
   ppl_window_mean  sliding only: exp(mean over windows of each window's mean loss), the number YaRN's
                    eval/perplexity.py reports (tiled and truncate windows all hold L targets, so
                    there it would equal ppl);
@@ -53,7 +55,7 @@ Numbers per model and length (and the number of targets scored):
                    targets of the window that ends at each chunk's end. These are the same tokens at
                    every L; only the amount of context before them differs.
 Absolute encodings (model.ABSOLUTE_ENCODINGS) cannot run past their block_size: those cells stay
-empty, with a note. Windows run in batches of at most max(L, L_max) tokens under torch.no_grad;
+empty, with a note. Windows run in batches of at most L_max tokens under torch.no_grad;
 attention runs on SDPA's fused kernels (PoPE: its torch path or Triton kernel), and the loss is
 taken over slices of the scored positions, so memory grows as O(L_max), never with a (T, T) score
 tensor or a (T, vocab) logit tensor for the full window.
