@@ -548,7 +548,7 @@ def run(argv):
     """Evaluate as the command line asks; returns the result rows. InputError / RunError on bad input."""
     a = parse_args(argv)
     lengths = parse_lengths(a.lengths)
-    if not 0 < a.last_k <= lengths[0]:
+    if a.protocol == "tiled" and not 0 < a.last_k <= lengths[0]:  # the same-tokens view is tiled's only
         raise InputError(f"--last_k must lie in 1 .. the shortest length {lengths[0]}, got {a.last_k}")
     if a.max_tokens < 0:
         raise InputError(f"--max_tokens must be >= 0 (0: no limit), got {a.max_tokens}")
