@@ -515,10 +515,10 @@ def select(protocol, offsets, max_length, max_tokens, seed):
         return starts, f"{len(starts)} chunks of {max_length + 1} tokens"
     if protocol == "sliding":
         stretches = sliding_stretches(offsets, max_length, max_tokens, seed)
-        return stretches, (f"{len(stretches)} documents of at least {max_length + 1} tokens, "
+        return stretches, (f"{len(stretches)} document(s) of at least {max_length + 1} tokens, "
                            f"{sum(m for _, m in stretches):,} targets at every length")
     starts = truncate_starts(offsets, max_length, max_tokens, seed)
-    return starts, f"the first L + 1 tokens of {len(starts)} documents of at least {max_length + 1} tokens"
+    return starts, f"the first L + 1 tokens of {len(starts)} document(s) of at least {max_length + 1} tokens"
 
 
 def parse_args(argv):
