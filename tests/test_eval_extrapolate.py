@@ -123,7 +123,7 @@ def test_same_windows_reference_ppl_table_csv_png(setup, monkeypatch, capsys):
 
     with open(tmp_path / "out" / "extrapolation.csv") as f:
         got = list(csv.DictReader(f))
-    assert list(got[0]) == ["run", "label", "length", "tokens", "ppl", "last_loss"]
+    assert list(got[0]) == ["run", "label", "protocol", "length", "tokens", "ppl", "ppl_window_mean", "last_loss"]
     assert [g["label"] for g in got] == ["rope"] * 3 + ["pope"] * 3
     assert float(got[4]["ppl"]) == pytest.approx(rows[4]["ppl"], rel=1e-5)
     png = (tmp_path / "out" / "extrapolation.png").read_bytes()
@@ -153,6 +153,11 @@ def test_yarn_at_eval_time_and_absolute_encodings_left_empty(setup, capsys):
     ("negative_length", "positive"),
     ("too_long", "needs a document of at least 301 tokens"),
     ("bad_flag", "unrecognized arguments"),
+    ("zero_stride", "--stride must lie in 1 .. the shortest length 16"),
+    ("long_stride", "--stride must lie in 1 .. the shortest length 16"),
+    ("stride_tiled", "--stride applies to --protocol=sliding only"),
+    ("doc_tokens_with_documents", "--doc_tokens must lie in"),
+    ("short_documents", "needs a document of at least 301 tokens"),
 ])
 def test_bad_input_exits_2_with_one_line(setup, case, message, capsys):
     tmp_path, _, runs, common = setup
@@ -161,7 +166,12 @@ def test_bad_input_exits_2_with_one_line(setup, case, message, capsys):
             "zero_length": [*runs, *common, "--lengths=0,16"],
             "negative_length": [*runs, *common, "--lengths=-16"],
             "too_long": [*runs, *common, "--lengths=16,300"],
-            "bad_flag": [*runs, *common, "--bogus=1"]}[case]
+            "bad_flag": [*runs, *common, "--bogus=1"],
+            "zero_stride": [*runs, *common, "--protocol=sliding", "--stride=0"],
+            "long_stride": [*runs, *common, "--protocol=sliding", "--stride=17"],
+            "stride_tiled": [*runs, *common, "--stride=8"],
+            "doc_tokens_with_documents": [*runs, *common, "--doc_tokens=50"],
+            "short_documents": [*runs, *common, "--protocol=truncate", "--lengths=16,300"]}[case]
     assert ee.main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
@@ -241,3 +251,135 @@ def test_a_run_with_another_tokenizer_of_the_same_size_is_refused(char_pretraine
     assert not os.path.exists(tmp_path / "out")
     rows = ee.run([pre, *args, "--dataset=chars_shuffled"])  # another dataset, the same tokenizer: fine
     assert len(rows) == 2 and all(math.isfinite(r["ppl"]) for r in rows)
+
+
+# ---- protocols: sliding (YaRN / Position Interpolation), truncate ----
+
+def hand_sliding_losses(model, doc, L, S):
+    """Reference: the loss of every target t = 1 .. m of doc (m + 1 tokens) from a forward on exactly
+    the tokens the sliding protocol promises it: doc[0:t] while t <= L (the first window, never
+    before the document's start), else doc[a:t] with a the start of the window whose last S targets
+    hold t, a = ceil((t - L) / S) * S, or m - L for the last window, so t - a >= L - S + 1."""
+    m = len(doc) - 1
+    out = []
+    for t in range(1, m + 1):
+        a = 0 if t <= L else min(-(-(t - L) // S) * S, m - L)
+        assert t - a <= L and (t <= L or t - a >= L - S + 1)
+        with torch.no_grad():
+            logits, _ = model(doc[a:t][None])
+        out.append(-torch.log_softmax(logits[0, -1].double(), -1)[doc[t]].item())
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_sliding_windows_score_each_target_once():
+    for m, L, S in [(64, 64, 8), (100, 32, 8), (100, 32, 32), (101, 16, 5), (33, 32, 1)]:
+        wins = ee.sliding_windows(m, L, S)
+        scored = [t for a, n in wins for t in range(a + L - n + 1, a + L + 1)]
+        assert scored == list(range(1, m + 1))  # every target once, in order
+        assert wins[0] == (0, L) and all(0 <= a and a + L <= m and 0 < n <= S for a, n in wins[1:])
+        assert len(wins) == 1 + -(-(m - L) // S)  # L/S forwards per S targets
+
+
+def test_sliding_stretches_keep_long_documents_and_the_budget():
+    off = np.concatenate([[0], np.cumsum(DOCS)])
+    whole = dict(ee.sliding_stretches(off, 64))
+    assert whole == {0: 299, 340: 199, 604: 129}  # the documents of >= 65 tokens, whole
+    for seed in range(10):
+        for budget in (1, 100, 140, 300):
+            st = ee.sliding_stretches(off, 64, budget, seed)
+            assert budget <= sum(m for _, m in st) < budget + 64  # the last one cut, to no fewer than 64
+            assert all(a in whole and 64 <= m <= whole[a] for a, m in st)
+
+
+def test_sliding_equals_hand_loop_of_the_promised_context(tmp_path):
+    """A 150-token document, windows of 32 with stride 8 (a last window of 6 targets) and stride 32."""
+    tokens = make_dataset(str(tmp_path / "data"), docs=[151])
+    model, _ = load_run(make_run(tmp_path / "run", "pope", seed=2))
+    doc = torch.from_numpy(tokens.astype(np.int64))
+    for L, S in [(32, 8), (32, 32), (16, 5)]:
+        ref = hand_sliding_losses(model, doc, L, S)
+        got, means = ee.sliding_losses(model, doc, L, S, batch=3)
+        assert torch.allclose(got, ref, rtol=0, atol=2e-5), (L, S, (got - ref).abs().max())
+        wins = ee.sliding_windows(150, L, S)
+        want = [ref[a + L - n:a + L].mean() for a, n in wins]
+        assert torch.allclose(means, torch.stack(want), atol=2e-5)
+    # the context matters for this model: one token less before each target changes its loss
+    with torch.no_grad():
+        nll = lambda a, t: -torch.log_softmax(model(doc[a:t][None])[0][0, -1], -1)[doc[t]].item()  # noqa: E731
+        assert min(abs(nll(t - 24, t) - nll(t - 23, t)) for t in range(100, 110)) > 1e-3
+
+
+def test_sliding_run_budget_table_csv(setup, monkeypatch, capsys):
+    """run(): the same targets at every length, both perplexities from the hand loop, CSV columns."""
+    tmp_path, tokens, runs, common = setup
+    rows = ee.run([runs[1], *common, "--lengths=16,32", "--protocol=sliding", "--stride=8", "--max_tokens=200",
+                   "--seed=3"])
+    captured = capsys.readouterr()
+    off = np.concatenate([[0], np.cumsum(DOCS)])
+    stretches = ee.sliding_stretches(off, 32, 200, seed=3)
+    # documents of >= 33 tokens, shuffled, whole until the budget, the last one cut (to >= 32 targets)
+    assert sum(m for _, m in stretches) == 200 and all(a in off[:-1] for a, _ in stretches)
+    assert any(ee.sliding_stretches(off, 32, 200, seed=s) != stretches for s in range(4, 10))
+    model, _ = load_run(runs[1])
+    t = torch.from_numpy(tokens.astype(np.int64))
+    n_windows = 0
+    for r in rows:
+        L = r["length"]
+        losses, means = [], []
+        for a, m in stretches:
+            ref = hand_sliding_losses(model, t[a:a + m + 1], L, 8)
+            losses.append(ref)
+            means += [ref[b + L - n:b + L].mean().item() for b, n in ee.sliding_windows(m, L, 8)]
+        n_windows += len(means)
+        assert r["protocol"] == "sliding" and r["tokens"] == 200 and r["last_loss"] is None
+        assert r["ppl"] == pytest.approx(math.exp(torch.cat(losses).mean().item()), rel=1e-5)
+        assert r["ppl_window_mean"] == pytest.approx(math.exp(np.mean(means)), rel=1e-5)
+        assert abs(r["ppl_window_mean"] - r["ppl"]) > 1e-4 * r["ppl"]  # the first window weighs more in YaRN's
+    out = captured.out
+    assert out.index("token-weighted") < out.index("per-window mean") and "| 32 | 200 |" in out
+    assert f"{n_windows}/{n_windows}" in captured.err  # the progress bar counts windows
+    with open(tmp_path / "out" / "extrapolation.csv") as f:
+        got = list(csv.DictReader(f))
+    assert got[1]["protocol"] == "sliding" and float(got[1]["ppl_window_mean"]) == pytest.approx(
+        rows[1]["ppl_window_mean"], rel=1e-5) and got[1]["last_loss"] == ""
+
+
+def test_truncate_is_one_forward_on_each_documents_first_tokens(setup, capsys):
+    tmp_path, tokens, runs, common = setup
+    rows = ee.run([runs[0], *common, "--protocol=truncate", "--max_tokens=128", "--last_k=1000"])  # tiled's only
+    model, _ = load_run(runs[0])
+    t = torch.from_numpy(tokens.astype(np.int64))
+    starts = ee.truncate_starts(np.concatenate([[0], np.cumsum(DOCS)]), 64, 128, seed=1337)
+    assert len(starts) == 2 and set(starts.tolist()) <= {0, 340, 604}  # 2 of the documents of >= 65 tokens
+    for r in rows:
+        L = r["length"]
+        total = 0.0
+        for s in starts.tolist():
+            with torch.no_grad():
+                total += model(t[s:s + L][None], t[s + 1:s + L + 1][None])[1].item() * L
+        assert r["tokens"] == 2 * L and r["ppl_window_mean"] is None and r["last_loss"] is None
+        assert r["ppl"] == pytest.approx(math.exp(total / (2 * L)), rel=1e-5)
+    assert "perplexity over each document's first L tokens" in capsys.readouterr().out
+
+    # a split without document offsets, read as documents of 100 tokens: windows at 0, 100, ..., 600
+    make_dataset(str(tmp_path / "data"), name="flat", with_offsets=False)
+    flat = ee.run([runs[0], *common, "--dataset=flat", "--protocol=truncate", "--doc_tokens=100", "--lengths=64"])
+    total = sum(model(t[s:s + 64][None], t[s + 1:s + 65][None])[1].item() * 64 for s in range(0, 700, 100))
+    assert flat[0]["tokens"] == 7 * 64 and flat[0]["ppl"] == pytest.approx(math.exp(total / (7 * 64)), rel=1e-5)
+
+
+def test_stride_equal_to_length_tiles_each_document_from_its_start(tmp_path):
+    """Sliding with stride L = tiled with --lengths=L alone (chunks of L + 1 from each document's start)
+    where every document holds a whole number of windows; tiled with a longer L_max that L does not
+    divide places its windows from each chunk's end instead, so its tokens differ."""
+    make_dataset(str(tmp_path / "data"), docs=[73, 121, 145])  # 3, 5 and 6 windows of 24
+    run = make_run(tmp_path / "run", "rope", seed=1)
+    common = [run, f"--data_root={tmp_path / 'data'}", "--dataset=toy", f"--out_dir={tmp_path / 'out'}", "--device=cpu",
+              "--last_k=8"]
+    sliding = ee.run([*common, "--protocol=sliding", "--lengths=24,64", "--stride=24"])[0]
+    tiled = ee.run([*common, "--lengths=24"])[0]
+    assert sliding["tokens"] == tiled["tokens"] == 72 + 120 + 144
+    assert sliding["ppl"] == pytest.approx(tiled["ppl"], rel=1e-6)
+    assert sliding["ppl_window_mean"] == pytest.approx(sliding["ppl"], rel=1e-6)  # all windows score 24 targets
+    offset = ee.run([*common, "--lengths=24,64"])[0]  # windows at 16 and 40 of 4 chunks of 65
+    assert offset["tokens"] == 4 * 2 * 24 and abs(offset["ppl"] - sliding["ppl"]) > 1e-4 * sliding["ppl"]
