@@ -17,30 +17,27 @@ import tempfile
 
 import torch
 
+from cli import UserError
 from model import GPT, GPTConfig
 
 TOKENIZER_KEYS = ("dataset", "vocab_size", "pad_id", "tokenizer")
 
 
-class RunError(Exception):
-    """A user-facing problem with a run folder; str(e) is one line that says what to do."""
-
-
 def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
     """torch.load(out_dir/ckpt, weights_only=True) -> the checkpoint dict.
 
-    Raises RunError when the file is missing or is not a checkpoint of this repo.
+    Raises UserError when the file is missing or is not a checkpoint of this repo.
     """
     path = os.path.join(out_dir, ckpt)
     if not os.path.isfile(path):
-        raise RunError(f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "
-                       "or point to a run folder that has one")
+        raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "
+                        "or point to a run folder that has one")
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # truncated file, pickle from elsewhere, ...
-        raise RunError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
+        raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
     if not isinstance(state, dict) or "model" not in state or "model_args" not in state:
-        raise RunError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
+        raise UserError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
     return state
 
 
@@ -82,7 +79,7 @@ def tokenizer_meta(state, data_root=None, source=None):
 
     Read from the checkpoint first; for checkpoints written before tokenizers were stored there,
     from <data_root or the run's data_root>/<dataset>/meta.json. source: the checkpoint's path, for
-    the message. Raises RunError naming both places and the fix.
+    the message. Raises UserError naming both places and the fix.
     """
     if state.get("tokenizer"):
         return state["tokenizer"]
@@ -93,18 +90,18 @@ def tokenizer_meta(state, data_root=None, source=None):
     if os.path.isfile(path):
         with open(path) as f:
             return tokenizer_entry(json.load(f), data_dir)
-    raise RunError(f"no tokenizer: {source or 'the checkpoint'} stores none (written before train.py stored it) "
-                   f"and {path} does not exist; prepare the dataset '{cfg.get('dataset')}' there (or point "
-                   f"--data_root to it), or resume the run once with this train.py to store it")
+    raise UserError(f"no tokenizer: {source or 'the checkpoint'} stores none (written before train.py stored it) "
+                    f"and {path} does not exist; prepare the dataset '{cfg.get('dataset')}' there (or point "
+                    f"--data_root to it), or resume the run once with this train.py to store it")
 
 
 def miditok_tokenizer(meta):
     """The miditok tokenizer of a tokenizer description of kind 'miditok' (MAESTRO), rebuilt from the
-    tokenizer.json text the checkpoint embeds (see tokenizer_entry). Raises RunError if it has none."""
+    tokenizer.json text the checkpoint embeds (see tokenizer_entry). Raises UserError if it has none."""
     tok = meta.get("tokenizer") or {}
     if tok.get("kind") != "miditok" or not tok.get("file_text"):
-        raise RunError(f"tokenizer {tok.get('kind')!r} embeds no miditok tokenizer.json; resume the run once "
-                       "with this train.py, with the dataset folder present, to store it")
+        raise UserError(f"tokenizer {tok.get('kind')!r} embeds no miditok tokenizer.json; resume the run once "
+                        "with this train.py, with the dataset folder present, to store it")
     import miditok
     with tempfile.TemporaryDirectory() as folder:  # miditok reads its parameters from a file
         path = os.path.join(folder, "tokenizer.json")

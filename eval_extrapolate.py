@@ -55,16 +55,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from checkpoint import RunError, build_model, load_checkpoint, tokenizer_meta
+from checkpoint import build_model, load_checkpoint, tokenizer_meta
+from cli import UserError, exit_on_user_error
 from data import Dataset
 from model import ABSOLUTE_ENCODINGS, GPTConfig
 from prepare.common import atomic_write_bytes
 
 DEFAULT_LENGTHS = ",".join(str(1024 * i) for i in range(1, 11))
-
-
-class InputError(Exception):
-    """Bad command-line input or data; str(e) is the one-line message (exit code 2)."""
 
 
 # ---- windows ----
@@ -79,8 +76,8 @@ def document_offsets(ds, split):
         return np.array([0, n], dtype=np.int64)
     off = np.fromfile(os.path.join(ds.dir, docs["file"]), dtype=docs.get("dtype", "int64")).astype(np.int64)
     if len(off) < 2 or off[0] != 0 or off[-1] != n or np.any(np.diff(off) < 0):
-        raise InputError(f"{ds.dir}/{docs['file']} does not hold document offsets 0 .. {n} of {split}.bin; "
-                         "prepare the dataset again")
+        raise UserError(f"{ds.dir}/{docs['file']} does not hold document offsets 0 .. {n} of {split}.bin; "
+                        "prepare the dataset again")
     return off
 
 
@@ -89,14 +86,14 @@ def chunk_starts(offsets, max_length, max_tokens=0, seed=1337):
 
     offsets: document offsets (n_docs + 1,). max_tokens > 0 keeps max(1, max_tokens // max_length)
     chunks drawn with np.random.default_rng(seed); 0 keeps all. Depends on nothing else, so every
-    model gets the same chunks. Raises InputError when no document has max_length + 1 tokens.
+    model gets the same chunks. Raises UserError when no document has max_length + 1 tokens.
     """
     starts = [np.arange(a, b - max_length, max_length) for a, b in zip(offsets[:-1], offsets[1:])]
     starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
     if len(starts) == 0:
         longest = int(np.diff(offsets).max()) if len(offsets) > 1 else 0
-        raise InputError(f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
-                         f"the longest has {longest}: use shorter --lengths or another --split/--dataset")
+        raise UserError(f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
+                        f"the longest has {longest}: use shorter --lengths or another --split/--dataset")
     if max_tokens > 0:
         n = max(1, max_tokens // max_length)
         if n < len(starts):
@@ -172,7 +169,7 @@ def encoding_label(cfg):
 def inspect_run(run, yarn_scale, ds_meta):
     """(overrides, model_args, label, notes) of a run folder, its checkpoint read on the CPU and checked
     (readable, a valid config, the dataset's tokenizer) without building the model.
-    overrides: the GPTConfig fields --yarn_scale sets. RunError / InputError on bad input."""
+    overrides: the GPTConfig fields --yarn_scale sets. UserError on bad input."""
     state = load_checkpoint(run, "best.pt", "cpu")
     args = dict(state["model_args"])
     notes, overrides = [], {}
@@ -186,25 +183,25 @@ def inspect_run(run, yarn_scale, ds_meta):
     try:
         GPTConfig(**{**args, **overrides})
     except (TypeError, ValueError) as e:
-        raise RunError(f"{run}: its model_args do not make a model of this version ({e})") from None
+        raise UserError(f"{run}: its model_args do not make a model of this version ({e})") from None
     args.update(overrides)
     check_tokenizer(run, state, args, ds_meta)
     return overrides, args, encoding_label(args), notes
 
 
 def check_tokenizer(run, state, args, ds_meta):
-    """InputError if the run's tokens do not mean the dataset's tokens."""
+    """UserError if the run's tokens do not mean the dataset's tokens."""
     if ds_meta["vocab_size"] > args["vocab_size"]:
-        raise InputError(f"{run} has a vocabulary of {args['vocab_size']} tokens, dataset "
-                         f"{ds_meta['dataset']} has {ds_meta['vocab_size']}: evaluate on the tokenizer it was trained with")
+        raise UserError(f"{run} has a vocabulary of {args['vocab_size']} tokens, dataset "
+                        f"{ds_meta['dataset']} has {ds_meta['vocab_size']}: evaluate on the tokenizer it was trained with")
     try:
         trained = tokenizer_meta(state)
-    except RunError:
+    except UserError:
         return  # an old checkpoint without its dataset at hand: the vocabulary check above is all we have
     mine, theirs = trained.get("tokenizer") or {}, ds_meta.get("tokenizer") or {}
     if mine.get("kind") != theirs.get("kind") or mine.get("itos") != theirs.get("itos"):
-        raise InputError(f"{run} was trained with tokenizer {mine.get('kind')!r} (dataset {trained.get('dataset')}), "
-                         f"dataset {ds_meta['dataset']} uses {theirs.get('kind')!r}: pick the matching --dataset")
+        raise UserError(f"{run} was trained with tokenizer {mine.get('kind')!r} (dataset {trained.get('dataset')}), "
+                        f"dataset {ds_meta['dataset']} uses {theirs.get('kind')!r}: pick the matching --dataset")
 
 
 # ---- outputs ----
@@ -281,16 +278,16 @@ def write_plot(path, rows, runs, train_lengths, dataset):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2 (main), instead of usage + message
-        raise InputError(f"{message} (see python eval_extrapolate.py --help)")
+        raise UserError(f"{message} (see python eval_extrapolate.py --help)")
 
 
 def parse_lengths(text):
     try:
         lengths = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
-        raise InputError(f"--lengths must be comma-separated integers, got {text!r}") from None
+        raise UserError(f"--lengths must be comma-separated integers, got {text!r}") from None
     if not lengths or lengths[0] <= 0:
-        raise InputError(f"--lengths must be positive token counts, got {text!r}")
+        raise UserError(f"--lengths must be positive token counts, got {text!r}")
     return lengths
 
 
@@ -313,25 +310,25 @@ def parse_args(argv):
 
 
 def run(argv):
-    """Evaluate as the command line asks; returns the result rows. InputError / RunError on bad input."""
+    """Evaluate as the command line asks; returns the result rows. UserError on bad input."""
     a = parse_args(argv)
     lengths = parse_lengths(a.lengths)
     if not 0 < a.last_k <= lengths[0]:
-        raise InputError(f"--last_k must lie in 1 .. the shortest length {lengths[0]}, got {a.last_k}")
+        raise UserError(f"--last_k must lie in 1 .. the shortest length {lengths[0]}, got {a.last_k}")
     if a.max_tokens < 0:
-        raise InputError(f"--max_tokens must be >= 0 (0: no limit), got {a.max_tokens}")
+        raise UserError(f"--max_tokens must be >= 0 (0: no limit), got {a.max_tokens}")
     if a.yarn_scale < 1.0:
-        raise InputError(f"--yarn_scale is YaRN's s = L'/L >= 1 (1: off), got {a.yarn_scale}")
+        raise UserError(f"--yarn_scale is YaRN's s = L'/L >= 1 (1: off), got {a.yarn_scale}")
     data_dir = os.path.join(a.data_root, a.dataset)
     try:
         ds = Dataset(data_dir)
     except FileNotFoundError:
-        raise InputError(f"unknown dataset {a.dataset!r}: no {data_dir}/meta.json; run prepare/{a.dataset}.py "
-                         f"or pass --data_root") from None
+        raise UserError(f"unknown dataset {a.dataset!r}: no {data_dir}/meta.json; run prepare/{a.dataset}.py "
+                        f"or pass --data_root") from None
     if ds.layout != "stream":
-        raise InputError(f"dataset {a.dataset!r} has layout {ds.layout!r}; length extrapolation needs a stream dataset")
+        raise UserError(f"dataset {a.dataset!r} has layout {ds.layout!r}; length extrapolation needs a stream dataset")
     if not ds.has_split(a.split):
-        raise InputError(f"dataset {a.dataset!r} has no split {a.split!r}; it has {sorted(ds.meta['splits'])}")
+        raise UserError(f"dataset {a.dataset!r} has no split {a.split!r}; it has {sorted(ds.meta['splits'])}")
     arr = ds.array(a.split)
     starts = chunk_starts(document_offsets(ds, a.split), lengths[-1], a.max_tokens, a.seed)
 
@@ -371,15 +368,8 @@ def run(argv):
     return rows
 
 
-def main(argv):
-    """Exit code of the command line: 0, or 2 after one line on stderr for bad input."""
-    try:
-        run(argv)
-    except (InputError, RunError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+main = exit_on_user_error(run)  # the command line: bad input exits with code 2 after one line on stderr
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])

@@ -14,8 +14,9 @@ import sys
 
 import torch
 
+from checkpoint import load_codec, load_run, tokenizer_meta
+from cli import UserError, exit_on_user_error
 from configurator import configure
-from checkpoint import RunError, load_codec, load_run, tokenizer_meta
 
 DEFAULTS = dict(
     out_dir="out-indirect",
@@ -31,15 +32,12 @@ DEFAULTS = dict(
 )
 
 
+@exit_on_user_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
     dev = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        model, state = load_run(cfg["out_dir"], cfg["ckpt"], dev, attn_backend=cfg["attn_backend"])
-        encode, decode = load_codec(tokenizer_meta(state, source=os.path.join(cfg["out_dir"], cfg["ckpt"])))
-    except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    model, state = load_run(cfg["out_dir"], cfg["ckpt"], dev, attn_backend=cfg["attn_backend"])
+    encode, decode = load_codec(tokenizer_meta(state, source=os.path.join(cfg["out_dir"], cfg["ckpt"])))
     start = cfg["start"]
     if start.startswith("FILE:"):
         with open(start[5:], encoding="utf-8") as f:
@@ -47,7 +45,7 @@ def main(argv):
     try:
         ids = encode(start)
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        raise UserError(str(e)) from None
     torch.manual_seed(cfg["seed"])
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None].repeat(cfg["num_samples"], 1)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if dev.startswith("cuda") else torch.autocast("cpu", enabled=False)
@@ -55,8 +53,7 @@ def main(argv):
         with torch.no_grad(), ctx:
             y = model.generate(x, cfg["max_new_tokens"], temperature=cfg["temperature"], top_k=cfg["top_k"] or None)
     except ValueError as e:  # e.g. an absolute position embedding asked past block_size
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        raise UserError(str(e)) from None
     outputs = [decode(row.tolist()) for row in y]
     for text in outputs:
         print(text)

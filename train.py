@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import tokenizer_entry
+from cli import UserError, exit_on_user_error
 from configurator import configure
 from data import Dataset
 from model import GPT, GPTConfig, device_peak_flops
@@ -87,6 +88,7 @@ DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isin
 AUTO_PREPARE = {"indirect_indexing"}  # datasets cheap enough to build on the fly (no download)
 
 
+@exit_on_user_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
     globals().update(cfg)
@@ -105,8 +107,8 @@ def main(argv):
         rank, world_size = 0, 1
     master = rank == 0
     if gradient_accumulation_steps % world_size:
-        _exit(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the "
-              f"{world_size} processes (it is the global number of micro-batches per step)")
+        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the "
+                        f"{world_size} processes (it is the global number of micro-batches per step)")
     grad_accum = gradient_accumulation_steps // world_size
     device_type = "cuda" if dev.startswith("cuda") else "cpu"
     ptdtype_name = dtype
@@ -115,7 +117,7 @@ def main(argv):
             "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if ptdtype_name not in dtypes:
-        _exit(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {dtype!r}")
+        raise UserError(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {dtype!r}")
     ptdtype = dtypes[ptdtype_name]
     ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
     torch.manual_seed(seed + rank)
@@ -137,7 +139,7 @@ def main(argv):
         data = Dataset(data_dir)
         data.check_block_size(block_size)
     except (FileNotFoundError, ValueError) as e:
-        _exit(str(e))
+        raise UserError(str(e)) from None
     if master:
         os.makedirs(out_dir, exist_ok=True)
         print(f"{world_size} process(es) on {dev} in {ptdtype_name}; global batch "
@@ -154,18 +156,18 @@ def main(argv):
     init_weights = None
     if init_from == "resume":
         if not os.path.exists(ckpt_path):
-            _exit(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
+            raise UserError(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
         checkpoint = torch.load(ckpt_path, map_location=dev, weights_only=True)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     elif init_from == "finetune":
         init_weights = _finetune_weights(model_args, out_dir, dev)
     elif init_from != "scratch":
-        _exit(f"init_from must be 'scratch', 'resume' or 'finetune', got {init_from!r}")
+        raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {init_from!r}")
     try:
         gptconf = GPTConfig(**model_args)
     except ValueError as e:
-        _exit(str(e))
+        raise UserError(str(e)) from None
     model = GPT(gptconf)
     if checkpoint is not None or init_weights is not None:
         model.load_state_dict(checkpoint["model"] if checkpoint is not None else init_weights)
@@ -238,8 +240,8 @@ def main(argv):
         if iter_num % eval_interval == 0 or iter_num == max_iters:
             val = evaluate(val_batches)
             if not math.isfinite(val["loss"]):
-                _exit(f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
-                      f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
+                raise UserError(f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
+                                f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
             rng = _gather_rng(ddp, world_size, device_type)
             if master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
@@ -284,8 +286,8 @@ def main(argv):
             lossf = loss_acc.item() / (grad_accum * world_size * log_interval)
             loss_acc.zero_()
             if not math.isfinite(lossf):
-                _exit(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
-                      f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
+                raise UserError(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
+                                f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
             dt = (time.time() - t0) / log_interval
             tok_per_iter, seq_len = tokens_seen / log_interval, tokens_seen / (log_interval * gradient_accumulation_steps * batch_size)
             t0, tokens_seen = time.time(), 0
@@ -333,25 +335,22 @@ def _finetune_weights(model_args, out_dir, dev):
     """init_from='finetune': the weights of init_ckpt. Updates model_args in place: the checkpoint's
     architecture, this run's FINETUNE_FREE settings. Exits 2 if the run asks for another encoding or
     other shapes, or would write into the folder of init_ckpt."""
-    from checkpoint import RunError, load_checkpoint
+    from checkpoint import load_checkpoint
     if not init_ckpt:
-        _exit("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
+        raise UserError("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
     if os.path.abspath(out_dir) == os.path.dirname(os.path.abspath(init_ckpt)):
-        _exit(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
-    try:
-        state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), dev)
-    except RunError as e:
-        _exit(str(e))
+        raise UserError(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
+    state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), dev)
     old = {**asdict(GPTConfig()), **state["model_args"]}
     diff = [k for k in model_args if k not in FINETUNE_FREE and model_args[k] != old[k]]
     if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:
         diff.append("block_size")
     if diff:
-        _exit(f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
-              + ", ".join(f"{k}={old[k]!r}" for k in diff) + "; this run asks for "
-              + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
-              + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
-              + (", and not block_size for learned position embeddings" if "block_size" in diff else "") + ")")
+        raise UserError(f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
+                        + ", ".join(f"{k}={old[k]!r}" for k in diff) + "; this run asks for "
+                        + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
+                        + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
+                        + (", and not block_size for learned position embeddings" if "block_size" in diff else "") + ")")
     model_args["pope_delta_init"] = old["pope_delta_init"]
     if model_args["rope_scaling"] != 1.0 and not model_args["rope_original_block_size"]:
         model_args["rope_original_block_size"] = old["rope_original_block_size"] or old["block_size"]
@@ -407,11 +406,6 @@ def _atomic_json(path, obj):
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(tmp, path)
-
-
-def _exit(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
 
 
 if __name__ == "__main__":

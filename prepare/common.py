@@ -29,10 +29,11 @@ complete.
 
 import json
 import os
-import sys
 import tempfile
 
 import numpy as np
+
+from cli import UserError, exit_on_user_error
 
 FORMAT = 1
 
@@ -168,14 +169,14 @@ def _check_files(out_dir, meta):
             raise ValueError(f"split {name!r}: {path} has {os.path.getsize(path)} bytes, meta says {want}")
 
 
+@exit_on_user_error
 def run_cli(prepare, *args, **kwargs):
     """Call a script's prepare(*args, **kwargs) from its __main__: a ValueError (EmptySplitError
     included), RuntimeError or FileNotFoundError prints 'error: <message>' and exits with code 2."""
     try:
         return prepare(*args, **kwargs)
     except (ValueError, RuntimeError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        raise UserError(str(e)) from None
 
 
 def is_complete(out_dir, splits=("train", "val", "test")):

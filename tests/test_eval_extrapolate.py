@@ -162,6 +162,8 @@ def test_bad_input_exits_2_with_one_line(setup, case, message, capsys):
             "negative_length": [*runs, *common, "--lengths=-16"],
             "too_long": [*runs, *common, "--lengths=16,300"],
             "bad_flag": [*runs, *common, "--bogus=1"]}[case]
-    assert ee.main(args) == 2
+    with pytest.raises(SystemExit) as e:
+        ee.main(args)
+    assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
