@@ -29,7 +29,6 @@ dataset's own form: plain text for character-level runs, "[id, id, ...]" lists f
 Bad input (no best.pt, a NoPE run, unreadable texts) exits with code 2 and a one-line error.
 """
 
-import io
 import math
 import os
 import sys
@@ -39,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import load_codec, load_run, tokenizer_meta
-from cli import UserError, exit_on_user_error
+from cli import UserError, atomic_open, exit_on_user_error
 from configurator import configure
 from model import rope_frequencies
 from pope_kernel import pope_frequencies
@@ -131,11 +130,8 @@ def _wavelength_ticks(ax, wavelength, n_ticks=6):
 
 
 def _save(fig, path):
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    with open(path + ".tmp", "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(path + ".tmp", path)
+    with atomic_open(path) as f:
+        fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
 
 
 def plot_run(name, cfg, usage, delta, out_dir):
@@ -181,12 +177,8 @@ def plot_run(name, cfg, usage, delta, out_dir):
         _save(fig, paths[-1])
         plt.close(fig)
         arrays["delta"] = delta
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    npz = os.path.join(out_dir, "frequency_usage.npz")
-    with open(npz + ".tmp", "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(npz + ".tmp", npz)
+    with atomic_open(os.path.join(out_dir, "frequency_usage.npz")) as f:
+        np.savez(f, **arrays)
     return paths
 
 

@@ -1,14 +1,20 @@
 """What every script of this repo does the same way at its edges.
 
     UserError, exit_on_user_error   bad input: one line on stderr, "error: <what to do>", exit code 2
+    atomic_open, atomic_write,      every file a script writes (checkpoints, prepared data, JSON,
+    atomic_write_json               CSV, plots) appears complete or not at all
 
 A script raises UserError wherever it finds input the user must fix (a missing checkpoint, an unknown
 dataset, a bad setting) and decorates its main() with exit_on_user_error. Anything else is a bug and
 keeps its traceback.
 """
 
+import contextlib
 import functools
+import json
+import os
 import sys
+import tempfile
 
 
 class UserError(Exception):
@@ -31,3 +37,44 @@ def exit_on_user_error(main):
             print(f"error: {e}" + (f"\n{e.details}" if e.details else ""), file=sys.stderr)
             sys.exit(2)
     return wrapper
+
+
+@contextlib.contextmanager
+def atomic_open(path):
+    """Context manager: a binary file object that becomes `path` when the block exits cleanly.
+
+    The data goes to a temporary file beside `path` (same folder, so the rename stays on one file
+    system), which is flushed, fsynced, given the usual mode (0666 minus the umask) and renamed onto
+    `path` with os.replace. A crash or an exception in the block leaves the old `path` (or none) and
+    no temporary file. Creates the folder if needed.
+
+        with atomic_open("out/ckpt.pt") as f:
+            torch.save(state, f)
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def atomic_write(path, data):
+    """Write `data` (bytes, or str as UTF-8) to `path` atomically (see atomic_open)."""
+    with atomic_open(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def atomic_write_json(path, obj, indent=1, **dumps_kwargs):
+    """Write `obj` as JSON (json.dumps(obj, indent=indent, **dumps_kwargs) plus a newline) atomically."""
+    atomic_write(path, json.dumps(obj, indent=indent, **dumps_kwargs) + "\n")

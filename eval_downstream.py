@@ -22,7 +22,6 @@ README section "Downstream evaluation" explains offline use (HF_DATASETS_OFFLINE
 """
 
 import functools
-import json
 import os
 import sys
 import time
@@ -31,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import load_codec, load_run, tokenizer_meta
-from cli import UserError, exit_on_user_error
+from cli import UserError, atomic_write, atomic_write_json, exit_on_user_error
 from configurator import configure
 from model import KVCache
 
@@ -220,13 +219,6 @@ def markdown_table(rows, tasks):
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def evaluate_run(lm, tasks, tm, limit=None, seed=1234):
     """Harness results dict (simple_evaluate, zero-shot, no sample logs) of one GPTLM on `tasks`."""
     from lm_eval import evaluator
@@ -261,10 +253,10 @@ def main(argv):
                             "cache (HF_HOME) and set HF_DATASETS_OFFLINE=1 (README: Downstream evaluation)") from None
         name = os.path.basename(os.path.normpath(run))
         print(f"{name}: {time.time() - t0:.1f} s", file=sys.stderr)
-        _atomic_write(os.path.join(cfg["out_dir"], f"{name}.json"), json.dumps(res, indent=2, default=str))
+        atomic_write_json(os.path.join(cfg["out_dir"], f"{name}.json"), res, indent=2, default=str)
         rows.append((name, res))
     table = markdown_table(rows, tasks)
-    _atomic_write(os.path.join(cfg["out_dir"], "results.md"), table)
+    atomic_write(os.path.join(cfg["out_dir"], "results.md"), table)
     print(table)
     return rows
 

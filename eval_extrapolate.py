@@ -56,10 +56,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from checkpoint import build_model, load_checkpoint, tokenizer_meta
-from cli import UserError, exit_on_user_error
+from cli import UserError, atomic_open, atomic_write, exit_on_user_error
 from data import Dataset
 from model import ABSOLUTE_ENCODINGS, GPTConfig
-from prepare.common import atomic_write_bytes
 
 DEFAULT_LENGTHS = ",".join(str(1024 * i) for i in range(1, 11))
 
@@ -239,7 +238,7 @@ def write_csv(path, rows):
         w.writerow([r["run"], r["label"], r["length"], "" if r["tokens"] is None else r["tokens"],
                     "" if r["ppl"] is None else f"{r['ppl']:.6g}",
                     "" if r["last_loss"] is None else f"{r['last_loss']:.6g}"])
-    atomic_write_bytes(path, buf.getvalue().encode())
+    atomic_write(path, buf.getvalue())
 
 
 def write_plot(path, rows, runs, train_lengths, dataset):
@@ -268,10 +267,9 @@ def write_plot(path, rows, runs, train_lengths, dataset):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    with atomic_open(path) as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 # ---- command line ----

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import tokenizer_entry
-from cli import UserError, exit_on_user_error
+from cli import UserError, atomic_open, atomic_write_json, exit_on_user_error
 from configurator import configure
 from data import Dataset
 from model import GPT, GPTConfig, device_peak_flops
@@ -218,9 +218,8 @@ def main(argv):
     val_batches = data.fixed_batches("val", eval_iters, batch_size, block_size, seed)[rank::world_size]
 
     def save(path, state):
-        tmp = path + ".tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        with atomic_open(path) as f:
+            torch.save(state, f)
 
     def log(row):
         with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
@@ -315,7 +314,7 @@ def main(argv):
         if data.has_split(split):
             metrics[split] = evaluate(data.full_split_batches(split, batch_size, block_size, rank, world_size))
     if master:
-        _atomic_json(os.path.join(out_dir, "metrics.json"), metrics)
+        atomic_write_json(os.path.join(out_dir, "metrics.json"), metrics)
         for split in ("val", "test"):
             if split in metrics:
                 m = metrics[split]
@@ -399,13 +398,6 @@ def _restore_rng(states, rank, world_size, device_type):
     torch.set_rng_state(states[rank]["torch"].cpu())
     if device_type == "cuda" and states[rank]["cuda"] is not None:
         torch.cuda.set_rng_state(states[rank]["cuda"].cpu())
-
-
-def _atomic_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

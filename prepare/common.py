@@ -1,4 +1,4 @@
-"""The on-disk dataset format shared by every prepare script, and its atomic writers.
+"""The on-disk dataset format shared by every prepare script, and its writers.
 
 A prepared dataset is a folder holding one raw binary per split plus `meta.json`:
 
@@ -22,48 +22,19 @@ Prepare scripts may add keys (bos_id, eos_id, documents, notes, ...); readers ig
 Every split holds at least one row (one token for streams): write_meta refuses an empty split
 with EmptySplitError naming the script's fix, because training on it would fail much later.
 
-Everything is written to a temporary file in the same folder and renamed into place, so a crash
-leaves either the previous complete dataset or no meta.json, never a half-written one that looks
-complete.
+Everything is written atomically (cli.atomic_open: a temporary file in the same folder renamed into
+place), so a crash leaves either the previous complete dataset or no meta.json, never a half-written
+one that looks complete.
 """
 
 import json
 import os
-import tempfile
 
 import numpy as np
 
-from cli import UserError, exit_on_user_error
+from cli import UserError, atomic_open, atomic_write_json, exit_on_user_error
 
 FORMAT = 1
-
-
-def _fsync_replace(tmp, path):
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the final file the usual mode
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_bytes(path, data):
-    """Write bytes to `path` via a temporary file in the same folder and os.replace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        _fsync_replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def atomic_write_json(path, obj):
-    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
 class BinWriter:
@@ -78,10 +49,6 @@ class BinWriter:
 
     def __init__(self, path, dtype):
         self.path, self.dtype, self.count = path, np.dtype(dtype), 0
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-        self.f = os.fdopen(fd, "wb")
 
     def write(self, ids):
         arr = np.asarray(ids)
@@ -92,15 +59,12 @@ class BinWriter:
         self.count += arr.size
 
     def __enter__(self):
+        self._file = atomic_open(self.path)
+        self.f = self._file.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.f.close()
-        if exc_type is None:
-            _fsync_replace(self.tmp, self.path)
-        elif os.path.exists(self.tmp):
-            os.remove(self.tmp)
-        return False
+        return self._file.__exit__(exc_type, exc, tb)
 
 
 def smallest_dtype(vocab_size):

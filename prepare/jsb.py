@@ -44,7 +44,8 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import atomic_write_bytes, is_complete, run_cli, summarize, write_rows_dataset
+from cli import atomic_write
+from prepare.common import is_complete, run_cli, summarize, write_rows_dataset
 
 URL = "https://raw.githubusercontent.com/czhuang/JSB-Chorales-dataset/master/Jsb16thSeparated.json"
 PITCH_MIN, PITCH_MAX = 21, 108
@@ -155,7 +156,7 @@ def load_music21(seed=1337, num_proc=None, limit=None):
 def _download(url, path):
     try:
         with urllib.request.urlopen(url, timeout=60) as r:
-            atomic_write_bytes(path, r.read())
+            atomic_write(path, r.read())
     except OSError as e:
         raise RuntimeError(f"could not download {url} ({e}). Download Jsb16thSeparated.json elsewhere and pass "
                            "--input PATH, or use --source music21 (offline, not the official split)") from e

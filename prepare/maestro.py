@@ -48,7 +48,8 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, atomic_write_json, is_complete, run_cli, summarize, write_meta
+from cli import atomic_write_json
+from prepare.common import BinWriter, is_complete, run_cli, summarize, write_meta
 
 URL = "https://storage.googleapis.com/magentadata/datasets/maestro/v3.0.0/maestro-v3.0.0-midi.zip"
 VOCAB_SIZE = 328

