@@ -3,6 +3,8 @@
     UserError, exit_on_user_error   bad input: one line on stderr, "error: <what to do>", exit code 2
     atomic_open, atomic_write,      every file a script writes (checkpoints, prepared data, JSON,
     atomic_write_json               CSV, plots) appears complete or not at all
+    resolve_device, resolve_dtype,  the settings device='auto' and dtype='auto', and the autocast
+    autocast_context                context a dtype means
 
 A script raises UserError wherever it finds input the user must fix (a missing checkpoint, an unknown
 dataset, a bad setting) and decorates its main() with exit_on_user_error. Anything else is a bug and
@@ -78,3 +80,38 @@ def atomic_write(path, data):
 def atomic_write_json(path, obj, indent=1, **dumps_kwargs):
     """Write `obj` as JSON (json.dumps(obj, indent=indent, **dumps_kwargs) plus a newline) atomically."""
     atomic_write(path, json.dumps(obj, indent=indent, **dumps_kwargs) + "\n")
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_device(device):
+    """'auto' -> 'cuda' when torch sees a CUDA GPU, else 'cpu'; any other device ('cpu', 'cuda:1', ...)
+    is returned as given."""
+    if device != "auto":
+        return device
+    import torch  # here, so that prepare/ scripts import this module without torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype, device):
+    """The compute dtype a setting names on `device`, one of DTYPES: 'auto' is 'float32' on a CPU, and on
+    a CUDA GPU 'bfloat16' where it supports bf16, else 'float16' (V100, T4). Raises UserError for a
+    name that is neither 'auto' nor in DTYPES."""
+    if dtype == "auto":
+        if not str(device).startswith("cuda"):
+            return "float32"
+        import torch
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if dtype not in DTYPES:
+        raise UserError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def autocast_context(device, dtype):
+    """The context forward passes run in for a resolved dtype: nullcontext for 'float32', else
+    torch.autocast on the device's type ('cuda' or 'cpu') in that dtype. Reusable across `with` blocks."""
+    import torch
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda" if str(device).startswith("cuda") else "cpu", dtype=getattr(torch, dtype))

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import load_codec, load_run, tokenizer_meta
-from cli import UserError, atomic_write, atomic_write_json, exit_on_user_error
+from cli import UserError, atomic_write, atomic_write_json, exit_on_user_error, resolve_device
 from configurator import configure
 from model import KVCache
 
@@ -231,7 +231,7 @@ def evaluate_run(lm, tasks, tm, limit=None, seed=1234):
 def main(argv):
     runs = [a for a in argv if not a.startswith("--")]
     cfg = configure(DEFAULTS, [a for a in argv if a.startswith("--")])
-    dev = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = resolve_device(cfg["device"])
     tasks = [t for t in cfg["tasks"].split(",") if t]
     if not runs:
         raise UserError("give one or more run folders: python eval_downstream.py out-owt-124m-pope [--tasks=...]")

@@ -44,6 +44,7 @@ length, ...) prints one line and exits with code 2.
 
 import argparse
 import csv
+import functools
 import io
 import math
 import os
@@ -56,7 +57,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from checkpoint import build_model, load_checkpoint, tokenizer_meta
-from cli import UserError, atomic_open, atomic_write, exit_on_user_error
+from cli import UserError, atomic_open, atomic_write, DTYPES, autocast_context, exit_on_user_error, resolve_device, \
+    resolve_dtype
 from data import Dataset
 from model import ABSOLUTE_ENCODINGS, GPTConfig
 
@@ -302,8 +304,8 @@ def parse_args(argv):
     p.add_argument("--yarn_scale", type=float, default=1.0, help="YaRN s for RoPE runs without it (1: off)")
     p.add_argument("--out_dir", default="out-extrapolate", help="where the CSV and PNG go")
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype on CUDA; 'auto': bf16 where supported; CPU runs in float32")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                   help="autocast dtype; 'auto': float32 on CPU, bf16 on CUDA where supported, else fp16")
     return p.parse_args(argv)
 
 
@@ -330,12 +332,8 @@ def run(argv):
     arr = ds.array(a.split)
     starts = chunk_starts(document_offsets(ds, a.split), lengths[-1], a.max_tokens, a.seed)
 
-    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    autocast = nullcontext
-    if device.startswith("cuda"):
-        dt = a.dtype if a.dtype != "auto" else ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
-        if dt != "float32":
-            autocast = lambda: torch.autocast("cuda", dtype=getattr(torch, dt))  # noqa: E731
+    device = resolve_device(a.device)
+    autocast = functools.partial(autocast_context, device, resolve_dtype(a.dtype, device))  # a fresh context per use
     inspected = [inspect_run(run, a.yarn_scale, ds.meta) for run in a.runs]  # all errors before any work
 
     print(f"{a.dataset}/{a.split}: {len(arr):,} tokens, {len(starts)} chunks of {lengths[-1] + 1} tokens, "

@@ -15,7 +15,7 @@ import sys
 import torch
 
 from checkpoint import load_codec, load_run, tokenizer_meta
-from cli import UserError, exit_on_user_error
+from cli import UserError, autocast_context, exit_on_user_error, resolve_device, resolve_dtype
 from configurator import configure
 
 DEFAULTS = dict(
@@ -28,6 +28,7 @@ DEFAULTS = dict(
     top_k=200,
     seed=1337,
     device="auto",
+    dtype="auto",  # 'auto' (float32 on CPU; bf16 on CUDA if supported, else fp16) | 'float32' | 'bfloat16' | 'float16'
     attn_backend="auto",
 )
 
@@ -35,7 +36,8 @@ DEFAULTS = dict(
 @exit_on_user_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    dev = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = resolve_device(cfg["device"])
+    ctx = autocast_context(dev, resolve_dtype(cfg["dtype"], dev))
     model, state = load_run(cfg["out_dir"], cfg["ckpt"], dev, attn_backend=cfg["attn_backend"])
     encode, decode = load_codec(tokenizer_meta(state, source=os.path.join(cfg["out_dir"], cfg["ckpt"])))
     start = cfg["start"]
@@ -48,7 +50,6 @@ def main(argv):
         raise UserError(str(e)) from None
     torch.manual_seed(cfg["seed"])
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None].repeat(cfg["num_samples"], 1)
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if dev.startswith("cuda") else torch.autocast("cpu", enabled=False)
     try:
         with torch.no_grad(), ctx:
             y = model.generate(x, cfg["max_new_tokens"], temperature=cfg["temperature"], top_k=cfg["top_k"] or None)

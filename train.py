@@ -17,7 +17,6 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 from datetime import timedelta
 
@@ -27,7 +26,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import tokenizer_entry
-from cli import UserError, atomic_open, atomic_write_json, exit_on_user_error
+from cli import UserError, atomic_open, atomic_write_json, autocast_context, exit_on_user_error, resolve_device, \
+    resolve_dtype
 from configurator import configure
 from data import Dataset
 from model import GPT, GPTConfig, device_peak_flops
@@ -96,7 +96,7 @@ def main(argv):
 
     # --- processes, device, precision
     ddp = int(os.environ.get("RANK", -1)) != -1
-    dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = resolve_device(device)
     if ddp:
         dist.init_process_group(backend="nccl" if dev.startswith("cuda") else "gloo")
         rank, local_rank, world_size = dist.get_rank(), int(os.environ["LOCAL_RANK"]), dist.get_world_size()
@@ -111,15 +111,8 @@ def main(argv):
                         f"{world_size} processes (it is the global number of micro-batches per step)")
     grad_accum = gradient_accumulation_steps // world_size
     device_type = "cuda" if dev.startswith("cuda") else "cpu"
-    ptdtype_name = dtype
-    if dtype == "auto":
-        ptdtype_name = "float32" if device_type == "cpu" else (
-            "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if ptdtype_name not in dtypes:
-        raise UserError(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {dtype!r}")
-    ptdtype = dtypes[ptdtype_name]
-    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+    ptdtype_name = resolve_dtype(dtype, dev)
+    ctx = autocast_context(dev, ptdtype_name)
     torch.manual_seed(seed + rank)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -174,7 +167,7 @@ def main(argv):
     init_weights = None
     model.to(dev)
     raw_model = model
-    scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
+    scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype_name == "float16"))
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])

@@ -1,11 +1,12 @@
-"""cli.py: the one-line exit 2 and the atomic file writes every script uses."""
+"""cli.py: the one-line exit 2, the atomic file writes and the device / dtype "auto" every script uses."""
 
 import json
 import os
 
 import pytest
 
-from cli import UserError, atomic_open, atomic_write, atomic_write_json, exit_on_user_error
+from cli import (UserError, atomic_open, atomic_write, atomic_write_json, autocast_context, exit_on_user_error,
+                 resolve_device, resolve_dtype)
 
 
 def test_user_error_exits_2_with_one_line_and_other_errors_keep_their_traceback(capsys):
@@ -54,3 +55,32 @@ def test_a_crash_while_writing_keeps_the_old_file(tmp_path):
             raise RuntimeError("crash")
     assert open(path, "rb").read() == b"old checkpoint"
     assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_device_and_dtype_auto(monkeypatch):
+    """'auto' picks CUDA when torch sees it; dtype 'auto' is fp32 on a CPU, bf16 on a GPU that has it and
+    fp16 on one that does not (V100, T4); explicit names pass through, unknown ones are refused."""
+    import torch
+    for cuda, want in ((False, "cpu"), (True, "cuda")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        assert resolve_device("auto") == want
+    assert resolve_device("cuda:1") == "cuda:1" and resolve_device("cpu") == "cpu"
+    assert resolve_dtype("auto", "cpu") == "float32"
+    for bf16, want in ((True, "bfloat16"), (False, "float16")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+        assert resolve_dtype("auto", "cuda") == resolve_dtype("auto", "cuda:1") == want
+    assert resolve_dtype("bfloat16", "cpu") == "bfloat16" and resolve_dtype("float32", "cuda") == "float32"
+    with pytest.raises(UserError, match=r"dtype must be 'auto' or one of \['bfloat16', 'float16', 'float32'\], got 'fp16'"):
+        resolve_dtype("fp16", "cpu")
+
+
+def test_autocast_context_runs_matmuls_in_the_dtype():
+    import torch
+    a = torch.randn(4, 4)
+    with autocast_context("cpu", "float32"):
+        assert (a @ a).dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+    ctx = autocast_context("cpu", "bfloat16")
+    for _ in range(2):  # reusable, as train.py's loop uses it
+        with ctx:
+            assert (a @ a).dtype == torch.bfloat16
+    assert (a @ a).dtype == torch.float32
