@@ -129,8 +129,8 @@ def main(argv):
         if ddp:
             dist.barrier()
     try:
-        data = Dataset(data_dir)
-        data.check_block_size(block_size)
+        data = Dataset(data_dir, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum, seed=seed,
+                       rank=rank, world_size=world_size)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
     if master:
@@ -208,7 +208,7 @@ def main(argv):
         loss = (tot[0] / tot[2]).item()
         return {"loss": loss, "ppl": math.exp(min(loss, 700)), "acc": (tot[1] / tot[2]).item(), "targets": int(tot[2])}
 
-    val_batches = data.fixed_batches("val", eval_iters, batch_size, block_size, seed)[rank::world_size]
+    val_batches = data.fixed_batches("val", eval_iters)
 
     def save(path, state):
         with atomic_open(path) as f:
@@ -255,7 +255,7 @@ def main(argv):
         for group in optimizer.param_groups:
             group["lr"] = lr
         for micro_step in range(grad_accum):
-            x, y = to_dev(*data.train_batch(iter_num, micro_step, seed, batch_size, block_size, grad_accum, rank, world_size))
+            x, y = to_dev(*data.train_batch(iter_num, micro_step))
             if ddp:  # all-reduce gradients only on the last micro-step
                 model.require_backward_grad_sync = micro_step == grad_accum - 1
             with ctx:
@@ -305,7 +305,7 @@ def main(argv):
                "wall_time_s": round(time.time() - t_start, 1)}
     for split in ("val", "test"):
         if data.has_split(split):
-            metrics[split] = evaluate(data.full_split_batches(split, batch_size, block_size, rank, world_size))
+            metrics[split] = evaluate(data.full_split_batches(split))
     if master:
         atomic_write_json(os.path.join(out_dir, "metrics.json"), metrics)
         for split in ("val", "test"):
