@@ -29,6 +29,8 @@ one that looks complete.
 
 import json
 import os
+import shutil
+import urllib.request
 
 import numpy as np
 
@@ -65,6 +67,24 @@ class BinWriter:
 
     def __exit__(self, exc_type, exc, tb):
         return self._file.__exit__(exc_type, exc, tb)
+
+
+def download(url, path, instead):
+    """Download `url` to the file `path` (atomically, folders created) unless `path` exists; returns path.
+
+    The offline path: a file the user already has, put at `path` or given to the script's --input,
+    is used as is. Raises RuntimeError naming the URL, the error and `instead` (what the user can do
+    instead, e.g. "download it elsewhere and pass --input PATH") when the download fails.
+    """
+    if os.path.exists(path):
+        return path
+    print(f"downloading {url} -> {path}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, atomic_open(path) as f:
+            shutil.copyfileobj(r, f, 1 << 20)
+    except OSError as e:
+        raise RuntimeError(f"could not download {url} ({e}); {instead}") from e
+    return path
 
 
 def smallest_dtype(vocab_size):

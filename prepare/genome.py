@@ -45,7 +45,6 @@ import os
 import re
 import sys
 import time
-import urllib.request
 import zlib
 from multiprocessing import Pool
 
@@ -54,7 +53,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, check_nonempty, is_complete, run_cli, summarize, write_meta
+from prepare.common import BinWriter, check_nonempty, download, is_complete, run_cli, summarize, write_meta
 
 URL = ("https://ftp.ncbi.nlm.nih.gov/genomes/all/GCF/000/001/405/GCF_000001405.40_GRCh38.p14/"
        "GCF_000001405.40_GRCh38.p14_genomic.fna.gz")
@@ -208,9 +207,8 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
     if split not in ("chromosomes", "fraction"):
         raise ValueError(f"split must be 'chromosomes' or 'fraction', got {split!r}")
     if input is None:
-        input = os.path.join(out_dir, "raw", os.path.basename(URL))
-        if not os.path.exists(input):
-            _download(input)
+        input = download(URL, os.path.join(out_dir, "raw", os.path.basename(URL)),
+                         "download the GRCh38 FASTA elsewhere and pass --input PATH (.fa/.fna/.fasta, optionally .gz)")
     t0 = time.time()
     nproc = num_proc or os.cpu_count()
     names = ("train", "val", "test")
@@ -267,16 +265,6 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
     print(f"skipped {len(skipped)} records ({sum(skipped.values()):,} bp), dropped {dropped} all-N chunks")
     print(f"throughput: {n_bp:,} bp -> {n_tok:,} tokens in {seconds:.1f} s = {n_bp / max(seconds, 1e-9):,.0f} bp/s")
     return out_dir
-
-
-def _download(path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        urllib.request.urlretrieve(URL, path + ".part")
-    except OSError as e:
-        raise RuntimeError(f"could not download {URL} ({e}); download the GRCh38 FASTA elsewhere and pass "
-                           "--input PATH (.fa/.fna/.fasta, optionally .gz)") from e
-    os.replace(path + ".part", path)
 
 
 if __name__ == "__main__":

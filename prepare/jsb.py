@@ -36,7 +36,6 @@ import os
 import random
 import sys
 import time
-import urllib.request
 from multiprocessing import Pool
 
 import numpy as np
@@ -44,8 +43,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cli import atomic_write
-from prepare.common import is_complete, run_cli, summarize, write_rows_dataset
+from prepare.common import download, is_complete, run_cli, summarize, write_rows_dataset
 
 URL = "https://raw.githubusercontent.com/czhuang/JSB-Chorales-dataset/master/Jsb16thSeparated.json"
 PITCH_MIN, PITCH_MAX = 21, 108
@@ -153,15 +151,6 @@ def load_music21(seed=1337, num_proc=None, limit=None):
     return {k: [m for _, m in v] for k, v in parts.items()}, {k: [n for n, _ in v] for k, v in parts.items()}, skipped
 
 
-def _download(url, path):
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            atomic_write(path, r.read())
-    except OSError as e:
-        raise RuntimeError(f"could not download {url} ({e}). Download Jsb16thSeparated.json elsewhere and pass "
-                           "--input PATH, or use --source music21 (offline, not the official split)") from e
-
-
 def prepare(out_dir=None, input=None, source="json", max_len=2048, seed=1337, num_proc=None, limit=None):
     """Write train/val/test rows and meta.json to out_dir (skipped if complete). Returns out_dir.
 
@@ -176,9 +165,9 @@ def prepare(out_dir=None, input=None, source="json", max_len=2048, seed=1337, nu
     extra = {}
     if source == "json":
         if input is None:
-            input = os.path.join(out_dir, "raw", "Jsb16thSeparated.json")
-            if not os.path.exists(input):
-                _download(URL, input)
+            input = download(URL, os.path.join(out_dir, "raw", "Jsb16thSeparated.json"),
+                             "download Jsb16thSeparated.json elsewhere and pass --input PATH, or use --source "
+                             "music21 (offline, not the official split)")
         pieces = load_json(input)
         extra = {"source": "Jsb16thSeparated.json (czhuang/JSB-Chorales-dataset)", "official_split": True}
     elif source == "music21":

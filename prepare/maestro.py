@@ -38,7 +38,6 @@ import os
 import random
 import sys
 import time
-import urllib.request
 import warnings
 import zipfile
 from multiprocessing import Pool
@@ -49,7 +48,7 @@ from tqdm import tqdm
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cli import atomic_write_json
-from prepare.common import BinWriter, is_complete, run_cli, summarize, write_meta
+from prepare.common import BinWriter, download, is_complete, run_cli, summarize, write_meta
 
 URL = "https://storage.googleapis.com/magentadata/datasets/maestro/v3.0.0/maestro-v3.0.0-midi.zip"
 VOCAB_SIZE = 328
@@ -177,16 +176,10 @@ def assign_splits(paths, root, split="random", seed=1337):
 
 
 def _download(out_dir):
+    """The official zip, downloaded into out_dir/raw and unzipped there; returns that folder."""
     raw = os.path.join(out_dir, "raw")
-    zpath = os.path.join(raw, os.path.basename(URL))
-    if not os.path.exists(zpath):
-        os.makedirs(raw, exist_ok=True)
-        try:
-            urllib.request.urlretrieve(URL, zpath + ".part")
-        except OSError as e:
-            raise RuntimeError(f"could not download {URL} ({e}); download and unzip it elsewhere and pass "
-                               "--input DIR") from e
-        os.replace(zpath + ".part", zpath)
+    zpath = download(URL, os.path.join(raw, os.path.basename(URL)),
+                     "download and unzip it elsewhere and pass --input DIR")
     if not glob.glob(os.path.join(raw, "**", "*.midi"), recursive=True):
         with zipfile.ZipFile(zpath) as z:
             z.extractall(raw)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import genome, jsb, maestro  # noqa: E402
+from prepare import common, genome, jsb, maestro  # noqa: E402
 
 
 def mtimes(folder):
@@ -275,6 +275,45 @@ def test_genome_prepare_plain_and_gz(fasta_records, tmp_path):
     assert (arr["val"] != 1).sum(1).tolist() == [1001, 169]
     assert len(arr["train"]) == 5
     assert_second_run_is_noop(genome.prepare, outs[0], input=str(tmp_path / "g.fa"), block_bp=12000, num_proc=2)
+
+
+def test_genome_without_input_uses_the_fasta_already_in_raw_offline(fasta_records, tmp_path, monkeypatch):
+    """No --input: the FASTA already at out_dir/raw/<name of URL> is used, the network never asked."""
+    def no_network(*args, **kwargs):
+        raise AssertionError("no download expected")
+    monkeypatch.setattr(common.urllib.request, "urlopen", no_network)
+    out = tmp_path / "genome"
+    write_fasta(tmp_path / "g.fa.gz", fasta_records)  # the URL's file is a .fna.gz
+    os.makedirs(out / "raw")
+    os.replace(tmp_path / "g.fa.gz", out / "raw" / os.path.basename(genome.URL))
+    genome.prepare(out_dir=str(out), block_bp=12000, num_proc=2)
+    meta, arr = load(str(out))
+    assert meta["records"] == {"train": 1, "val": 1, "test": 1} and len(arr["train"]) == 5
+
+
+def test_download_writes_atomically_and_names_the_way_around_a_failure(tmp_path, monkeypatch):
+    """prepare.common.download (genome, MAESTRO, JSB): a file:// URL lands at the path (folders made);
+    a file already there is used without the network; a failure, before or during the transfer,
+    names the URL and what to do instead, and leaves no file."""
+    src = tmp_path / "src.bin"
+    src.write_bytes(bytes(range(256)) * 8000)  # 2 MB: more than one copy buffer
+    dest = str(tmp_path / "raw" / "x.bin")
+    assert common.download(src.as_uri(), dest, "pass --input PATH") == dest
+    assert open(dest, "rb").read() == src.read_bytes()
+    src.unlink()
+    assert common.download(src.as_uri(), dest, "pass --input PATH") == dest  # there already: no fetch
+    bad = str(tmp_path / "raw" / "y.bin")
+    with pytest.raises(RuntimeError, match=r"could not download file://\S+src.bin \(.*\); pass --input PATH"):
+        common.download(src.as_uri(), bad, "pass --input PATH")
+
+    def reset_midway(r, f, length):
+        f.write(r.read(1000))
+        raise ConnectionResetError("connection reset")
+    src.write_bytes(b"x" * 5000)
+    monkeypatch.setattr(common.shutil, "copyfileobj", reset_midway)
+    with pytest.raises(RuntimeError, match="connection reset"):
+        common.download(src.as_uri(), bad, "pass --input PATH")
+    assert sorted(os.listdir(tmp_path / "raw")) == ["x.bin"]
 
 
 def test_genome_fraction_split_and_clear_error(tmp_path):
