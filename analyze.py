@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checkpoint import load_codec, load_run, tokenizer_meta
+from checkpoint import load_codec, load_run, tokenizer_from_checkpoint
 from cli import UserError, atomic_open, exit_on_user_error
 from configurator import configure
 from model import rope_frequencies
@@ -185,7 +185,7 @@ def plot_run(name, cfg, usage, delta, out_dir):
 def analyze_run(run, texts_path="", out_dir="", ckpt="best.pt", device="cpu"):
     """Analyze one run folder; returns the written PNG paths. Raises UserError on bad input."""
     model, state = load_run(run, ckpt, device)
-    meta = tokenizer_meta(state)
+    meta = tokenizer_from_checkpoint(state)
     if not texts_path and (meta.get("tokenizer") or {}).get("kind") != "gpt2":
         raise UserError(f"{run} uses the tokenizer of '{meta.get('dataset')}': give --texts=FILE in that "
                         "dataset's own form (the default sonnets are English for GPT-2 BPE)")

@@ -57,8 +57,9 @@ def load_run(out_dir, ckpt="best.pt", device="cpu", **overrides):
     return build_model(state, device, **overrides), state
 
 
-def tokenizer_entry(meta, data_dir=None):
-    """The part of a dataset's meta.json that a checkpoint stores for decoding (TOKENIZER_KEYS).
+def tokenizer_to_checkpoint(meta, data_dir=None):
+    """The part of a dataset's meta.json that a checkpoint stores for decoding (TOKENIZER_KEYS), under
+    the key "tokenizer"; tokenizer_from_checkpoint reads it back.
 
     A tokenizer that decodes from a file in the dataset folder (meta["tokenizer"]["file"], e.g.
     MAESTRO's miditok tokenizer.json) gets that file's text embedded as tokenizer["file_text"] when
@@ -74,7 +75,7 @@ def tokenizer_entry(meta, data_dir=None):
     return entry
 
 
-def tokenizer_meta(state, data_root=None, source=None):
+def tokenizer_from_checkpoint(state, data_root=None, source=None):
     """The tokenizer description of a checkpoint dict: {"dataset", "vocab_size", "pad_id", "tokenizer"}.
 
     Read from the checkpoint first; for checkpoints written before tokenizers were stored there,
@@ -89,7 +90,7 @@ def tokenizer_meta(state, data_root=None, source=None):
     path = os.path.join(data_dir, "meta.json")
     if os.path.isfile(path):
         with open(path) as f:
-            return tokenizer_entry(json.load(f), data_dir)
+            return tokenizer_to_checkpoint(json.load(f), data_dir)
     raise UserError(f"no tokenizer: {source or 'the checkpoint'} stores none (written before train.py stored it) "
                     f"and {path} does not exist; prepare the dataset '{cfg.get('dataset')}' there (or point "
                     f"--data_root to it), or resume the run once with this train.py to store it")
@@ -97,7 +98,8 @@ def tokenizer_meta(state, data_root=None, source=None):
 
 def miditok_tokenizer(meta):
     """The miditok tokenizer of a tokenizer description of kind 'miditok' (MAESTRO), rebuilt from the
-    tokenizer.json text the checkpoint embeds (see tokenizer_entry). Raises UserError if it has none."""
+    tokenizer.json text the checkpoint embeds (see tokenizer_to_checkpoint). Raises UserError if it
+    has none."""
     tok = meta.get("tokenizer") or {}
     if tok.get("kind") != "miditok" or not tok.get("file_text"):
         raise UserError(f"tokenizer {tok.get('kind')!r} embeds no miditok tokenizer.json; resume the run once "

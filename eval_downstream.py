@@ -29,7 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from checkpoint import load_codec, load_run, tokenizer_meta
+from checkpoint import load_codec, load_run, tokenizer_from_checkpoint
 from cli import UserError, atomic_write, atomic_write_json, exit_on_user_error, resolve_device
 from configurator import configure
 from model import KVCache
@@ -174,7 +174,7 @@ def gpt_lm_class():
 def build_lm(out_dir, ckpt="best.pt", batch_size=16, device="cpu", attn_backend="auto"):
     """GPTLM for a run folder. Raises UserError (no checkpoint, or a tokenizer that is not GPT-2)."""
     model, state = load_run(out_dir, ckpt, device, attn_backend=attn_backend)
-    meta = tokenizer_meta(state)
+    meta = tokenizer_from_checkpoint(state)
     kind = (meta.get("tokenizer") or {}).get("kind")
     if kind != "gpt2":
         raise UserError(f"{out_dir} was trained on '{meta.get('dataset')}' with a {kind!r} tokenizer; the "

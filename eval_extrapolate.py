@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from checkpoint import build_model, load_checkpoint, tokenizer_meta
+from checkpoint import build_model, load_checkpoint, tokenizer_from_checkpoint
 from cli import UserError, atomic_open, atomic_write, DTYPES, autocast_context, exit_on_user_error, resolve_device, \
     resolve_dtype
 from data import Dataset
@@ -196,7 +196,7 @@ def check_tokenizer(run, state, args, ds_meta):
         raise UserError(f"{run} has a vocabulary of {args['vocab_size']} tokens, dataset "
                         f"{ds_meta['dataset']} has {ds_meta['vocab_size']}: evaluate on the tokenizer it was trained with")
     try:
-        trained = tokenizer_meta(state)
+        trained = tokenizer_from_checkpoint(state)
     except UserError:
         return  # an old checkpoint without its dataset at hand: the vocabulary check above is all we have
     mine, theirs = trained.get("tokenizer") or {}, ds_meta.get("tokenizer") or {}

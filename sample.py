@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from checkpoint import load_codec, load_run, tokenizer_meta
+from checkpoint import load_codec, load_run, tokenizer_from_checkpoint
 from cli import UserError, autocast_context, exit_on_user_error, resolve_device, resolve_dtype
 from configurator import configure
 
@@ -39,7 +39,8 @@ def main(argv):
     dev = resolve_device(cfg["device"])
     ctx = autocast_context(dev, resolve_dtype(cfg["dtype"], dev))
     model, state = load_run(cfg["out_dir"], cfg["ckpt"], dev, attn_backend=cfg["attn_backend"])
-    encode, decode = load_codec(tokenizer_meta(state, source=os.path.join(cfg["out_dir"], cfg["ckpt"])))
+    tokenizer = tokenizer_from_checkpoint(state, source=os.path.join(cfg["out_dir"], cfg["ckpt"]))
+    encode, decode = load_codec(tokenizer)
     start = cfg["start"]
     if start.startswith("FILE:"):
         with open(start[5:], encoding="utf-8") as f:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import tokenizer_entry
+from checkpoint import tokenizer_to_checkpoint
 from cli import UserError, atomic_open, atomic_write_json, autocast_context, exit_on_user_error, resolve_device, \
     resolve_dtype
 from configurator import configure
@@ -243,7 +243,7 @@ def main(argv):
                              "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
                              "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]),
                              "rng": rng, "data_position": {"seed": seed, "iter_num": iter_num},
-                             "tokenizer": tokenizer_entry(data.meta, data_dir)}
+                             "tokenizer": tokenizer_to_checkpoint(data.meta, data_dir)}
                     if val["loss"] < best_val_loss:
                         save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer")})
                     save(ckpt_path, state)
