@@ -5,6 +5,7 @@
     atomic_write_json               CSV, plots) appears complete or not at all
     resolve_device, resolve_dtype,  the settings device='auto' and dtype='auto', and the autocast
     autocast_context                context a dtype means
+    note_renamed                    a setting given under its old name: one line, then it works
 
 A script raises UserError wherever it finds input the user must fix (a missing checkpoint, an unknown
 dataset, a bad setting) and decorates its main() with exit_on_user_error. Anything else is a bug and
@@ -39,6 +40,11 @@ def exit_on_user_error(main):
             print(f"error: {e}" + (f"\n{e.details}" if e.details else ""), file=sys.stderr)
             sys.exit(2)
     return wrapper
+
+
+def note_renamed(old, new):
+    """Print the one-line note for a setting given under its old name (it still works, as `new`)."""
+    print(f"note: {old} is deprecated, use {new} (same meaning)", file=sys.stderr)
 
 
 @contextlib.contextmanager

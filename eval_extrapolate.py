@@ -2,7 +2,7 @@
 
     python eval_extrapolate.py out-owt-124m-rope out-owt-124m-pope out-owt-124m-yarn-4096 out-owt-124m-pope-4096
     python eval_extrapolate.py out-x-rope out-x-pope --dataset=shakespeare_char --lengths=256,512,1024,2048,4096
-    python eval_extrapolate.py out-owt-124m-rope --yarn_scale=4      # YaRN at evaluation time, no fine-tune
+    python eval_extrapolate.py out-owt-124m-rope --rope_scaling=4    # YaRN at evaluation time, no fine-tune
 
 The paper's headline test (section 4, Figure 2): models trained at 1024 tokens, scored zero-shot on
 the PG-19 test books at 1024, 2048, ..., 10240 tokens.
@@ -31,8 +31,9 @@ and the loss is taken over slices of positions, so memory grows as O(L_max), nev
 score tensor or a (T, vocab) logit tensor for the full window.
 (Exception: alibi_half passes its (H, T, T) bias to SDPA, so it grows as T^2.)
 YaRN: a checkpoint fine-tuned with YaRN carries rope_scaling / rope_original_block_size in its
-model_args and runs with them as is. --yarn_scale=S > 1 gives the other RoPE runs s = S and
-L = their block_size at evaluation time (no fine-tuning); other encodings ignore it, with a note.
+model_args and runs with them as is. --rope_scaling=S > 1 (train.py's name for YaRN's s; the old
+flag --yarn_scale still works, with a note) gives the other RoPE runs s = S and L = their block_size
+at evaluation time (no fine-tuning); other encodings ignore it, with a note.
 
 Outputs: two markdown tables on stdout, and in --out_dir (written atomically):
   extrapolation.csv   one row per (model, length): run, label, length, tokens, ppl, last_loss
@@ -57,8 +58,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from checkpoint import build_model, load_checkpoint, tokenizer_from_checkpoint
-from cli import UserError, atomic_open, atomic_write, DTYPES, autocast_context, exit_on_user_error, resolve_device, \
-    resolve_dtype
+from cli import (DTYPES, UserError, atomic_open, atomic_write, autocast_context, exit_on_user_error, note_renamed,
+                 resolve_device, resolve_dtype)
 from data import Dataset
 from model import ABSOLUTE_ENCODINGS, GPTConfig
 
@@ -167,20 +168,20 @@ def encoding_label(cfg):
     return f"{label}+yarn(s={s:g})" if label == "rope" and s != 1.0 else label
 
 
-def inspect_run(run, yarn_scale, ds_meta):
+def inspect_run(run, rope_scaling, ds_meta):
     """(overrides, model_args, label, notes) of a run folder, its checkpoint read on the CPU and checked
     (readable, a valid config, the dataset's tokenizer) without building the model.
-    overrides: the GPTConfig fields --yarn_scale sets. UserError on bad input."""
+    overrides: the GPTConfig fields --rope_scaling sets. UserError on bad input."""
     state = load_checkpoint(run, "best.pt", "cpu")
     args = dict(state["model_args"])
     notes, overrides = [], {}
-    if yarn_scale != 1.0:
+    if rope_scaling != 1.0:
         if args.get("pos_encoding") != "rope":
-            notes.append(f"{run}: --yarn_scale applies to RoPE only; {args.get('pos_encoding')} runs as trained")
+            notes.append(f"{run}: --rope_scaling applies to RoPE only; {args.get('pos_encoding')} runs as trained")
         elif args.get("rope_scaling", 1.0) != 1.0:
-            notes.append(f"{run}: already YaRN (s={args['rope_scaling']:g}); --yarn_scale ignored")
+            notes.append(f"{run}: already YaRN (s={args['rope_scaling']:g}); --rope_scaling ignored")
         else:
-            overrides = dict(rope_scaling=yarn_scale, rope_original_block_size=args["block_size"])
+            overrides = dict(rope_scaling=rope_scaling, rope_original_block_size=args["block_size"])
     try:
         GPTConfig(**{**args, **overrides})
     except (TypeError, ValueError) as e:
@@ -301,12 +302,17 @@ def parse_args(argv):
     p.add_argument("--last_k", type=int, default=256, help="targets per chunk in the same-tokens view")
     p.add_argument("--max_tokens", type=int, default=0, help="token budget per length (0: all chunks)")
     p.add_argument("--seed", type=int, default=1337, help="draws the chunks when --max_tokens limits them")
-    p.add_argument("--yarn_scale", type=float, default=1.0, help="YaRN s for RoPE runs without it (1: off)")
+    p.add_argument("--rope_scaling", type=float, default=1.0, help="YaRN's s for RoPE runs trained without it (1: off)")
+    p.add_argument("--yarn_scale", type=float, help=argparse.SUPPRESS)  # the old name of --rope_scaling
     p.add_argument("--out_dir", default="out-extrapolate", help="where the CSV and PNG go")
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="autocast dtype; 'auto': float32 on CPU, bf16 on CUDA where supported, else fp16")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.yarn_scale is not None:
+        note_renamed("--yarn_scale", "--rope_scaling")
+        a.rope_scaling = a.yarn_scale
+    return a
 
 
 def run(argv):
@@ -317,8 +323,8 @@ def run(argv):
         raise UserError(f"--last_k must lie in 1 .. the shortest length {lengths[0]}, got {a.last_k}")
     if a.max_tokens < 0:
         raise UserError(f"--max_tokens must be >= 0 (0: no limit), got {a.max_tokens}")
-    if a.yarn_scale < 1.0:
-        raise UserError(f"--yarn_scale is YaRN's s = L'/L >= 1 (1: off), got {a.yarn_scale}")
+    if a.rope_scaling < 1.0:
+        raise UserError(f"--rope_scaling is YaRN's s = L'/L >= 1 (1: off), got {a.rope_scaling}")
     data_dir = os.path.join(a.data_root, a.dataset)
     try:
         ds = Dataset(data_dir)
@@ -334,7 +340,7 @@ def run(argv):
 
     device = resolve_device(a.device)
     autocast = functools.partial(autocast_context, device, resolve_dtype(a.dtype, device))  # a fresh context per use
-    inspected = [inspect_run(run, a.yarn_scale, ds.meta) for run in a.runs]  # all errors before any work
+    inspected = [inspect_run(run, a.rope_scaling, ds.meta) for run in a.runs]  # all errors before any work
 
     print(f"{a.dataset}/{a.split}: {len(arr):,} tokens, {len(starts)} chunks of {lengths[-1] + 1} tokens, "
           f"lengths {', '.join(map(str, lengths))}")

@@ -134,16 +134,27 @@ def test_yarn_at_eval_time_and_absolute_encodings_left_empty(setup, capsys):
     tmp_path, _, runs, common = setup
     learned = make_run(tmp_path / "run-learned", "learned", block_size=32, seed=3)
     plain = ee.run([runs[0], *common, "--max_tokens=64"])
-    rows = ee.run([runs[0], learned, runs[1], *common, "--max_tokens=64", "--yarn_scale=4"])
+    rows = ee.run([runs[0], learned, runs[1], *common, "--max_tokens=64", "--rope_scaling=4"])
     out = capsys.readouterr().out
     assert [r["label"] for r in rows[::3]] == ["rope+yarn(s=4)", "learned", "pope"]
-    assert "block_size=32: lengths 64 left empty" in out and "--yarn_scale applies to RoPE only" in out
+    assert "block_size=32: lengths 64 left empty" in out and "--rope_scaling applies to RoPE only" in out
     for p, y in zip(plain, rows[:3]):  # YaRN's frequencies and temperature change every length
         assert math.isfinite(y["ppl"]) and abs(y["ppl"] - p["ppl"]) > 1e-3 * p["ppl"]
     assert [r["ppl"] is None for r in rows[3:6]] == [False, False, True]
     with open(tmp_path / "out" / "extrapolation.csv") as f:
         got = list(csv.DictReader(f))
     assert got[5]["label"] == "learned" and got[5]["ppl"] == got[5]["last_loss"] == got[5]["tokens"] == ""
+
+
+def test_old_flag_yarn_scale_still_works_with_a_one_line_note(setup, capsys):
+    """--yarn_scale (before the flag took train.py's name, --rope_scaling) gives the same numbers."""
+    tmp_path, _, runs, common = setup
+    new = ee.run([runs[0], *common, "--max_tokens=64", "--rope_scaling=4"])
+    assert capsys.readouterr().err.count("deprecated") == 0
+    old = ee.run([runs[0], *common, "--max_tokens=64", "--yarn_scale=4"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]
+    assert notes == ["note: --yarn_scale is deprecated, use --rope_scaling (same meaning)"]
+    assert [r["label"] for r in old] == ["rope+yarn(s=4)"] * 3 and old == new
 
 
 @pytest.mark.parametrize("case, message", [
