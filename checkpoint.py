@@ -18,7 +18,7 @@ import tempfile
 import torch
 
 from cli import UserError
-from model import GPT, GPTConfig
+from model import RENAMED_FIELDS, GPT, GPTConfig
 
 TOKENIZER_KEYS = ("dataset", "vocab_size", "pad_id", "tokenizer")
 
@@ -26,7 +26,8 @@ TOKENIZER_KEYS = ("dataset", "vocab_size", "pad_id", "tokenizer")
 def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
     """torch.load(out_dir/ckpt, weights_only=True) -> the checkpoint dict.
 
-    Raises UserError when the file is missing or is not a checkpoint of this repo.
+    model_args written under an old GPTConfig field name (model.RENAMED_FIELDS) come back under the
+    new one. Raises UserError when the file is missing or is not a checkpoint of this repo.
     """
     path = os.path.join(out_dir, ckpt)
     if not os.path.isfile(path):
@@ -38,6 +39,7 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
         raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
     if not isinstance(state, dict) or "model" not in state or "model_args" not in state:
         raise UserError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
+    state["model_args"] = {RENAMED_FIELDS.get(k, k): v for k, v in state["model_args"].items()}
     return state
 
 

@@ -13,7 +13,7 @@ import ast
 import os
 import types
 
-from cli import UserError
+from cli import UserError, note_renamed
 
 
 def _typecheck(key, value, default):
@@ -38,8 +38,10 @@ def _error(msg, defaults):
     return UserError(msg, details=f"valid keys (with defaults):\n{keys}")
 
 
-def configure(defaults, argv):
+def configure(defaults, argv, renamed=None):
     """Return a new dict: `defaults` updated by the config files and --key=value items of argv.
+
+    renamed: {old key: new key}; a setting under an old key sets the new one, after a one-line note.
 
     Raises UserError (details: the valid keys) on an unknown key, a value of the wrong type, a
     missing config file or a malformed argument.
@@ -68,6 +70,9 @@ def configure(defaults, argv):
                 value = raw  # a text setting keeps the text as typed, e.g. sample.py --start="[1, 2, 3]"
             items = [(key, value)]
         for key, value in items:
+            if key in (renamed or {}) and key not in defaults:
+                note_renamed(f"config key {key!r}", repr(renamed[key]))
+                key = renamed[key]
             if key not in defaults:
                 raise _error(f"unknown config key {key!r} (from {arg})", defaults)
             try:

@@ -25,12 +25,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import tokenizer_to_checkpoint
+from checkpoint import load_checkpoint, tokenizer_to_checkpoint
 from cli import UserError, atomic_open, atomic_write_json, autocast_context, exit_on_user_error, resolve_device, \
     resolve_dtype
 from configurator import configure
 from data import Dataset
-from model import GPT, GPTConfig, device_peak_flops
+from model import RENAMED_FIELDS, GPT, GPTConfig, device_peak_flops
 
 # -----------------------------------------------------------------------------
 # defaults: a PoPE model on the paper's indirect-indexing task sized for a 2-core CPU (~12 min).
@@ -65,7 +65,7 @@ rope_scaling = 1.0  # YaRN scale s = L'/L for 'rope' (1.0 = off), e.g. 4.0 to fi
 rope_original_block_size = 0  # YaRN's L; 0 in a fine-tune: the checkpoint's block_size
 pope_delta_init = "uniform"  # 'zero' | 'uniform'
 pope_magnitude = "softplus"  # 'softplus' | 'relu' | 'identity'
-pope_delta = True
+pope_use_delta = True  # learnable phase bias delta; False: the "no delta" ablation
 attn_backend = "auto"  # PoPE attention: 'auto' (Triton on CUDA) | 'triton' | 'torch'
 # AdamW with linear warmup then cosine decay to min_lr
 learning_rate = 2e-3
@@ -90,7 +90,7 @@ AUTO_PREPARE = {"indirect_indexing"}  # datasets cheap enough to build on the fl
 
 @exit_on_user_error
 def main(argv):
-    cfg = configure(DEFAULTS, argv)
+    cfg = configure(DEFAULTS, argv, renamed=RENAMED_FIELDS)
     globals().update(cfg)
     t_start = time.time()
 
@@ -143,14 +143,14 @@ def main(argv):
     iter_num, best_val_loss, checkpoint = 0, float("inf"), None
     model_args = dict(block_size=block_size, vocab_size=_round_vocab(data.vocab_size), n_layer=n_layer, n_head=n_head,
                       n_embd=n_embd, dropout=dropout, bias=bias, pos_encoding=pos_encoding, rope_theta=rope_theta,
-                      pope_delta_init=pope_delta_init, pope_magnitude=pope_magnitude, pope_delta=pope_delta,
+                      pope_delta_init=pope_delta_init, pope_magnitude=pope_magnitude, pope_use_delta=pope_use_delta,
                       attn_backend=attn_backend, rope_scaling=rope_scaling,
                       rope_original_block_size=rope_original_block_size)
     init_weights = None
     if init_from == "resume":
         if not os.path.exists(ckpt_path):
             raise UserError(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
-        checkpoint = torch.load(ckpt_path, map_location=dev, weights_only=True)
+        checkpoint = load_checkpoint(out_dir, "ckpt.pt", dev)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     elif init_from == "finetune":
@@ -327,7 +327,6 @@ def _finetune_weights(model_args, out_dir, dev):
     """init_from='finetune': the weights of init_ckpt. Updates model_args in place: the checkpoint's
     architecture, this run's FINETUNE_FREE settings. Exits 2 if the run asks for another encoding or
     other shapes, or would write into the folder of init_ckpt."""
-    from checkpoint import load_checkpoint
     if not init_ckpt:
         raise UserError("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
     if os.path.abspath(out_dir) == os.path.dirname(os.path.abspath(init_ckpt)):
