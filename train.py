@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import load_checkpoint, tokenizer_to_checkpoint
-from cli import UserError, atomic_open, atomic_write_json, autocast_context, exit_on_user_error, resolve_device, \
-    resolve_dtype
+from cli import (UserError, atomic_open, atomic_write_json, autocast_context, exit_on_user_error, resolve_device,
+                 resolve_dtype)
 from configurator import configure
 from data import Dataset
 from model import RENAMED_FIELDS, GPT, GPTConfig, device_peak_flops
@@ -325,8 +325,8 @@ FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "drop
 
 def _finetune_weights(model_args, out_dir, dev):
     """init_from='finetune': the weights of init_ckpt. Updates model_args in place: the checkpoint's
-    architecture, this run's FINETUNE_FREE settings. Exits 2 if the run asks for another encoding or
-    other shapes, or would write into the folder of init_ckpt."""
+    architecture, this run's FINETUNE_FREE settings. Raises UserError (exit 2) if the run asks for
+    another encoding or other shapes, or would write into the folder of init_ckpt."""
     if not init_ckpt:
         raise UserError("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
     if os.path.abspath(out_dir) == os.path.dirname(os.path.abspath(init_ckpt)):
