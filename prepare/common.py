@@ -27,6 +27,7 @@ place), so a crash leaves either the previous complete dataset or no meta.json, 
 one that looks complete.
 """
 
+import argparse
 import json
 import os
 import shutil
@@ -153,12 +154,27 @@ def _check_files(out_dir, meta):
             raise ValueError(f"split {name!r}: {path} has {os.path.getsize(path)} bytes, meta says {want}")
 
 
+def arg_parser(doc, out_dir, input_help=None, num_proc=False):
+    """The command line the prepare scripts share: the script's docstring as its --help, --out_dir
+    (default `out_dir`; None: the script picks, as its docstring says), --input (files the user
+    already has, if input_help is given) and --num_proc (if num_proc). A script adds its own
+    options, each named like a parameter of its prepare()."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out_dir", default=out_dir, help=f"default: {out_dir or 'see the usage above'}")
+    if input_help:
+        p.add_argument("--input", default=None, help=input_help)
+    if num_proc:
+        p.add_argument("--num_proc", type=int, default=None, help="worker processes (default: all cores)")
+    return p
+
+
 @exit_on_user_error
-def run_cli(prepare, *args, **kwargs):
-    """Call a script's prepare(*args, **kwargs) from its __main__: a ValueError (EmptySplitError
-    included), RuntimeError or FileNotFoundError prints 'error: <message>' and exits with code 2."""
+def run_cli(prepare, parser):
+    """A script's __main__: prepare(**the command line parsed by `parser`). A ValueError
+    (EmptySplitError included), RuntimeError or FileNotFoundError prints 'error: <message>' and
+    exits with code 2."""
     try:
-        return prepare(*args, **kwargs)
+        return prepare(**vars(parser.parse_args()))
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
 

@@ -38,7 +38,6 @@ back, so memory holds a few blocks, never the genome or its tokens.
     python prepare/genome.py --input GCF_000001405.40_GRCh38.p14_genomic.fna.gz     # -> data/genome/
 """
 
-import argparse
 import gzip
 import itertools
 import os
@@ -53,7 +52,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, check_nonempty, download, is_complete, run_cli, summarize, write_meta
+from prepare.common import BinWriter, arg_parser, check_nonempty, download, is_complete, run_cli, summarize, write_meta
 
 URL = ("https://ftp.ncbi.nlm.nih.gov/genomes/all/GCF/000/001/405/GCF_000001405.40_GRCh38.p14/"
        "GCF_000001405.40_GRCh38.p14_genomic.fna.gz")
@@ -268,11 +267,7 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=None, help="FASTA, plain or .gz (default: download URL)")
-    p.add_argument("--out_dir", default="data/genome")
+    p = arg_parser(__doc__, "data/genome", "FASTA, plain or .gz (default: download URL)", num_proc=True)
     p.add_argument("--split", choices=["chromosomes", "fraction"], default="chromosomes")
     p.add_argument("--block_bp", type=int, default=600_000)
-    p.add_argument("--num_proc", type=int, default=None)
-    a = p.parse_args()
-    run_cli(prepare, a.out_dir, a.input, a.split, a.block_bp, a.num_proc)
+    run_cli(prepare, p)

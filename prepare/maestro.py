@@ -31,7 +31,6 @@ multiprocessing pool. Default input: the official zip is downloaded from URL int
     python prepare/maestro.py --input path/to/maestro-v3.0.0      # a folder of .mid/.midi, any depth
 """
 
-import argparse
 import csv
 import glob
 import os
@@ -48,7 +47,7 @@ from tqdm import tqdm
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cli import atomic_write_json
-from prepare.common import BinWriter, download, is_complete, run_cli, summarize, write_meta
+from prepare.common import BinWriter, arg_parser, download, is_complete, run_cli, summarize, write_meta
 
 URL = "https://storage.googleapis.com/magentadata/datasets/maestro/v3.0.0/maestro-v3.0.0-midi.zip"
 VOCAB_SIZE = 328
@@ -254,12 +253,8 @@ def prepare(out_dir="data/maestro", input=None, split="random", max_len=2048, se
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=None, help="folder of .mid/.midi files (default: download URL)")
-    p.add_argument("--out_dir", default="data/maestro")
+    p = arg_parser(__doc__, "data/maestro", "folder of .mid/.midi files (default: download URL)", num_proc=True)
     p.add_argument("--split", choices=["random", "official"], default="random")
     p.add_argument("--max_len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--num_proc", type=int, default=None)
-    a = p.parse_args()
-    run_cli(prepare, a.out_dir, a.input, a.split, a.max_len, a.seed, a.num_proc)
+    run_cli(prepare, p)

@@ -291,31 +291,6 @@ def test_genome_without_input_uses_the_fasta_already_in_raw_offline(fasta_record
     assert meta["records"] == {"train": 1, "val": 1, "test": 1} and len(arr["train"]) == 5
 
 
-def test_download_writes_atomically_and_names_the_way_around_a_failure(tmp_path, monkeypatch):
-    """prepare.common.download (genome, MAESTRO, JSB): a file:// URL lands at the path (folders made);
-    a file already there is used without the network; a failure, before or during the transfer,
-    names the URL and what to do instead, and leaves no file."""
-    src = tmp_path / "src.bin"
-    src.write_bytes(bytes(range(256)) * 8000)  # 2 MB: more than one copy buffer
-    dest = str(tmp_path / "raw" / "x.bin")
-    assert common.download(src.as_uri(), dest, "pass --input PATH") == dest
-    assert open(dest, "rb").read() == src.read_bytes()
-    src.unlink()
-    assert common.download(src.as_uri(), dest, "pass --input PATH") == dest  # there already: no fetch
-    bad = str(tmp_path / "raw" / "y.bin")
-    with pytest.raises(RuntimeError, match=r"could not download file://\S+src.bin \(.*\); pass --input PATH"):
-        common.download(src.as_uri(), bad, "pass --input PATH")
-
-    def reset_midway(r, f, length):
-        f.write(r.read(1000))
-        raise ConnectionResetError("connection reset")
-    src.write_bytes(b"x" * 5000)
-    monkeypatch.setattr(common.shutil, "copyfileobj", reset_midway)
-    with pytest.raises(RuntimeError, match="connection reset"):
-        common.download(src.as_uri(), bad, "pass --input PATH")
-    assert sorted(os.listdir(tmp_path / "raw")) == ["x.bin"]
-
-
 def test_genome_fraction_split_and_clear_error(tmp_path):
     rng = random.Random(3)
     records = [("contigA some text", random_dna(rng, 6000 * 40 + 17)), ("contigB", random_dna(rng, 6000 * 30))]
