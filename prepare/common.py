@@ -25,6 +25,9 @@ with EmptySplitError naming the script's fix, because training on it would fail 
 Everything is written atomically (cli.atomic_open: a temporary file in the same folder renamed into
 place), so a crash leaves either the previous complete dataset or no meta.json, never a half-written
 one that looks complete.
+
+Also shared by the scripts: download (a raw file fetched once into data/<name>/raw/), arg_parser and
+run_cli (the command line: flags named like prepare()'s parameters; bad input exits 2 with one line).
 """
 
 import argparse
