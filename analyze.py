@@ -29,7 +29,6 @@ dataset's own form: plain text for character-level runs, "[id, id, ...]" lists f
 Bad input (no best.pt, a NoPE run, unreadable texts) exits with code 2 and a one-line error.
 """
 
-import io
 import math
 import os
 import sys
@@ -38,7 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checkpoint import RunError, load_codec, load_run, tokenizer_meta
+from checkpoint import load_codec, load_run, tokenizer_from_checkpoint
+from cli import UserError, atomic_open, exit_on_user_error
 from configurator import configure
 from model import rope_frequencies
 from pope import pope_frequencies
@@ -50,14 +50,14 @@ MAGNITUDE = {"softplus": F.softplus, "relu": F.relu, "identity": lambda x: x}
 
 
 def read_texts(path):
-    """The non-empty texts of a file, separated by blank lines. Raises RunError if there are none."""
+    """The non-empty texts of a file, separated by blank lines. Raises UserError if there are none."""
     try:
         with open(path, encoding="utf-8") as f:
             texts = [t.strip("\n") for t in f.read().split("\n\n") if t.strip()]
     except (OSError, UnicodeDecodeError) as e:
-        raise RunError(f"cannot read --texts {path} ({type(e).__name__}); give a UTF-8 text file") from None
+        raise UserError(f"cannot read --texts {path} ({type(e).__name__}); give a UTF-8 text file") from None
     if not texts:
-        raise RunError(f"--texts {path} holds no text; separate the input texts by blank lines")
+        raise UserError(f"--texts {path} holds no text; separate the input texts by blank lines")
     return texts
 
 
@@ -85,11 +85,11 @@ def frequency_usage(model, token_lists):
     """Frequency usage of a RoPE or PoPE GPT on a list of token-id lists (each <= block_size).
 
     Returns {"q", "k": (n_layer, n_freq) float64 arrays, averaged over heads and tokens of each text,
-    then over texts; "wavelength": (n_freq,) tokens, 2*pi/theta_c}. Raises RunError for NoPE.
+    then over texts; "wavelength": (n_freq,) tokens, 2*pi/theta_c}. Raises UserError for NoPE.
     """
     cfg = model.config
     if cfg.pos_encoding not in ("rope", "pope"):
-        raise RunError(f"pos_encoding={cfg.pos_encoding!r} has no rotary frequencies to analyze")
+        raise UserError(f"pos_encoding={cfg.pos_encoding!r} has no rotary frequencies to analyze")
     C, H = cfg.n_embd, cfg.n_head
     captured = {}
 
@@ -130,11 +130,8 @@ def _wavelength_ticks(ax, wavelength, n_ticks=6):
 
 
 def _save(fig, path):
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    with open(path + ".tmp", "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(path + ".tmp", path)
+    with atomic_open(path) as f:
+        fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
 
 
 def plot_run(name, cfg, usage, delta, out_dir):
@@ -180,46 +177,39 @@ def plot_run(name, cfg, usage, delta, out_dir):
         _save(fig, paths[-1])
         plt.close(fig)
         arrays["delta"] = delta
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    npz = os.path.join(out_dir, "frequency_usage.npz")
-    with open(npz + ".tmp", "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(npz + ".tmp", npz)
+    with atomic_open(os.path.join(out_dir, "frequency_usage.npz")) as f:
+        np.savez(f, **arrays)
     return paths
 
 
 def analyze_run(run, texts_path="", out_dir="", ckpt="best.pt", device="cpu"):
-    """Analyze one run folder; returns the written PNG paths. Raises RunError on bad input."""
+    """Analyze one run folder; returns the written PNG paths. Raises UserError on bad input."""
     model, state = load_run(run, ckpt, device)
-    meta = tokenizer_meta(state)
+    meta = tokenizer_from_checkpoint(state)
     if not texts_path and (meta.get("tokenizer") or {}).get("kind") != "gpt2":
-        raise RunError(f"{run} uses the tokenizer of '{meta.get('dataset')}': give --texts=FILE in that "
-                       "dataset's own form (the default sonnets are English for GPT-2 BPE)")
+        raise UserError(f"{run} uses the tokenizer of '{meta.get('dataset')}': give --texts=FILE in that "
+                        "dataset's own form (the default sonnets are English for GPT-2 BPE)")
     encode, _ = load_codec(meta)
     try:
         token_lists = [encode(t)[:model.config.block_size] for t in read_texts(texts_path or DEFAULT_TEXTS)]
     except ValueError as e:
-        raise RunError(f"--texts: {e}") from None
+        raise UserError(f"--texts: {e}") from None
     usage = frequency_usage(model, [ids for ids in token_lists if ids])
     name = os.path.basename(os.path.normpath(run))
     return plot_run(name, model.config, usage, pope_deltas(model), out_dir or os.path.join(run, "analysis"))
 
 
+@exit_on_user_error
 def main(argv):
     runs = [a for a in argv if not a.startswith("--")]
     cfg = configure(DEFAULTS, [a for a in argv if a.startswith("--")])
-    try:
-        if not runs:
-            raise RunError("give one or more run folders: python analyze.py out-owt-124m-rope out-owt-124m-pope")
-        paths = []
-        for run in runs:  # several runs and one --out_dir: a sub-folder per run
-            out = cfg["out_dir"] and (os.path.join(cfg["out_dir"], os.path.basename(os.path.normpath(run)))
-                                      if len(runs) > 1 else cfg["out_dir"])
-            paths += analyze_run(run, cfg["texts"], out, cfg["ckpt"], cfg["device"])
-    except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    if not runs:
+        raise UserError("give one or more run folders: python analyze.py out-owt-124m-rope out-owt-124m-pope")
+    paths = []
+    for run in runs:  # several runs and one --out_dir: a sub-folder per run
+        out = cfg["out_dir"] and (os.path.join(cfg["out_dir"], os.path.basename(os.path.normpath(run)))
+                                  if len(runs) > 1 else cfg["out_dir"])
+        paths += analyze_run(run, cfg["texts"], out, cfg["ckpt"], cfg["device"])
     for p in paths:
         print(p)
     return paths

@@ -26,6 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from cli import resolve_device
 from model import GPT, GPTConfig, KVCache, apply_rope
 from pope import polar_to_cartesian, pope_attention, pope_frequencies
 
@@ -213,11 +214,12 @@ def print_table(title, rows):
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel"])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
     p.add_argument("--vocab_size", type=int, default=50304)
     a = p.parse_args(argv)
+    a.device = resolve_device(a.device)
     print(f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
     if a.only in (None, "step"):
         print_table("training step, 6 layers x 384 wide, T=1024, batch 2",

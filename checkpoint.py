@@ -17,30 +17,29 @@ import tempfile
 
 import torch
 
-from model import GPT, GPTConfig
+from cli import UserError
+from model import RENAMED_FIELDS, GPT, GPTConfig
 
 TOKENIZER_KEYS = ("dataset", "vocab_size", "pad_id", "tokenizer")
-
-
-class RunError(Exception):
-    """A user-facing problem with a run folder; str(e) is one line that says what to do."""
 
 
 def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
     """torch.load(out_dir/ckpt, weights_only=True) -> the checkpoint dict.
 
-    Raises RunError when the file is missing or is not a checkpoint of this repo.
+    model_args written under an old GPTConfig field name (model.RENAMED_FIELDS) come back under the
+    new one. Raises UserError when the file is missing or is not a checkpoint of this repo.
     """
     path = os.path.join(out_dir, ckpt)
     if not os.path.isfile(path):
-        raise RunError(f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "
-                       "or point to a run folder that has one")
+        raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "
+                        "or point to a run folder that has one")
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # truncated file, pickle from elsewhere, ...
-        raise RunError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
+        raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
     if not isinstance(state, dict) or "model" not in state or "model_args" not in state:
-        raise RunError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
+        raise UserError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
+    state["model_args"] = {RENAMED_FIELDS.get(k, k): v for k, v in state["model_args"].items()}
     return state
 
 
@@ -60,8 +59,9 @@ def load_run(out_dir, ckpt="best.pt", device="cpu", **overrides):
     return build_model(state, device, **overrides), state
 
 
-def tokenizer_entry(meta, data_dir=None):
-    """The part of a dataset's meta.json that a checkpoint stores for decoding (TOKENIZER_KEYS).
+def tokenizer_to_checkpoint(meta, data_dir=None):
+    """The part of a dataset's meta.json that a checkpoint stores for decoding (TOKENIZER_KEYS), under
+    the key "tokenizer"; tokenizer_from_checkpoint reads it back.
 
     A tokenizer that decodes from a file in the dataset folder (meta["tokenizer"]["file"], e.g.
     MAESTRO's miditok tokenizer.json) gets that file's text embedded as tokenizer["file_text"] when
@@ -77,12 +77,12 @@ def tokenizer_entry(meta, data_dir=None):
     return entry
 
 
-def tokenizer_meta(state, data_root=None, source=None):
+def tokenizer_from_checkpoint(state, data_root=None, source=None):
     """The tokenizer description of a checkpoint dict: {"dataset", "vocab_size", "pad_id", "tokenizer"}.
 
     Read from the checkpoint first; for checkpoints written before tokenizers were stored there,
     from <data_root or the run's data_root>/<dataset>/meta.json. source: the checkpoint's path, for
-    the message. Raises RunError naming both places and the fix.
+    the message. Raises UserError naming both places and the fix.
     """
     if state.get("tokenizer"):
         return state["tokenizer"]
@@ -92,17 +92,17 @@ def tokenizer_meta(state, data_root=None, source=None):
     path = os.path.join(data_dir, "meta.json")
     if os.path.isfile(path):
         with open(path) as f:
-            return tokenizer_entry(json.load(f), data_dir)
-    raise RunError(f"no tokenizer: {source or 'the checkpoint'} stores none (written before train.py stored it) "
-                   f"and {path} does not exist; prepare the dataset '{cfg.get('dataset')}' there (or point "
-                   f"--data_root to it), or resume the run once with this train.py to store it")
+            return tokenizer_to_checkpoint(json.load(f), data_dir)
+    raise UserError(f"no tokenizer: {source or 'the checkpoint'} stores none (written before train.py stored it) "
+                    f"and {path} does not exist; prepare the dataset '{cfg.get('dataset')}' there (or point "
+                    f"--data_root to it), or resume the run once with this train.py to store it")
 
 
 PROVENANCE_KEYS = ("source", "file", "file_text")  # where a tokenizer was read from, not what its ids mean
 
 
 def same_tokenizer(a, b):
-    """True if two tokenizer descriptions (tokenizer_meta / tokenizer_entry / a meta.json) give every
+    """True if two tokenizer descriptions (tokenizer_from_checkpoint / tokenizer_to_checkpoint / a meta.json) give every
     token id the same meaning: equal vocab_size, pad_id and "tokenizer" entries (kind, symbols, ...),
     ignoring PROVENANCE_KEYS (e.g. GPT-2 read through tiktoken or a local copy); an embedded tokenizer
     file's text (file_text) is compared when both carry it."""
@@ -127,11 +127,12 @@ def describe_tokenizer(meta):
 
 def miditok_tokenizer(meta):
     """The miditok tokenizer of a tokenizer description of kind 'miditok' (MAESTRO), rebuilt from the
-    tokenizer.json text the checkpoint embeds (see tokenizer_entry). Raises RunError if it has none."""
+    tokenizer.json text the checkpoint embeds (see tokenizer_to_checkpoint). Raises UserError if it
+    has none."""
     tok = meta.get("tokenizer") or {}
     if tok.get("kind") != "miditok" or not tok.get("file_text"):
-        raise RunError(f"tokenizer {tok.get('kind')!r} embeds no miditok tokenizer.json; resume the run once "
-                       "with this train.py, with the dataset folder present, to store it")
+        raise UserError(f"tokenizer {tok.get('kind')!r} embeds no miditok tokenizer.json; resume the run once "
+                        "with this train.py, with the dataset folder present, to store it")
     import miditok
     with tempfile.TemporaryDirectory() as folder:  # miditok reads its parameters from a file
         path = os.path.join(folder, "tokenizer.json")

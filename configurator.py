@@ -5,13 +5,15 @@
 Arguments are applied left to right over the script's defaults: a path ending in .py is a config
 file (plain assignments, executed as Python); --key=value overrides one key, its value read as a
 Python literal (a bare word is taken as a string). An unknown key, or a value whose type does not
-match the default's, prints the error with the valid keys and exits with code 2.
+match the default's, raises cli.UserError with the valid keys as its details (exit code 2 under
+cli.exit_on_user_error).
 """
 
 import ast
 import os
-import sys
 import types
+
+from cli import UserError, note_renamed
 
 
 def _typecheck(key, value, default):
@@ -31,25 +33,26 @@ def _typecheck(key, value, default):
     raise TypeError(f"{key} must be {type(default).__name__} like its default {default!r}, got {value!r}")
 
 
-def _fail(msg, defaults):
+def _error(msg, defaults):
     keys = "\n".join(f"  {k} = {v!r}" for k, v in defaults.items())
-    print(f"error: {msg}\nvalid keys (with defaults):\n{keys}", file=sys.stderr)
-    sys.exit(2)
+    return UserError(msg, details=f"valid keys (with defaults):\n{keys}")
 
 
-def configure(defaults, argv):
+def configure(defaults, argv, renamed=None):
     """Return a new dict: `defaults` updated by the config files and --key=value items of argv.
 
-    Exits with code 2 (after printing the error and the valid keys) on an unknown key, a value of
-    the wrong type, a missing config file or a malformed argument.
+    renamed: {old key: new key}; a setting under an old key sets the new one, after a one-line note.
+
+    Raises UserError (details: the valid keys) on an unknown key, a value of the wrong type, a
+    missing config file or a malformed argument.
     """
     cfg = dict(defaults)
     for arg in argv:
         if arg in ("-h", "--help"):
-            _fail("usage: [config.py] [--key=value ...]", defaults)
+            raise _error("usage: [config.py] [--key=value ...]", defaults)
         if not arg.startswith("--"):
             if not arg.endswith(".py") or not os.path.isfile(arg):
-                _fail(f"config file {arg!r} not found (expected a path like config/train_owt_pope.py)", defaults)
+                raise _error(f"config file {arg!r} not found (expected a path like config/train_owt_pope.py)", defaults)
             ns = dict(cfg)
             with open(arg) as f:
                 exec(compile(f.read(), arg, "exec"), ns)
@@ -58,7 +61,7 @@ def configure(defaults, argv):
         else:
             key, eq, raw = arg[2:].partition("=")
             if not eq:
-                _fail(f"argument {arg!r} must look like --key=value", defaults)
+                raise _error(f"argument {arg!r} must look like --key=value", defaults)
             try:
                 value = ast.literal_eval(raw)
             except (ValueError, SyntaxError):
@@ -67,10 +70,13 @@ def configure(defaults, argv):
                 value = raw  # a text setting keeps the text as typed, e.g. sample.py --start="[1, 2, 3]"
             items = [(key, value)]
         for key, value in items:
+            if key in (renamed or {}) and key not in defaults:
+                note_renamed(f"config key {key!r}", repr(renamed[key]))
+                key = renamed[key]
             if key not in defaults:
-                _fail(f"unknown config key {key!r} (from {arg})", defaults)
+                raise _error(f"unknown config key {key!r} (from {arg})", defaults)
             try:
                 cfg[key] = _typecheck(key, value, defaults[key])
             except TypeError as e:
-                _fail(f"{e} (from {arg})", defaults)
+                raise _error(f"{e} (from {arg})", defaults)
     return cfg

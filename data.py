@@ -14,14 +14,22 @@ import torch
 
 
 class Dataset:
-    """A prepared dataset folder: meta.json plus one memmapped .bin per split.
+    """A prepared dataset folder: meta.json plus one memmapped .bin per split, and the batches a
+    run draws from it.
 
-    Raises FileNotFoundError naming the prepare command when the folder or a split is missing, and
-    ValueError if a split is empty (data prepared before the prepare scripts refused that).
+    The batch readers (train_batch, fixed_batches, full_split_batches) use the sizes given here once:
+    batch_size examples per micro-batch, block_size tokens of context, grad_accum micro-steps per
+    process and step, the data seed, and this process's rank among world_size DDP processes.
+    Reading arrays and meta needs none of them. Raises FileNotFoundError naming the prepare command
+    when the folder or a split is missing, and ValueError if a split is empty (data prepared before
+    the prepare scripts refused that) or if rows would not fit block_size.
     """
 
-    def __init__(self, data_dir, prepare_hint=None):
+    def __init__(self, data_dir, *, batch_size=None, block_size=None, grad_accum=1, seed=0, rank=0, world_size=1,
+                 prepare_hint=None):
         self.dir = data_dir
+        self.batch_size, self.block_size, self.grad_accum = batch_size, block_size, grad_accum
+        self.seed, self.rank, self.world_size = seed, rank, world_size
         path = os.path.join(data_dir, "meta.json")
         if not os.path.exists(path):
             name = os.path.basename(os.path.normpath(data_dir))
@@ -38,6 +46,10 @@ class Dataset:
         self.pad_id = self.meta.get("pad_id")
         self.vocab_size = self.meta["vocab_size"]
         self._arrays = {}
+        if self.layout == "rows" and block_size is not None:
+            row_len = self.meta["splits"][next(iter(self.meta["splits"]))]["shape"][1]
+            if row_len - 1 > block_size:
+                raise ValueError(f"{self.dir} has rows of {row_len} tokens: set block_size >= {row_len - 1}")
 
     def has_split(self, split):
         return split in self.meta["splits"]
@@ -51,13 +63,6 @@ class Dataset:
             self._arrays[split] = np.memmap(os.path.join(self.dir, s["file"]), dtype=self.meta["dtype"],
                                             mode="r", shape=tuple(s["shape"]))
         return self._arrays[split]
-
-    def check_block_size(self, block_size):
-        """Raise ValueError if rows would not fit a block_size context (row_len - 1 inputs)."""
-        if self.layout == "rows":
-            row_len = self.meta["splits"][next(iter(self.meta["splits"]))]["shape"][1]
-            if row_len - 1 > block_size:
-                raise ValueError(f"{self.dir} has rows of {row_len} tokens: set block_size >= {row_len - 1}")
 
     def _rows_to_xy(self, rows):
         rows = torch.from_numpy(rows.astype(np.int64))
@@ -74,60 +79,63 @@ class Dataset:
         width = max(int(real.max()) - 1, 1)  # drop columns that are padding in every row
         return x[:, :width].contiguous(), y[:, :width].contiguous()
 
-    def _windows_to_xy(self, arr, starts, block_size):
-        w = np.stack([arr[i:i + block_size + 1] for i in starts]).astype(np.int64)
+    def _windows_to_xy(self, arr, starts):
+        w = np.stack([arr[i:i + self.block_size + 1] for i in starts]).astype(np.int64)
         w = torch.from_numpy(w)
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
-    def random_batch(self, split, batch_size, block_size, rng):
+    def random_batch(self, split, rng):
         """(x, y) int64 CPU tensors (batch_size, <= block_size) drawn with `rng` (np.random.Generator)."""
-        arr = self.array(split)
+        arr, batch_size, block_size = self.array(split), self.batch_size, self.block_size
         if self.layout == "rows":
             return self._rows_to_xy(arr[np.sort(rng.integers(0, len(arr), batch_size))])
         if len(arr) < block_size + 1:
             raise ValueError(f"split {split!r} has {len(arr)} tokens, fewer than block_size + 1 = {block_size + 1}")
-        return self._windows_to_xy(arr, rng.integers(0, len(arr) - block_size, batch_size), block_size)
+        return self._windows_to_xy(arr, rng.integers(0, len(arr) - block_size, batch_size))
 
-    def train_batch(self, it, micro_step, seed, batch_size, block_size, grad_accum, rank=0, world_size=1):
-        """Micro-batch `micro_step` of rank `rank` at iteration `it` (stateless, see module docstring).
+    def train_batch(self, it, micro_step):
+        """Micro-batch `micro_step` (0 .. grad_accum - 1) of this rank at iteration `it` (stateless, see
+        the module docstring): (x, y) int64 CPU tensors (batch_size, <= block_size).
 
-        grad_accum is the per-rank number of micro-steps; the global batch holds
-        grad_accum * world_size * batch_size examples, identical for any world_size at a fixed product.
+        The global batch of `it` holds grad_accum * world_size * batch_size examples, identical for any
+        world_size at a fixed grad_accum * world_size.
         """
-        rng = np.random.default_rng([seed, it])
-        n_chunks = grad_accum * world_size
+        batch_size, block_size = self.batch_size, self.block_size
+        rng = np.random.default_rng([self.seed, it])
+        n_chunks = self.grad_accum * self.world_size
         arr = self.array("train")
-        chunk = micro_step * world_size + rank
+        chunk = micro_step * self.world_size + self.rank
         if self.layout == "rows":
             idx = rng.integers(0, len(arr), n_chunks * batch_size).reshape(n_chunks, batch_size)[chunk]
             return self._rows_to_xy(arr[np.sort(idx)])
         starts = rng.integers(0, len(arr) - block_size, n_chunks * batch_size).reshape(n_chunks, batch_size)
-        return self._windows_to_xy(arr, starts[chunk], block_size)
+        return self._windows_to_xy(arr, starts[chunk])
 
-    def fixed_batches(self, split, n_batches, batch_size, block_size, seed=0):
-        """The same n_batches random batches of `split` on every call (periodic evaluation)."""
-        rng = np.random.default_rng([seed, 7919])
-        return [self.random_batch(split, batch_size, block_size, rng) for _ in range(n_batches)]
+    def fixed_batches(self, split, n_batches):
+        """This rank's share (batches rank, rank + world_size, ...) of n_batches random batches of
+        `split` that are the same on every call (periodic evaluation)."""
+        rng = np.random.default_rng([self.seed, 7919])
+        return [self.random_batch(split, rng) for _ in range(n_batches)][self.rank::self.world_size]
 
-    def full_split_batches(self, split, batch_size, block_size, rank=0, world_size=1):
-        """Yield (x, y) covering the whole split once, rank r taking batches r, r + W, ...
+    def full_split_batches(self, split):
+        """Yield (x, y) covering the whole split once, this rank taking batches rank, rank + world_size, ...
 
         rows: every row in order. stream: consecutive non-overlapping windows of block_size
         predictions, so every token but the first is predicted exactly once.
         """
-        arr = self.array(split)
+        arr, batch_size, block_size = self.array(split), self.batch_size, self.block_size
         if self.layout == "rows":
             starts = range(0, len(arr), batch_size)
             for b, s in enumerate(starts):
-                if b % world_size == rank:
+                if b % self.world_size == self.rank:
                     yield self._rows_to_xy(np.asarray(arr[s:s + batch_size]))
             return
         n_windows = (len(arr) - 1) // block_size
         tail = (len(arr) - 1) - n_windows * block_size
         starts = [i * block_size for i in range(n_windows)]
         for b, s in enumerate(range(0, len(starts), batch_size)):
-            if b % world_size == rank:
-                yield self._windows_to_xy(arr, starts[s:s + batch_size], block_size)
-        if tail and rank == 0:  # the last < block_size predictions
+            if b % self.world_size == self.rank:
+                yield self._windows_to_xy(arr, starts[s:s + batch_size])
+        if tail and self.rank == 0:  # the last < block_size predictions
             w = torch.from_numpy(np.asarray(arr[-tail - 1:]).astype(np.int64))[None]
             yield w[:, :-1].contiguous(), w[:, 1:].contiguous()

@@ -22,7 +22,6 @@ README section "Downstream evaluation" explains offline use (HF_DATASETS_OFFLINE
 """
 
 import functools
-import json
 import os
 import sys
 import time
@@ -30,7 +29,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from checkpoint import RunError, load_codec, load_run, tokenizer_meta
+from checkpoint import load_codec, load_run, tokenizer_from_checkpoint
+from cli import UserError, atomic_write, atomic_write_json, exit_on_user_error, resolve_device
 from configurator import configure
 from model import KVCache
 
@@ -172,13 +172,13 @@ def gpt_lm_class():
 
 
 def build_lm(out_dir, ckpt="best.pt", batch_size=16, device="cpu", attn_backend="auto"):
-    """GPTLM for a run folder. Raises RunError (no checkpoint, or a tokenizer that is not GPT-2)."""
+    """GPTLM for a run folder. Raises UserError (no checkpoint, or a tokenizer that is not GPT-2)."""
     model, state = load_run(out_dir, ckpt, device, attn_backend=attn_backend)
-    meta = tokenizer_meta(state)
+    meta = tokenizer_from_checkpoint(state)
     kind = (meta.get("tokenizer") or {}).get("kind")
     if kind != "gpt2":
-        raise RunError(f"{out_dir} was trained on '{meta.get('dataset')}' with a {kind!r} tokenizer; the "
-                       "downstream tasks are English text and need a GPT-2 BPE model")
+        raise UserError(f"{out_dir} was trained on '{meta.get('dataset')}' with a {kind!r} tokenizer; the "
+                        "downstream tasks are English text and need a GPT-2 BPE model")
     encode, decode = load_codec(meta)
     return gpt_lm_class()(model, encode, decode, batch_size=batch_size, device=device)
 
@@ -187,12 +187,12 @@ def task_manager(include_path="", include_defaults=True):
     """lm_eval TaskManager over the harness's tasks (unless include_defaults=False: indexing them
     takes seconds), eval_tasks/ and the comma-separated folders of include_path.
 
-    Raises RunError if a folder does not exist."""
+    Raises UserError if a folder does not exist."""
     from lm_eval.tasks import TaskManager
     paths = [LOCAL_TASKS] + [p for p in include_path.split(",") if p]
     for p in paths:
         if not os.path.isdir(p):
-            raise RunError(f"--include_path {p}: no such folder of task YAMLs")
+            raise UserError(f"--include_path {p}: no such folder of task YAMLs")
     return TaskManager(include_path=paths, include_defaults=include_defaults)
 
 
@@ -219,13 +219,6 @@ def markdown_table(rows, tasks):
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def evaluate_run(lm, tasks, tm, limit=None, seed=1234):
     """Harness results dict (simple_evaluate, zero-shot, no sample logs) of one GPTLM on `tasks`."""
     from lm_eval import evaluator
@@ -234,23 +227,20 @@ def evaluate_run(lm, tasks, tm, limit=None, seed=1234):
                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
 
 
+@exit_on_user_error
 def main(argv):
     runs = [a for a in argv if not a.startswith("--")]
     cfg = configure(DEFAULTS, [a for a in argv if a.startswith("--")])
-    dev = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = resolve_device(cfg["device"])
     tasks = [t for t in cfg["tasks"].split(",") if t]
-    try:
-        if not runs:
-            raise RunError("give one or more run folders: python eval_downstream.py out-owt-124m-pope [--tasks=...]")
-        lms = [build_lm(r, cfg["ckpt"], cfg["batch_size"], dev, cfg["attn_backend"]) for r in runs]
-        tm = task_manager(cfg["include_path"])
-        unknown = [t for t in tasks if t not in tm.all_tasks]
-        if unknown or not tasks:
-            raise RunError(f"unknown task(s) {unknown or tasks}: use harness task names (lm-eval ls tasks) or "
-                           "add a folder of task YAMLs with --include_path")
-    except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    if not runs:
+        raise UserError("give one or more run folders: python eval_downstream.py out-owt-124m-pope [--tasks=...]")
+    lms = [build_lm(r, cfg["ckpt"], cfg["batch_size"], dev, cfg["attn_backend"]) for r in runs]
+    tm = task_manager(cfg["include_path"])
+    unknown = [t for t in tasks if t not in tm.all_tasks]
+    if unknown or not tasks:
+        raise UserError(f"unknown task(s) {unknown or tasks}: use harness task names (lm-eval ls tasks) or "
+                        "add a folder of task YAMLs with --include_path")
     os.makedirs(cfg["out_dir"], exist_ok=True)
     rows = []
     for run, lm in zip(runs, lms):
@@ -259,15 +249,14 @@ def main(argv):
             res = evaluate_run(lm, tasks, tm, cfg["limit"], cfg["seed"])
         except (OSError, ConnectionError) as e:  # the hub unreachable, a data file missing
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            print(f"error: cannot load the task data ({type(e).__name__}: {msg}); for offline use, fill the HF "
-                  "cache (HF_HOME) and set HF_DATASETS_OFFLINE=1 (README: Downstream evaluation)", file=sys.stderr)
-            sys.exit(2)
+            raise UserError(f"cannot load the task data ({type(e).__name__}: {msg}); for offline use, fill the HF "
+                            "cache (HF_HOME) and set HF_DATASETS_OFFLINE=1 (README: Downstream evaluation)") from None
         name = os.path.basename(os.path.normpath(run))
         print(f"{name}: {time.time() - t0:.1f} s", file=sys.stderr)
-        _atomic_write(os.path.join(cfg["out_dir"], f"{name}.json"), json.dumps(res, indent=2, default=str))
+        atomic_write_json(os.path.join(cfg["out_dir"], f"{name}.json"), res, indent=2, default=str)
         rows.append((name, res))
     table = markdown_table(rows, tasks)
-    _atomic_write(os.path.join(cfg["out_dir"], "results.md"), table)
+    atomic_write(os.path.join(cfg["out_dir"], "results.md"), table)
     print(table)
     return rows
 

@@ -2,7 +2,7 @@
 
     python eval_extrapolate.py out-owt-124m-rope out-owt-124m-pope out-owt-124m-yarn-4096 out-owt-124m-pope-4096
     python eval_extrapolate.py out-x-rope out-x-pope --dataset=shakespeare_char --lengths=256,512,1024,2048,4096
-    python eval_extrapolate.py out-owt-124m-rope --yarn_scale=4      # YaRN at evaluation time, no fine-tune
+    python eval_extrapolate.py out-owt-124m-rope --rope_scaling=4    # YaRN at evaluation time, no fine-tune
     python eval_extrapolate.py out-owt-124m-rope out-owt-124m-pope --protocol=sliding --max_tokens=1000000
 
 The paper's headline test (section 4, Figure 2): models trained at 1024 tokens, scored zero-shot on
@@ -61,8 +61,9 @@ taken over slices of the scored positions, so memory grows as O(L_max), never wi
 tensor or a (T, vocab) logit tensor for the full window.
 (Exception: alibi_half passes its (H, T, T) bias to SDPA, so it grows as T^2.)
 YaRN: a checkpoint fine-tuned with YaRN carries rope_scaling / rope_original_block_size in its
-model_args and runs with them as is. --yarn_scale=S > 1 gives the other RoPE runs s = S and
-L = their block_size at evaluation time (no fine-tuning); other encodings ignore it, with a note.
+model_args and runs with them as is. --rope_scaling=S > 1 (train.py's name for YaRN's s; the old
+flag --yarn_scale still works, with a note) gives the other RoPE runs s = S and L = their block_size
+at evaluation time (no fine-tuning); other encodings ignore it, with a note.
 
 Outputs: markdown tables on stdout, and in --out_dir (written atomically):
   extrapolation.csv   one row per (model, length): run, label, protocol, length, tokens, ppl,
@@ -75,6 +76,7 @@ length, a stride <= 0 or longer than the shortest length, ...) prints one line a
 
 import argparse
 import csv
+import functools
 import io
 import math
 import os
@@ -86,18 +88,15 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from checkpoint import RunError, build_model, describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_meta
+from checkpoint import build_model, describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_from_checkpoint
+from cli import (DTYPES, UserError, atomic_open, atomic_write, autocast_context, exit_on_user_error, note_renamed,
+                 resolve_device, resolve_dtype)
 from data import Dataset
 from model import ABSOLUTE_ENCODINGS, GPTConfig
-from prepare.common import atomic_write_bytes
 
 DEFAULT_LENGTHS = ",".join(str(1024 * i) for i in range(1, 11))
 PROTOCOLS = ("tiled", "sliding", "truncate")
 DEFAULT_STRIDE = 256  # YaRN's and Position Interpolation's
-
-
-class InputError(Exception):
-    """Bad command-line input or data; str(e) is the one-line message (exit code 2)."""
 
 
 # ---- windows ----
@@ -112,8 +111,8 @@ def document_offsets(ds, split):
         return np.array([0, n], dtype=np.int64)
     off = np.fromfile(os.path.join(ds.dir, docs["file"]), dtype=docs.get("dtype", "int64")).astype(np.int64)
     if len(off) < 2 or off[0] != 0 or off[-1] != n or np.any(np.diff(off) < 0):
-        raise InputError(f"{ds.dir}/{docs['file']} does not hold document offsets 0 .. {n} of {split}.bin; "
-                         "prepare the dataset again")
+        raise UserError(f"{ds.dir}/{docs['file']} does not hold document offsets 0 .. {n} of {split}.bin; "
+                        "prepare the dataset again")
     return off
 
 
@@ -122,14 +121,14 @@ def chunk_starts(offsets, max_length, max_tokens=0, seed=1337):
 
     offsets: document offsets (n_docs + 1,). max_tokens > 0 keeps max(1, max_tokens // max_length)
     chunks drawn with np.random.default_rng(seed); 0 keeps all. Depends on nothing else, so every
-    model gets the same chunks. Raises InputError when no document has max_length + 1 tokens.
+    model gets the same chunks. Raises UserError when no document has max_length + 1 tokens.
     """
     starts = [np.arange(a, b - max_length, max_length) for a, b in zip(offsets[:-1], offsets[1:])]
     starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
     if len(starts) == 0:
         longest = int(np.diff(offsets).max()) if len(offsets) > 1 else 0
-        raise InputError(f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
-                         f"the longest has {longest}: use shorter --lengths or another --split/--dataset")
+        raise UserError(f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
+                        f"the longest has {longest}: use shorter --lengths or another --split/--dataset")
     if max_tokens > 0:
         n = max(1, max_tokens // max_length)
         if n < len(starts):
@@ -153,12 +152,12 @@ def cut_documents(n_tokens, doc_tokens):
 def long_documents(offsets, max_length):
     """(n, 2) int64 [start, end) of the documents with at least max_length + 1 tokens (a window of
     max_length inputs and its targets), in dataset order. offsets: (n_docs + 1,).
-    Raises InputError when there is none."""
+    Raises UserError when there is none."""
     spans = np.stack([offsets[:-1], offsets[1:]], 1)
     keep = spans[spans[:, 1] - spans[:, 0] >= max_length + 1]
     if len(keep) == 0:
         longest = int((spans[:, 1] - spans[:, 0]).max()) if len(spans) else 0
-        raise InputError(f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
+        raise UserError(f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
                          f"the longest has {longest}: use shorter --lengths or another --split/--dataset")
     return keep.astype(np.int64)
 
@@ -166,7 +165,7 @@ def long_documents(offsets, max_length):
 def truncate_starts(offsets, max_length, max_tokens=0, seed=1337):
     """Starts (int64, sorted) of the documents the truncate protocol scores: those with at least
     max_length + 1 tokens; max_tokens > 0 keeps max(1, max_tokens // max_length) of them drawn with
-    np.random.default_rng(seed). InputError when no document is long enough."""
+    np.random.default_rng(seed). UserError when no document is long enough."""
     starts = long_documents(offsets, max_length)[:, 0]
     if max_tokens > 0:
         n = max(1, max_tokens // max_length)
@@ -180,7 +179,7 @@ def sliding_stretches(offsets, max_length, max_tokens=0, seed=1337):
 
     Documents with at least max_length + 1 tokens, each whole (m = its length - 1); max_tokens > 0
     takes them in np.random.default_rng(seed).permutation order until max_tokens targets, the last
-    one cut to the budget left but to no fewer than max_length targets. InputError when none is long
+    one cut to the budget left but to no fewer than max_length targets. UserError when none is long
     enough. The stretches do not depend on the length, so every length scores the same targets.
     """
     docs = long_documents(offsets, max_length)
@@ -356,41 +355,41 @@ def encoding_label(cfg):
     return f"{label}+yarn(s={s:g})" if label == "rope" and s != 1.0 else label
 
 
-def inspect_run(run, yarn_scale, ds_meta):
+def inspect_run(run, rope_scaling, ds_meta):
     """(overrides, model_args, label, notes) of a run folder, its checkpoint read on the CPU and checked
     (readable, a valid config, the dataset's tokenizer) without building the model.
-    overrides: the GPTConfig fields --yarn_scale sets. RunError / InputError on bad input."""
+    overrides: the GPTConfig fields --rope_scaling sets. UserError on bad input."""
     state = load_checkpoint(run, "best.pt", "cpu")
     args = dict(state["model_args"])
     notes, overrides = [], {}
-    if yarn_scale != 1.0:
+    if rope_scaling != 1.0:
         if args.get("pos_encoding") != "rope":
-            notes.append(f"{run}: --yarn_scale applies to RoPE only; {args.get('pos_encoding')} runs as trained")
+            notes.append(f"{run}: --rope_scaling applies to RoPE only; {args.get('pos_encoding')} runs as trained")
         elif args.get("rope_scaling", 1.0) != 1.0:
-            notes.append(f"{run}: already YaRN (s={args['rope_scaling']:g}); --yarn_scale ignored")
+            notes.append(f"{run}: already YaRN (s={args['rope_scaling']:g}); --rope_scaling ignored")
         else:
-            overrides = dict(rope_scaling=yarn_scale, rope_original_block_size=args["block_size"])
+            overrides = dict(rope_scaling=rope_scaling, rope_original_block_size=args["block_size"])
     try:
         GPTConfig(**{**args, **overrides})
     except (TypeError, ValueError) as e:
-        raise RunError(f"{run}: its model_args do not make a model of this version ({e})") from None
+        raise UserError(f"{run}: its model_args do not make a model of this version ({e})") from None
     args.update(overrides)
     check_tokenizer(run, state, args, ds_meta)
     return overrides, args, encoding_label(args), notes
 
 
 def check_tokenizer(run, state, args, ds_meta):
-    """InputError if the run's tokens do not mean the dataset's tokens."""
+    """UserError if the run's tokens do not mean the dataset's tokens."""
     if ds_meta["vocab_size"] > args["vocab_size"]:
-        raise InputError(f"{run} has a vocabulary of {args['vocab_size']} tokens, dataset "
-                         f"{ds_meta['dataset']} has {ds_meta['vocab_size']}: evaluate on the tokenizer it was trained with")
+        raise UserError(f"{run} has a vocabulary of {args['vocab_size']} tokens, dataset "
+                        f"{ds_meta['dataset']} has {ds_meta['vocab_size']}: evaluate on the tokenizer it was trained with")
     try:
-        trained = tokenizer_meta(state)
-    except RunError:
+        trained = tokenizer_from_checkpoint(state)
+    except UserError:
         return  # an old checkpoint without its dataset at hand: the vocabulary check above is all we have
     if not same_tokenizer(trained, ds_meta):  # e.g. two char alphabets of one size: same shapes, other symbols
-        raise InputError(f"{run} was trained with {describe_tokenizer(trained)}, --dataset has "
-                         f"{describe_tokenizer(ds_meta)}: pick the matching --dataset")
+        raise UserError(f"{run} was trained with {describe_tokenizer(trained)}, --dataset has "
+                        f"{describe_tokenizer(ds_meta)}: pick the matching --dataset")
 
 
 # ---- outputs ----
@@ -440,7 +439,7 @@ def write_csv(path, rows):
     for r in rows:
         cell = lambda v: "" if v is None else (f"{v:.6g}" if isinstance(v, float) else v)  # noqa: E731
         w.writerow([cell(r.get(k)) for k in CSV_COLUMNS])
-    atomic_write_bytes(path, buf.getvalue().encode())
+    atomic_write(path, buf.getvalue())
 
 
 def write_plot(path, rows, runs, train_lengths, dataset, protocol="tiled"):
@@ -469,46 +468,45 @@ def write_plot(path, rows, runs, train_lengths, dataset, protocol="tiled"):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    with atomic_open(path) as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 # ---- command line ----
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2 (main), instead of usage + message
-        raise InputError(f"{message} (see python eval_extrapolate.py --help)")
+        raise UserError(f"{message} (see python eval_extrapolate.py --help)")
 
 
 def parse_lengths(text):
     try:
         lengths = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
-        raise InputError(f"--lengths must be comma-separated integers, got {text!r}") from None
+        raise UserError(f"--lengths must be comma-separated integers, got {text!r}") from None
     if not lengths or lengths[0] <= 0:
-        raise InputError(f"--lengths must be positive token counts, got {text!r}")
+        raise UserError(f"--lengths must be positive token counts, got {text!r}")
     return lengths
 
 
 def parse_stride(protocol, stride, shortest):
     """The stride of the sliding protocol (default DEFAULT_STRIDE), None for the others.
-    InputError for a stride <= 0, one longer than the shortest length, or one given to another protocol."""
+    UserError for a stride <= 0, one longer than the shortest length, or one given to another protocol."""
     if protocol != "sliding":
         if stride is not None:
-            raise InputError("--stride applies to --protocol=sliding only; drop it or add --protocol=sliding")
+            raise UserError("--stride applies to --protocol=sliding only; drop it or add --protocol=sliding")
         return None
     stride = DEFAULT_STRIDE if stride is None else stride
     if not 0 < stride <= shortest:
-        raise InputError(f"--stride must lie in 1 .. the shortest length {shortest} (each window scores its last "
+        raise UserError(f"--stride must lie in 1 .. the shortest length {shortest} (each window scores its last "
                          f"stride tokens), got {stride}")
     return stride
 
 
 def select(protocol, offsets, max_length, max_tokens, seed):
     """(units, summary): what a protocol scores (chunk starts, [(start, m)] stretches or document starts)
-    and one line that says so. InputError when no document is long enough."""
+    and one line that says so. UserError when no document is long enough."""
     if protocol == "tiled":
         starts = chunk_starts(offsets, max_length, max_tokens, seed)
         return starts, f"{len(starts)} chunks of {max_length + 1} tokens"
@@ -535,51 +533,52 @@ def parse_args(argv):
     p.add_argument("--last_k", type=int, default=256, help="tiled: targets per chunk in the same-tokens view")
     p.add_argument("--max_tokens", type=int, default=0, help="token budget per length (0: all chunks/documents)")
     p.add_argument("--seed", type=int, default=1337, help="draws the chunks/documents when --max_tokens limits them")
-    p.add_argument("--yarn_scale", type=float, default=1.0, help="YaRN s for RoPE runs without it (1: off)")
+    p.add_argument("--rope_scaling", type=float, default=1.0, help="YaRN's s for RoPE runs trained without it (1: off)")
+    p.add_argument("--yarn_scale", type=float, help=argparse.SUPPRESS)  # the old name of --rope_scaling
     p.add_argument("--out_dir", default="out-extrapolate", help="where the CSV and PNG go")
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype on CUDA; 'auto': bf16 where supported; CPU runs in float32")
-    return p.parse_args(argv)
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                   help="autocast dtype; 'auto': float32 on CPU, bf16 on CUDA where supported, else fp16")
+    a = p.parse_args(argv)
+    if a.yarn_scale is not None:
+        note_renamed("--yarn_scale", "--rope_scaling")
+        a.rope_scaling = a.yarn_scale
+    return a
 
 
 def run(argv):
-    """Evaluate as the command line asks; returns the result rows. InputError / RunError on bad input."""
+    """Evaluate as the command line asks; returns the result rows. UserError on bad input."""
     a = parse_args(argv)
     lengths = parse_lengths(a.lengths)
     if a.protocol == "tiled" and not 0 < a.last_k <= lengths[0]:  # the same-tokens view is tiled's only
-        raise InputError(f"--last_k must lie in 1 .. the shortest length {lengths[0]}, got {a.last_k}")
+        raise UserError(f"--last_k must lie in 1 .. the shortest length {lengths[0]}, got {a.last_k}")
     if a.max_tokens < 0:
-        raise InputError(f"--max_tokens must be >= 0 (0: no limit), got {a.max_tokens}")
-    if a.yarn_scale < 1.0:
-        raise InputError(f"--yarn_scale is YaRN's s = L'/L >= 1 (1: off), got {a.yarn_scale}")
+        raise UserError(f"--max_tokens must be >= 0 (0: no limit), got {a.max_tokens}")
+    if a.rope_scaling < 1.0:
+        raise UserError(f"--rope_scaling is YaRN's s = L'/L >= 1 (1: off), got {a.rope_scaling}")
     stride = parse_stride(a.protocol, a.stride, lengths[0])
     data_dir = os.path.join(a.data_root, a.dataset)
     try:
         ds = Dataset(data_dir)
     except FileNotFoundError:
-        raise InputError(f"unknown dataset {a.dataset!r}: no {data_dir}/meta.json; run prepare/{a.dataset}.py "
-                         f"or pass --data_root") from None
+        raise UserError(f"unknown dataset {a.dataset!r}: no {data_dir}/meta.json; run prepare/{a.dataset}.py "
+                        f"or pass --data_root") from None
     if ds.layout != "stream":
-        raise InputError(f"dataset {a.dataset!r} has layout {ds.layout!r}; length extrapolation needs a stream dataset")
+        raise UserError(f"dataset {a.dataset!r} has layout {ds.layout!r}; length extrapolation needs a stream dataset")
     if not ds.has_split(a.split):
-        raise InputError(f"dataset {a.dataset!r} has no split {a.split!r}; it has {sorted(ds.meta['splits'])}")
+        raise UserError(f"dataset {a.dataset!r} has no split {a.split!r}; it has {sorted(ds.meta['splits'])}")
     arr = ds.array(a.split)
     offsets = document_offsets(ds, a.split)
     if a.doc_tokens:
         if len(offsets) > 2 or not 0 < a.doc_tokens <= len(arr):
-            raise InputError(f"--doc_tokens must lie in 1 .. {len(arr)} and applies to a split without document "
-                             f"offsets; {a.dataset}/{a.split} has {len(offsets) - 1} documents, got {a.doc_tokens}")
+            raise UserError(f"--doc_tokens must lie in 1 .. {len(arr)} and applies to a split without document "
+                            f"offsets; {a.dataset}/{a.split} has {len(offsets) - 1} documents, got {a.doc_tokens}")
         offsets = cut_documents(len(arr), a.doc_tokens)
     units, summary = select(a.protocol, offsets, lengths[-1], a.max_tokens, a.seed)
 
-    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    autocast = nullcontext
-    if device.startswith("cuda"):
-        dt = a.dtype if a.dtype != "auto" else ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
-        if dt != "float32":
-            autocast = lambda: torch.autocast("cuda", dtype=getattr(torch, dt))  # noqa: E731
-    inspected = [inspect_run(run, a.yarn_scale, ds.meta) for run in a.runs]  # all errors before any work
+    device = resolve_device(a.device)
+    autocast = functools.partial(autocast_context, device, resolve_dtype(a.dtype, device))  # a fresh context per use
+    inspected = [inspect_run(run, a.rope_scaling, ds.meta) for run in a.runs]  # all errors before any work
 
     print(f"{a.dataset}/{a.split}: {len(arr):,} tokens; {a.protocol} windows"
           f"{f' (stride {stride})' if stride else ''}: {summary}; lengths {', '.join(map(str, lengths))}")
@@ -614,15 +613,8 @@ def run(argv):
     return rows
 
 
-def main(argv):
-    """Exit code of the command line: 0, or 2 after one line on stderr for bad input."""
-    try:
-        run(argv)
-    except (InputError, RunError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+main = exit_on_user_error(run)  # the command line: bad input exits with code 2 after one line on stderr
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])

@@ -56,7 +56,7 @@ class GPTConfig:
     rope_theta: float = 10000.0  # frequency base for both RoPE and PoPE
     pope_delta_init: str = "uniform"  # 'zero' | 'uniform' (on [-2*pi, 0])
     pope_magnitude: str = "softplus"  # 'softplus' (paper) | 'relu' | 'identity' (ablations, Table "PoPE ablations")
-    pope_delta: bool = True  # learnable phase bias on; False is the "no delta" ablation
+    pope_use_delta: bool = True  # learnable phase bias delta on; False is the "no delta" ablation
     attn_backend: str = "auto"  # pope_attention backend: 'auto' | 'triton' | 'torch'
     rope_scaling: float = 1.0  # YaRN scale s = L'/L for 'rope'; 1.0 = plain RoPE
     rope_original_block_size: int = 0  # YaRN's L: the context (tokens) the RoPE model was trained at
@@ -86,6 +86,11 @@ class GPTConfig:
             if self.rope_original_block_size <= 0:
                 raise ValueError("rope_scaling > 1 needs rope_original_block_size > 0: the context the RoPE "
                                  "model was trained at (YaRN's L)")
+
+
+# Old GPTConfig field -> its name now. Config files, --key=value and checkpoints' model_args written
+# with the old name still load (configurator.configure, checkpoint.load_checkpoint).
+RENAMED_FIELDS = {"pope_delta": "pope_use_delta"}  # the bool; pope_delta is the attention's parameter
 
 
 YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN ramp bounds in rotations per original context (paper's LLaMA values)
@@ -221,7 +226,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.config = config
-        if config.pos_encoding == "pope" and config.pope_delta:
+        if config.pos_encoding == "pope" and config.pope_use_delta:
             delta = torch.zeros(config.n_head, self.head_dim)
             if config.pope_delta_init == "uniform":
                 delta.uniform_(-2 * math.pi, 0.0)

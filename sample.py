@@ -14,8 +14,9 @@ import sys
 
 import torch
 
+from checkpoint import load_codec, load_run, tokenizer_from_checkpoint
+from cli import UserError, autocast_context, exit_on_user_error, resolve_device, resolve_dtype
 from configurator import configure
-from checkpoint import RunError, load_codec, load_run, tokenizer_meta
 
 DEFAULTS = dict(
     out_dir="out-indirect",
@@ -27,19 +28,19 @@ DEFAULTS = dict(
     top_k=200,
     seed=1337,
     device="auto",
+    dtype="auto",  # 'auto' (float32 on CPU; bf16 on CUDA if supported, else fp16) | 'float32' | 'bfloat16' | 'float16'
     attn_backend="auto",
 )
 
 
+@exit_on_user_error
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    dev = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        model, state = load_run(cfg["out_dir"], cfg["ckpt"], dev, attn_backend=cfg["attn_backend"])
-        encode, decode = load_codec(tokenizer_meta(state, source=os.path.join(cfg["out_dir"], cfg["ckpt"])))
-    except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    dev = resolve_device(cfg["device"])
+    ctx = autocast_context(dev, resolve_dtype(cfg["dtype"], dev))
+    model, state = load_run(cfg["out_dir"], cfg["ckpt"], dev, attn_backend=cfg["attn_backend"])
+    tokenizer = tokenizer_from_checkpoint(state, source=os.path.join(cfg["out_dir"], cfg["ckpt"]))
+    encode, decode = load_codec(tokenizer)
     start = cfg["start"]
     if start.startswith("FILE:"):
         with open(start[5:], encoding="utf-8") as f:
@@ -47,16 +48,14 @@ def main(argv):
     try:
         ids = encode(start)
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        raise UserError(str(e)) from None
     torch.manual_seed(cfg["seed"])
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None].repeat(cfg["num_samples"], 1)
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if dev.startswith("cuda") else torch.autocast("cpu", enabled=False)
     try:
         with torch.no_grad(), ctx:
             y = model.generate(x, cfg["max_new_tokens"], temperature=cfg["temperature"], top_k=cfg["top_k"] or None)
     except ValueError as e:  # e.g. an absolute position embedding asked past block_size
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        raise UserError(str(e)) from None
     outputs = [decode(row.tolist()) for row in y]
     for text in outputs:
         print(text)

@@ -17,7 +17,6 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 from datetime import timedelta
 
@@ -26,10 +25,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import tokenizer_entry
+from checkpoint import load_checkpoint, tokenizer_to_checkpoint
+from cli import (UserError, atomic_open, atomic_write_json, autocast_context, exit_on_user_error, resolve_device,
+                 resolve_dtype)
 from configurator import configure
 from data import Dataset
-from model import GPT, GPTConfig, device_peak_flops
+from model import RENAMED_FIELDS, GPT, GPTConfig, device_peak_flops
 
 # -----------------------------------------------------------------------------
 # defaults: a PoPE model on the paper's indirect-indexing task sized for a 2-core CPU (~12 min).
@@ -64,7 +65,7 @@ rope_scaling = 1.0  # YaRN scale s = L'/L for 'rope' (1.0 = off), e.g. 4.0 to fi
 rope_original_block_size = 0  # YaRN's L; 0 in a fine-tune: the checkpoint's block_size
 pope_delta_init = "uniform"  # 'zero' | 'uniform'
 pope_magnitude = "softplus"  # 'softplus' | 'relu' | 'identity'
-pope_delta = True
+pope_use_delta = True  # learnable phase bias delta; False: the "no delta" ablation
 attn_backend = "auto"  # PoPE attention: 'auto' (Triton on CUDA) | 'triton' | 'torch'
 # AdamW with linear warmup then cosine decay to min_lr
 learning_rate = 2e-3
@@ -87,14 +88,15 @@ DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isin
 AUTO_PREPARE = {"indirect_indexing"}  # datasets cheap enough to build on the fly (no download)
 
 
+@exit_on_user_error
 def main(argv):
-    cfg = configure(DEFAULTS, argv)
+    cfg = configure(DEFAULTS, argv, renamed=RENAMED_FIELDS)
     globals().update(cfg)
     t_start = time.time()
 
     # --- processes, device, precision
     ddp = int(os.environ.get("RANK", -1)) != -1
-    dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = resolve_device(device)
     if ddp:
         dist.init_process_group(backend="nccl" if dev.startswith("cuda") else "gloo")
         rank, local_rank, world_size = dist.get_rank(), int(os.environ["LOCAL_RANK"]), dist.get_world_size()
@@ -105,19 +107,12 @@ def main(argv):
         rank, world_size = 0, 1
     master = rank == 0
     if gradient_accumulation_steps % world_size:
-        _exit(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the "
-              f"{world_size} processes (it is the global number of micro-batches per step)")
+        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the "
+                        f"{world_size} processes (it is the global number of micro-batches per step)")
     grad_accum = gradient_accumulation_steps // world_size
     device_type = "cuda" if dev.startswith("cuda") else "cpu"
-    ptdtype_name = dtype
-    if dtype == "auto":
-        ptdtype_name = "float32" if device_type == "cpu" else (
-            "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if ptdtype_name not in dtypes:
-        _exit(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {dtype!r}")
-    ptdtype = dtypes[ptdtype_name]
-    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+    ptdtype_name = resolve_dtype(dtype, dev)
+    ctx = autocast_context(dev, ptdtype_name)
     torch.manual_seed(seed + rank)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -134,10 +129,10 @@ def main(argv):
         if ddp:
             dist.barrier()
     try:
-        data = Dataset(data_dir)
-        data.check_block_size(block_size)
+        data = Dataset(data_dir, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum, seed=seed,
+                       rank=rank, world_size=world_size)
     except (FileNotFoundError, ValueError) as e:
-        _exit(str(e))
+        raise UserError(str(e)) from None
     if master:
         os.makedirs(out_dir, exist_ok=True)
         print(f"{world_size} process(es) on {dev} in {ptdtype_name}; global batch "
@@ -148,31 +143,31 @@ def main(argv):
     iter_num, best_val_loss, checkpoint = 0, float("inf"), None
     model_args = dict(block_size=block_size, vocab_size=_round_vocab(data.vocab_size), n_layer=n_layer, n_head=n_head,
                       n_embd=n_embd, dropout=dropout, bias=bias, pos_encoding=pos_encoding, rope_theta=rope_theta,
-                      pope_delta_init=pope_delta_init, pope_magnitude=pope_magnitude, pope_delta=pope_delta,
+                      pope_delta_init=pope_delta_init, pope_magnitude=pope_magnitude, pope_use_delta=pope_use_delta,
                       attn_backend=attn_backend, rope_scaling=rope_scaling,
                       rope_original_block_size=rope_original_block_size)
     init_weights = None
     if init_from == "resume":
         if not os.path.exists(ckpt_path):
-            _exit(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
-        checkpoint = torch.load(ckpt_path, map_location=dev, weights_only=True)
+            raise UserError(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
+        checkpoint = load_checkpoint(out_dir, "ckpt.pt", dev)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     elif init_from == "finetune":
-        init_weights = _finetune_weights(model_args, out_dir, dev, tokenizer_entry(data.meta, data_dir))
+        init_weights = _finetune_weights(model_args, out_dir, dev, tokenizer_to_checkpoint(data.meta, data_dir))
     elif init_from != "scratch":
-        _exit(f"init_from must be 'scratch', 'resume' or 'finetune', got {init_from!r}")
+        raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {init_from!r}")
     try:
         gptconf = GPTConfig(**model_args)
     except ValueError as e:
-        _exit(str(e))
+        raise UserError(str(e)) from None
     model = GPT(gptconf)
     if checkpoint is not None or init_weights is not None:
         model.load_state_dict(checkpoint["model"] if checkpoint is not None else init_weights)
     init_weights = None
     model.to(dev)
     raw_model = model
-    scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
+    scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype_name == "float16"))
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -213,12 +208,11 @@ def main(argv):
         loss = (tot[0] / tot[2]).item()
         return {"loss": loss, "ppl": math.exp(min(loss, 700)), "acc": (tot[1] / tot[2]).item(), "targets": int(tot[2])}
 
-    val_batches = data.fixed_batches("val", eval_iters, batch_size, block_size, seed)[rank::world_size]
+    val_batches = data.fixed_batches("val", eval_iters)
 
     def save(path, state):
-        tmp = path + ".tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        with atomic_open(path) as f:
+            torch.save(state, f)
 
     def log(row):
         with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
@@ -238,8 +232,8 @@ def main(argv):
         if iter_num % eval_interval == 0 or iter_num == max_iters:
             val = evaluate(val_batches)
             if not math.isfinite(val["loss"]):
-                _exit(f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
-                      f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
+                raise UserError(f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
+                                f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
             rng = _gather_rng(ddp, world_size, device_type)
             if master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
@@ -249,7 +243,7 @@ def main(argv):
                              "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
                              "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]),
                              "rng": rng, "data_position": {"seed": seed, "iter_num": iter_num},
-                             "tokenizer": tokenizer_entry(data.meta, data_dir)}
+                             "tokenizer": tokenizer_to_checkpoint(data.meta, data_dir)}
                     if val["loss"] < best_val_loss:
                         save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer")})
                     save(ckpt_path, state)
@@ -261,7 +255,7 @@ def main(argv):
         for group in optimizer.param_groups:
             group["lr"] = lr
         for micro_step in range(grad_accum):
-            x, y = to_dev(*data.train_batch(iter_num, micro_step, seed, batch_size, block_size, grad_accum, rank, world_size))
+            x, y = to_dev(*data.train_batch(iter_num, micro_step))
             if ddp:  # all-reduce gradients only on the last micro-step
                 model.require_backward_grad_sync = micro_step == grad_accum - 1
             with ctx:
@@ -284,8 +278,8 @@ def main(argv):
             lossf = loss_acc.item() / (grad_accum * world_size * log_interval)
             loss_acc.zero_()
             if not math.isfinite(lossf):
-                _exit(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
-                      f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
+                raise UserError(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
+                                f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
             dt = (time.time() - t0) / log_interval
             tok_per_iter, seq_len = tokens_seen / log_interval, tokens_seen / (log_interval * gradient_accumulation_steps * batch_size)
             t0, tokens_seen = time.time(), 0
@@ -311,9 +305,9 @@ def main(argv):
                "wall_time_s": round(time.time() - t_start, 1)}
     for split in ("val", "test"):
         if data.has_split(split):
-            metrics[split] = evaluate(data.full_split_batches(split, batch_size, block_size, rank, world_size))
+            metrics[split] = evaluate(data.full_split_batches(split))
     if master:
-        _atomic_json(os.path.join(out_dir, "metrics.json"), metrics)
+        atomic_write_json(os.path.join(out_dir, "metrics.json"), metrics)
         for split in ("val", "test"):
             if split in metrics:
                 m = metrics[split]
@@ -331,35 +325,32 @@ FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "drop
 
 def _finetune_weights(model_args, out_dir, dev, data_tokenizer):
     """init_from='finetune': the weights of init_ckpt. Updates model_args in place: the checkpoint's
-    architecture, this run's FINETUNE_FREE settings. Exits 2 if the run asks for another encoding or
-    other shapes, if this dataset's tokenizer (data_tokenizer, a tokenizer_entry) is not the one the
+    architecture, this run's FINETUNE_FREE settings. Raises UserError (exit 2) if the run asks for another encoding or
+    other shapes, if this dataset's tokenizer (data_tokenizer, from tokenizer_to_checkpoint) is not the one the
     checkpoint was trained with, or if out_dir is init_ckpt's folder under any spelling (symlinks too)."""
-    from checkpoint import RunError, describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_meta
+    from checkpoint import describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_from_checkpoint
     if not init_ckpt:
-        _exit("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
+        raise UserError("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
     ckpt_dirs = {os.path.realpath(os.path.dirname(os.path.abspath(init_ckpt))),  # the folder named, resolved
                  os.path.dirname(os.path.realpath(init_ckpt))}  # the folder of the file a symlink points to
     if os.path.realpath(out_dir) in ckpt_dirs:
-        _exit(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
-    try:
-        state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), dev)
-        trained = tokenizer_meta(state, source=init_ckpt)
-    except RunError as e:
-        _exit(str(e))
+        raise UserError(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
+    state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), dev)
+    trained = tokenizer_from_checkpoint(state, source=init_ckpt)
     if not same_tokenizer(trained, data_tokenizer):
-        _exit(f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, this run's data uses "
-              f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
-              "prepared with the checkpoint's tokenizer")
+        raise UserError(f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, this run's data uses "
+                        f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
+                        "prepared with the checkpoint's tokenizer")
     old = {**asdict(GPTConfig()), **state["model_args"]}
     diff = [k for k in model_args if k not in FINETUNE_FREE and model_args[k] != old[k]]
     if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:
         diff.append("block_size")
     if diff:
-        _exit(f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
-              + ", ".join(f"{k}={old[k]!r}" for k in diff) + "; this run asks for "
-              + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
-              + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
-              + (", and not block_size for learned position embeddings" if "block_size" in diff else "") + ")")
+        raise UserError(f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
+                        + ", ".join(f"{k}={old[k]!r}" for k in diff) + "; this run asks for "
+                        + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
+                        + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
+                        + (", and not block_size for learned position embeddings" if "block_size" in diff else "") + ")")
     model_args["pope_delta_init"] = old["pope_delta_init"]
     if model_args["rope_scaling"] != 1.0 and not model_args["rope_original_block_size"]:
         model_args["rope_original_block_size"] = old["rope_original_block_size"] or old["block_size"]
@@ -408,18 +399,6 @@ def _restore_rng(states, rank, world_size, device_type):
     torch.set_rng_state(states[rank]["torch"].cpu())
     if device_type == "cuda" and states[rank]["cuda"] is not None:
         torch.cuda.set_rng_state(states[rank]["cuda"].cpu())
-
-
-def _atomic_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
-def _exit(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ bias = False
 pos_encoding = 'pope'
 rope_theta = 10000.0
 pope_magnitude = 'softplus'
-pope_delta = True
+pope_use_delta = True
 learning_rate = 6e-5
 min_lr = 6e-5  # = learning_rate: constant after the warmup ("no decay")
 max_iters = 500

@@ -27,7 +27,7 @@ pos_encoding = 'pope'
 rope_theta = 10000.0
 pope_delta_init = 'uniform'  # Table 7: init range for delta 2pi -> U(-2pi, 0)
 pope_magnitude = 'softplus'
-pope_delta = True
+pope_use_delta = True
 
 # training (Table 8, HRG column). The paper's batch is 64 rows per step; here it is reached as a
 # micro-batch of 8 x 8 accumulation steps (same effective batch): 64 rows of a 201M model do not fit

@@ -26,7 +26,7 @@ pos_encoding = 'pope'
 rope_theta = 10000.0
 pope_delta_init = 'uniform'  # Table 7: init range for delta 2pi -> U(-2pi, 0)
 pope_magnitude = 'softplus'
-pope_delta = True
+pope_use_delta = True
 
 # training (Table 8, JSB column)
 batch_size = 4

@@ -27,7 +27,7 @@ pos_encoding = 'pope'
 rope_theta = 10000.0
 pope_delta_init = 'uniform'  # Table 7: init range for delta 2pi -> U(-2pi, 0)
 pope_magnitude = 'softplus'
-pope_delta = True
+pope_use_delta = True
 
 # training (Table 8, MAESTRO column). The paper's batch is 16 rows per step; here it is reached as a
 # micro-batch of 4 x 4 accumulation steps (same effective batch), so it fits 24 GB cards and divides

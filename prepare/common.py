@@ -1,4 +1,4 @@
-"""The on-disk dataset format shared by every prepare script, and its atomic writers.
+"""The on-disk dataset format shared by every prepare script, and its writers.
 
 A prepared dataset is a folder holding one raw binary per split plus `meta.json`:
 
@@ -22,47 +22,25 @@ Prepare scripts may add keys (bos_id, eos_id, documents, notes, ...); readers ig
 Every split holds at least one row (one token for streams): write_meta refuses an empty split
 with EmptySplitError naming the script's fix, because training on it would fail much later.
 
-Everything is written to a temporary file in the same folder and renamed into place, so a crash
-leaves either the previous complete dataset or no meta.json, never a half-written one that looks
-complete.
+Everything is written atomically (cli.atomic_open: a temporary file in the same folder renamed into
+place), so a crash leaves either the previous complete dataset or no meta.json, never a half-written
+one that looks complete.
+
+Also shared by the scripts: download (a raw file fetched once into data/<name>/raw/), arg_parser and
+run_cli (the command line: flags named like prepare()'s parameters; bad input exits 2 with one line).
 """
 
+import argparse
 import json
 import os
-import sys
-import tempfile
+import shutil
+import urllib.request
 
 import numpy as np
 
+from cli import UserError, atomic_open, atomic_write_json, exit_on_user_error
+
 FORMAT = 1
-
-
-def _fsync_replace(tmp, path):
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the final file the usual mode
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_bytes(path, data):
-    """Write bytes to `path` via a temporary file in the same folder and os.replace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        _fsync_replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def atomic_write_json(path, obj):
-    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
 class BinWriter:
@@ -77,10 +55,6 @@ class BinWriter:
 
     def __init__(self, path, dtype):
         self.path, self.dtype, self.count = path, np.dtype(dtype), 0
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-        self.f = os.fdopen(fd, "wb")
 
     def write(self, ids):
         arr = np.asarray(ids)
@@ -91,15 +65,30 @@ class BinWriter:
         self.count += arr.size
 
     def __enter__(self):
+        self._file = atomic_open(self.path)
+        self.f = self._file.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.f.close()
-        if exc_type is None:
-            _fsync_replace(self.tmp, self.path)
-        elif os.path.exists(self.tmp):
-            os.remove(self.tmp)
-        return False
+        return self._file.__exit__(exc_type, exc, tb)
+
+
+def download(url, path, instead):
+    """Download `url` to the file `path` (atomically, folders created) unless `path` exists; returns path.
+
+    The offline path: a file the user already has, put at `path` or given to the script's --input,
+    is used as is. Raises RuntimeError naming the URL, the error and `instead` (what the user can do
+    instead, e.g. "download it elsewhere and pass --input PATH") when the download fails.
+    """
+    if os.path.exists(path):
+        return path
+    print(f"downloading {url} -> {path}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, atomic_open(path) as f:
+            shutil.copyfileobj(r, f, 1 << 20)
+    except OSError as e:
+        raise RuntimeError(f"could not download {url} ({e}); {instead}") from e
+    return path
 
 
 def smallest_dtype(vocab_size):
@@ -168,14 +157,29 @@ def _check_files(out_dir, meta):
             raise ValueError(f"split {name!r}: {path} has {os.path.getsize(path)} bytes, meta says {want}")
 
 
-def run_cli(prepare, *args, **kwargs):
-    """Call a script's prepare(*args, **kwargs) from its __main__: a ValueError (EmptySplitError
-    included), RuntimeError or FileNotFoundError prints 'error: <message>' and exits with code 2."""
+def arg_parser(doc, out_dir, input_help=None, num_proc=False):
+    """The command line the prepare scripts share: the script's docstring as its --help, --out_dir
+    (default `out_dir`; None: the script picks, as its docstring says), --input (files the user
+    already has, if input_help is given) and --num_proc (if num_proc). A script adds its own
+    options, each named like a parameter of its prepare()."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out_dir", default=out_dir, help=f"default: {out_dir or 'see the usage above'}")
+    if input_help:
+        p.add_argument("--input", default=None, help=input_help)
+    if num_proc:
+        p.add_argument("--num_proc", type=int, default=None, help="worker processes (default: all cores)")
+    return p
+
+
+@exit_on_user_error
+def run_cli(prepare, parser):
+    """A script's __main__: prepare(**the command line parsed by `parser`). A ValueError
+    (EmptySplitError included), RuntimeError or FileNotFoundError prints 'error: <message>' and
+    exits with code 2."""
     try:
-        return prepare(*args, **kwargs)
+        return prepare(**vars(parser.parse_args()))
     except (ValueError, RuntimeError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        raise UserError(str(e)) from None
 
 
 def is_complete(out_dir, splits=("train", "val", "test")):

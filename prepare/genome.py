@@ -38,14 +38,12 @@ back, so memory holds a few blocks, never the genome or its tokens.
     python prepare/genome.py --input GCF_000001405.40_GRCh38.p14_genomic.fna.gz     # -> data/genome/
 """
 
-import argparse
 import gzip
 import itertools
 import os
 import re
 import sys
 import time
-import urllib.request
 import zlib
 from multiprocessing import Pool
 
@@ -54,7 +52,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, check_nonempty, is_complete, run_cli, summarize, write_meta
+from prepare.common import BinWriter, arg_parser, check_nonempty, download, is_complete, run_cli, summarize, write_meta
 
 URL = ("https://ftp.ncbi.nlm.nih.gov/genomes/all/GCF/000/001/405/GCF_000001405.40_GRCh38.p14/"
        "GCF_000001405.40_GRCh38.p14_genomic.fna.gz")
@@ -208,9 +206,8 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
     if split not in ("chromosomes", "fraction"):
         raise ValueError(f"split must be 'chromosomes' or 'fraction', got {split!r}")
     if input is None:
-        input = os.path.join(out_dir, "raw", os.path.basename(URL))
-        if not os.path.exists(input):
-            _download(input)
+        input = download(URL, os.path.join(out_dir, "raw", os.path.basename(URL)),
+                         "download the GRCh38 FASTA elsewhere and pass --input PATH (.fa/.fna/.fasta, optionally .gz)")
     t0 = time.time()
     nproc = num_proc or os.cpu_count()
     names = ("train", "val", "test")
@@ -269,22 +266,8 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
     return out_dir
 
 
-def _download(path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        urllib.request.urlretrieve(URL, path + ".part")
-    except OSError as e:
-        raise RuntimeError(f"could not download {URL} ({e}); download the GRCh38 FASTA elsewhere and pass "
-                           "--input PATH (.fa/.fna/.fasta, optionally .gz)") from e
-    os.replace(path + ".part", path)
-
-
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=None, help="FASTA, plain or .gz (default: download URL)")
-    p.add_argument("--out_dir", default="data/genome")
+    p = arg_parser(__doc__, "data/genome", "FASTA, plain or .gz (default: download URL)", num_proc=True)
     p.add_argument("--split", choices=["chromosomes", "fraction"], default="chromosomes")
     p.add_argument("--block_bp", type=int, default=600_000)
-    p.add_argument("--num_proc", type=int, default=None)
-    a = p.parse_args()
-    run_cli(prepare, a.out_dir, a.input, a.split, a.block_bp, a.num_proc)
+    run_cli(prepare, p)

@@ -21,7 +21,6 @@ pairwise disjoint (test is drawn first, then val, then train, each skipping exam
     python prepare/indirect_indexing.py --n_train=20000 --out_dir=data/ii_small
 """
 
-import argparse
 import os
 import random
 import string
@@ -32,7 +31,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import is_complete, run_cli, summarize, write_rows_dataset
+from prepare.common import arg_parser, is_complete, run_cli, summarize, write_rows_dataset
 
 LETTERS = string.ascii_uppercase + string.ascii_lowercase
 VOCAB = LETTERS + string.digits + ",+-"  # ids 0..64
@@ -100,11 +99,9 @@ def prepare(out_dir="data/indirect_indexing", n_train=1_000_000, n_val=10_000, n
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out_dir", default="data/indirect_indexing")
+    p = arg_parser(__doc__, "data/indirect_indexing")
     p.add_argument("--n_train", type=int, default=1_000_000)
     p.add_argument("--n_val", type=int, default=10_000)
     p.add_argument("--n_test", type=int, default=10_000)
     p.add_argument("--seed", type=int, default=1337)
-    a = p.parse_args()
-    run_cli(prepare, a.out_dir, a.n_train, a.n_val, a.n_test, a.seed)
+    run_cli(prepare, p)

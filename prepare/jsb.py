@@ -29,14 +29,12 @@ proportions; meta.json says official_split false.
     python prepare/jsb.py --source music21                      # -> data/jsb_music21/ (offline)
 """
 
-import argparse
 import json
 import math
 import os
 import random
 import sys
 import time
-import urllib.request
 from multiprocessing import Pool
 
 import numpy as np
@@ -44,7 +42,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import atomic_write_bytes, is_complete, run_cli, summarize, write_rows_dataset
+from prepare.common import arg_parser, download, is_complete, run_cli, summarize, write_rows_dataset
 
 URL = "https://raw.githubusercontent.com/czhuang/JSB-Chorales-dataset/master/Jsb16thSeparated.json"
 PITCH_MIN, PITCH_MAX = 21, 108
@@ -152,15 +150,6 @@ def load_music21(seed=1337, num_proc=None, limit=None):
     return {k: [m for _, m in v] for k, v in parts.items()}, {k: [n for n, _ in v] for k, v in parts.items()}, skipped
 
 
-def _download(url, path):
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            atomic_write_bytes(path, r.read())
-    except OSError as e:
-        raise RuntimeError(f"could not download {url} ({e}). Download Jsb16thSeparated.json elsewhere and pass "
-                           "--input PATH, or use --source music21 (offline, not the official split)") from e
-
-
 def prepare(out_dir=None, input=None, source="json", max_len=2048, seed=1337, num_proc=None, limit=None):
     """Write train/val/test rows and meta.json to out_dir (skipped if complete). Returns out_dir.
 
@@ -175,9 +164,9 @@ def prepare(out_dir=None, input=None, source="json", max_len=2048, seed=1337, nu
     extra = {}
     if source == "json":
         if input is None:
-            input = os.path.join(out_dir, "raw", "Jsb16thSeparated.json")
-            if not os.path.exists(input):
-                _download(URL, input)
+            input = download(URL, os.path.join(out_dir, "raw", "Jsb16thSeparated.json"),
+                             "download Jsb16thSeparated.json elsewhere and pass --input PATH, or use --source "
+                             "music21 (offline, not the official split)")
         pieces = load_json(input)
         extra = {"source": "Jsb16thSeparated.json (czhuang/JSB-Chorales-dataset)", "official_split": True}
     elif source == "music21":
@@ -205,12 +194,8 @@ def prepare(out_dir=None, input=None, source="json", max_len=2048, seed=1337, nu
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=None, help="path to Jsb16thSeparated.json (source json)")
-    p.add_argument("--out_dir", default=None, help="default data/jsb (json) or data/jsb_music21")
+    p = arg_parser(__doc__, None, "path to Jsb16thSeparated.json (source json)", num_proc=True)  # data/jsb(_music21)
     p.add_argument("--source", choices=["json", "music21"], default="json")
     p.add_argument("--max_len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--num_proc", type=int, default=None)
-    a = p.parse_args()
-    run_cli(prepare, a.out_dir, a.input, a.source, a.max_len, a.seed, a.num_proc)
+    run_cli(prepare, p)

@@ -31,14 +31,12 @@ multiprocessing pool. Default input: the official zip is downloaded from URL int
     python prepare/maestro.py --input path/to/maestro-v3.0.0      # a folder of .mid/.midi, any depth
 """
 
-import argparse
 import csv
 import glob
 import os
 import random
 import sys
 import time
-import urllib.request
 import warnings
 import zipfile
 from multiprocessing import Pool
@@ -48,7 +46,8 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, atomic_write_json, is_complete, run_cli, summarize, write_meta
+from cli import atomic_write_json
+from prepare.common import BinWriter, arg_parser, download, is_complete, run_cli, summarize, write_meta
 
 URL = "https://storage.googleapis.com/magentadata/datasets/maestro/v3.0.0/maestro-v3.0.0-midi.zip"
 VOCAB_SIZE = 328
@@ -176,16 +175,10 @@ def assign_splits(paths, root, split="random", seed=1337):
 
 
 def _download(out_dir):
+    """The official zip, downloaded into out_dir/raw and unzipped there; returns that folder."""
     raw = os.path.join(out_dir, "raw")
-    zpath = os.path.join(raw, os.path.basename(URL))
-    if not os.path.exists(zpath):
-        os.makedirs(raw, exist_ok=True)
-        try:
-            urllib.request.urlretrieve(URL, zpath + ".part")
-        except OSError as e:
-            raise RuntimeError(f"could not download {URL} ({e}); download and unzip it elsewhere and pass "
-                               "--input DIR") from e
-        os.replace(zpath + ".part", zpath)
+    zpath = download(URL, os.path.join(raw, os.path.basename(URL)),
+                     "download and unzip it elsewhere and pass --input DIR")
     if not glob.glob(os.path.join(raw, "**", "*.midi"), recursive=True):
         with zipfile.ZipFile(zpath) as z:
             z.extractall(raw)
@@ -260,12 +253,8 @@ def prepare(out_dir="data/maestro", input=None, split="random", max_len=2048, se
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=None, help="folder of .mid/.midi files (default: download URL)")
-    p.add_argument("--out_dir", default="data/maestro")
+    p = arg_parser(__doc__, "data/maestro", "folder of .mid/.midi files (default: download URL)", num_proc=True)
     p.add_argument("--split", choices=["random", "official"], default="random")
     p.add_argument("--max_len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--num_proc", type=int, default=None)
-    a = p.parse_args()
-    run_cli(prepare, a.out_dir, a.input, a.split, a.max_len, a.seed, a.num_proc)
+    run_cli(prepare, p)

@@ -20,7 +20,6 @@ none is made: like the paper (Table 4), report validation perplexity; meta.json 
 Disk: about 18 GB for train.bin, plus the hub download/cache (~55 GB) when --input is not given.
 """
 
-import argparse
 import math
 import os
 import sys
@@ -29,7 +28,7 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, is_complete, run_cli, summarize, write_meta
+from prepare.common import BinWriter, arg_parser, is_complete, run_cli, summarize, write_meta
 from prepare.gpt2_bpe import N_VOCAB, encode_chunks, gpt2_tokenizer_meta, load_documents, range_chunks
 
 HF_NAME = "Skylion007/openwebtext"
@@ -114,12 +113,8 @@ def prepare(out_dir="data/openwebtext", input=None, num_proc=None, val_fraction=
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=None, help="local documents (see above); default: the HF hub")
-    p.add_argument("--out_dir", default="data/openwebtext")
-    p.add_argument("--num_proc", type=int, default=None, help="encoding processes (default: all cores)")
+    p = arg_parser(__doc__, "data/openwebtext", "local documents (see above); default: the HF hub", num_proc=True)
     p.add_argument("--val_fraction", type=float, default=0.0005)
     p.add_argument("--seed", type=int, default=2357)
     p.add_argument("--hf_name", default=HF_NAME)
-    a = p.parse_args()
-    run_cli(prepare, a.out_dir, a.input, a.num_proc, a.val_fraction, a.seed, hf_name=a.hf_name)
+    run_cli(prepare, p)

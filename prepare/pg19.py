@@ -16,7 +16,6 @@ An evaluator that must not cross book boundaries reads windows inside [off[i], o
 Books are encoded in parallel worker processes, one book per task.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -25,7 +24,7 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, is_complete, run_cli, summarize, write_meta
+from prepare.common import BinWriter, arg_parser, is_complete, run_cli, summarize, write_meta
 from prepare.gpt2_bpe import N_VOCAB, encode_chunks, gpt2_tokenizer_meta, load_documents, range_chunks
 
 HF_NAME = "emozilla/pg19-test"
@@ -101,10 +100,6 @@ def prepare(out_dir="data/pg19", input=None, num_proc=None, hf_name=HF_NAME):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=None, help="folder of .txt books (see above); default: the HF hub")
-    p.add_argument("--out_dir", default="data/pg19")
-    p.add_argument("--num_proc", type=int, default=None, help="encoding processes (default: all cores)")
+    p = arg_parser(__doc__, "data/pg19", "folder of .txt books (see above); default: the HF hub", num_proc=True)
     p.add_argument("--hf_name", default=HF_NAME)
-    a = p.parse_args()
-    run_cli(prepare, a.out_dir, a.input, a.num_proc, a.hf_name)
+    run_cli(prepare, p)

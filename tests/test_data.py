@@ -78,12 +78,18 @@ def test_loss_is_on_the_target_alone(tiny_indirect):
 
 
 def test_global_batch_is_the_same_for_any_world_size(tiny_indirect):
-    ds = Dataset(os.path.join(tiny_indirect, "indirect_indexing"))
-    one = [ds.train_batch(7, m, 0, 4, 64, grad_accum=4)[0] for m in range(4)]
-    two = [ds.train_batch(7, m, 0, 4, 64, grad_accum=2, rank=r, world_size=2)[0] for m in range(2) for r in range(2)]
+    path = os.path.join(tiny_indirect, "indirect_indexing")
+    ds = Dataset(path, batch_size=4, block_size=64, grad_accum=4)
+    ranks = [Dataset(path, batch_size=4, block_size=64, grad_accum=2, rank=r, world_size=2) for r in range(2)]
+    one = [ds.train_batch(7, m)[0] for m in range(4)]
+    two = [ranks[r].train_batch(7, m)[0] for m in range(2) for r in range(2)]
     key = lambda xs: sorted(tuple(row.tolist()) for x in xs for row in x)  # noqa: E731
     assert key(one) == key(two)
-    assert not torch.equal(one[0], ds.train_batch(8, 0, 0, 4, 64, grad_accum=4)[0])
+    assert not torch.equal(one[0], ds.train_batch(8, 0)[0])
+    fixed = [x for x, _ in ds.fixed_batches("val", 5)]  # the ranks split the same evaluation batches
+    shares = [[x for x, _ in r.fixed_batches("val", 5)] for r in ranks]
+    assert [len(s) for s in shares] == [3, 2]
+    assert all(torch.equal(a, b) for a, b in zip(fixed, [shares[i % 2][i // 2] for i in range(5)]))
 
 
 def make_stream(path, tokens, vocab_size=50):
@@ -98,8 +104,8 @@ def make_stream(path, tokens, vocab_size=50):
 def test_full_split_predicts_every_token_once(tmp_path, world_size):
     tokens = np.arange(103) % 50
     make_stream(str(tmp_path), tokens)
-    ds = Dataset(str(tmp_path))
-    ys = [y for r in range(world_size) for _, y in ds.full_split_batches("val", 2, 10, r, world_size)]
+    ranks = [Dataset(str(tmp_path), batch_size=2, block_size=10, rank=r, world_size=world_size) for r in range(world_size)]
+    ys = [y for ds in ranks for _, y in ds.full_split_batches("val")]
     got = sorted(int(t) for y in ys for t in y.flatten())
     assert got == sorted(int(t) for t in tokens[1:])
 
@@ -122,7 +128,8 @@ def test_interrupted_write_leaves_no_file(tmp_path):
 
 
 def _stream_ds(path, n=3000, splits=("train", "val")):
-    """A stream whose token i is i: a window's first input names its offset in the file."""
+    """A stream whose token i is i: a window's first input names its offset in the file. Returns
+    (path, tokens)."""
     tokens = np.arange(n)
     for split in splits:
         with BinWriter(os.path.join(path, f"{split}.bin"), np.uint16) as w:
@@ -130,7 +137,7 @@ def _stream_ds(path, n=3000, splits=("train", "val")):
     write_meta(path, {"dataset": "toy", "vocab_size": n, "dtype": "uint16", "layout": "stream",
                       "splits": {s: {"file": f"{s}.bin", "shape": [n], "tokens": n} for s in splits},
                       "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
-    return Dataset(path), tokens
+    return path, tokens
 
 
 def _check_windows(x, y, tokens, batch_size, block_size):
@@ -143,29 +150,31 @@ def _check_windows(x, y, tokens, batch_size, block_size):
 
 
 def test_stream_batches_are_windows_of_the_file_and_y_is_x_shifted(tmp_path):
-    ds, tokens = _stream_ds(str(tmp_path))
+    path, tokens = _stream_ds(str(tmp_path))
+    ds = Dataset(path, batch_size=6, block_size=32, grad_accum=2)
     starts = set()
     for it in range(5):
         for m in range(2):
-            x, y = ds.train_batch(it, m, 0, 6, 32, grad_accum=2)
+            x, y = ds.train_batch(it, m)
             _check_windows(x, y, tokens, 6, 32)
             starts |= set(x[:, 0].tolist())
-    for x, y in ds.fixed_batches("val", 3, 5, 32, seed=1):
+    for x, y in Dataset(path, batch_size=5, block_size=32, seed=1).fixed_batches("val", 3):
         _check_windows(x, y, tokens, 5, 32)
     assert len(starts) > 50 and max(starts) > 2000  # windows come from all over the file
-    xs, ys = zip(*ds.full_split_batches("val", 4, 100))
+    xs, ys = zip(*Dataset(path, batch_size=4, block_size=100).full_split_batches("val"))
     assert all(t.dtype == torch.int64 for t in xs + ys)
     assert torch.equal(torch.cat([x.flatten() for x in xs]), torch.from_numpy(tokens[:-1]).long())
     assert torch.equal(torch.cat([y.flatten() for y in ys]), torch.from_numpy(tokens[1:]).long())
 
 
 def _rows_ds(path, rows, pad):
+    """Writes a rows dataset of `rows`; returns its path."""
     with BinWriter(os.path.join(path, "train.bin"), np.uint8) as w:
         w.write(rows)
     write_meta(str(path), {"dataset": "toy", "vocab_size": 10, "dtype": "uint8", "layout": "rows",
                            "splits": {"train": {"file": "train.bin", "shape": list(rows.shape)}},
                            "pad_id": pad, "loss": "all", "tokenizer": {"kind": "none"}})
-    return Dataset(str(path))
+    return str(path)
 
 
 def test_padded_rows_with_loss_on_every_token(tmp_path):
@@ -175,17 +184,19 @@ def test_padded_rows_with_loss_on_every_token(tmp_path):
     pad = 9
     rows = np.array([[1, 2, 3, 4, pad, pad, pad, pad], [5, 6, pad, pad, pad, pad, pad, pad],
                      [7, 8, 1, 2, 3, pad, pad, pad]], dtype=np.uint8)
-    ds = _rows_ds(tmp_path, rows, pad)
-    (x, y), = ds.full_split_batches("train", 8, 16)
+    path = _rows_ds(tmp_path, rows, pad)
+    (x, y), = Dataset(path, batch_size=8, block_size=16).full_split_batches("train")
     assert x.tolist() == [[1, 2, 3, 4], [5, 6, pad, pad], [7, 8, 1, 2]]
     assert y.tolist() == [[2, 3, 4, -1], [6, -1, -1, -1], [8, 1, 2, 3]]
-    assert [b[0].tolist() for b in ds.full_split_batches("train", 1, 16)] == [[[1, 2, 3]], [[5]], [[7, 8, 1, 2]]]
+    ds = Dataset(path, batch_size=1, block_size=16)
+    assert [b[0].tolist() for b in ds.full_split_batches("train")] == [[[1, 2, 3]], [[5]], [[7, 8, 1, 2]]]
     with pytest.raises((ValueError, RuntimeError)):  # the memmap is read-only: a bug cannot overwrite data
         ds.array("train")[0, 0] = 0
     want = {tuple(r[:-1]) for r in rows}
-    train = [ds.train_batch(it, 0, 0, 2, 16, grad_accum=1) for it in range(20)]
-    fixed = ds.fixed_batches("train", 20, 2, 16)
-    again = ds.fixed_batches("train", 20, 2, 16)  # the same batches on every call
+    ds = Dataset(path, batch_size=2, block_size=16)
+    train = [ds.train_batch(it, 0) for it in range(20)]
+    fixed = ds.fixed_batches("train", 20)
+    again = ds.fixed_batches("train", 20)  # the same batches on every call
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fixed, again))
     for drawn in (train, fixed):
         seen = set()
@@ -197,31 +208,39 @@ def test_padded_rows_with_loss_on_every_token(tmp_path):
         assert seen == want
 
 
+def test_rows_longer_than_the_context_are_refused(tmp_path):
+    """Rows of 8 tokens are 7 inputs: block_size 7 fits, block_size 6 is refused with the fix."""
+    path = _rows_ds(tmp_path, np.arange(16, dtype=np.uint8).reshape(2, 8) % 9, 9)
+    Dataset(path, batch_size=2, block_size=7)
+    with pytest.raises(ValueError, match="has rows of 8 tokens: set block_size >= 7"):
+        Dataset(path, batch_size=2, block_size=6)
+
+
 def test_full_rows_without_padding(tmp_path):
     """Rows with no padding id (genome: <cls> + 1000 tokens): x = row[:-1], y = row[1:]."""
     rows = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 1]], dtype=np.uint8)
-    ds = _rows_ds(tmp_path, rows, None)
-    (x, y), = ds.full_split_batches("train", 8, 16)
+    (x, y), = Dataset(_rows_ds(tmp_path, rows, None), batch_size=8, block_size=16).full_split_batches("train")
     assert x.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]] and y.tolist() == [[2, 3, 4, 5], [7, 8, 9, 1]]
 
 
 def test_windows_reach_both_ends_of_a_short_stream(tmp_path):
     """A split only 1 token longer than a window (block_size + 1 tokens): random windows start at 0
     and at 1, so the first and the last token are both used, and never past the end."""
-    ds, tokens = _stream_ds(str(tmp_path), n=34)
+    path, tokens = _stream_ds(str(tmp_path), n=34)
+    ds = Dataset(path, batch_size=4, block_size=32)
     train_starts, val_starts = set(), set()
     for it in range(40):
-        x, y = ds.train_batch(it, 0, 0, 4, 32, grad_accum=1)
+        x, y = ds.train_batch(it, 0)
         _check_windows(x, y, tokens, 4, 32)
         train_starts |= set(x[:, 0].tolist())
-    for x, y in ds.fixed_batches("val", 40, 4, 32):
+    for x, y in ds.fixed_batches("val", 40):
         _check_windows(x, y, tokens, 4, 32)
         val_starts |= set(x[:, 0].tolist())
     assert train_starts == val_starts == {0, 1}
-    (x, y), = ds.fixed_batches("val", 1, 2, 33)  # exactly block_size + 1 tokens: one window
+    (x, y), = Dataset(path, batch_size=2, block_size=33).fixed_batches("val", 1)  # exactly block_size + 1 tokens: one window
     _check_windows(x, y, tokens, 2, 33)
     with pytest.raises(ValueError, match=r"has 34 tokens, fewer than block_size \+ 1 = 35"):
-        ds.fixed_batches("val", 1, 2, 34)
+        Dataset(path, batch_size=2, block_size=34).fixed_batches("val", 1)
 
 
 # --- the indirect-indexing generator's distributions (paper appendix) ----------------------------

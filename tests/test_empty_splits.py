@@ -11,7 +11,8 @@ import pytest
 import train
 from data import Dataset
 from prepare import indirect_indexing
-from prepare.common import EmptySplitError, atomic_write_json, write_meta
+from cli import atomic_write_json
+from prepare.common import EmptySplitError, write_meta
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -19,6 +19,15 @@ LENGTHS = [16, 32, 64]
 DOCS = [300, 40, 200, 64, 130]  # document lengths: 40 and 64 are shorter than a chunk of 65 tokens
 
 
+
+def exit_code(argv):
+    """ee.main's exit status: it returns on success and raises SystemExit(2) on bad input."""
+    try:
+        ee.main(argv)
+    except SystemExit as e:
+        return e.code
+    return 0
+
 def make_dataset(root, name="toy", docs=DOCS, with_offsets=True):
     """A stream dataset: a periodic pattern with noise, documents of the given lengths."""
     rng = np.random.default_rng(0)
@@ -134,16 +143,27 @@ def test_yarn_at_eval_time_and_absolute_encodings_left_empty(setup, capsys):
     tmp_path, _, runs, common = setup
     learned = make_run(tmp_path / "run-learned", "learned", block_size=32, seed=3)
     plain = ee.run([runs[0], *common, "--max_tokens=64"])
-    rows = ee.run([runs[0], learned, runs[1], *common, "--max_tokens=64", "--yarn_scale=4"])
+    rows = ee.run([runs[0], learned, runs[1], *common, "--max_tokens=64", "--rope_scaling=4"])
     out = capsys.readouterr().out
     assert [r["label"] for r in rows[::3]] == ["rope+yarn(s=4)", "learned", "pope"]
-    assert "block_size=32: lengths 64 left empty" in out and "--yarn_scale applies to RoPE only" in out
+    assert "block_size=32: lengths 64 left empty" in out and "--rope_scaling applies to RoPE only" in out
     for p, y in zip(plain, rows[:3]):  # YaRN's frequencies and temperature change every length
         assert math.isfinite(y["ppl"]) and abs(y["ppl"] - p["ppl"]) > 1e-3 * p["ppl"]
     assert [r["ppl"] is None for r in rows[3:6]] == [False, False, True]
     with open(tmp_path / "out" / "extrapolation.csv") as f:
         got = list(csv.DictReader(f))
     assert got[5]["label"] == "learned" and got[5]["ppl"] == got[5]["last_loss"] == got[5]["tokens"] == ""
+
+
+def test_old_flag_yarn_scale_still_works_with_a_one_line_note(setup, capsys):
+    """--yarn_scale (before the flag took train.py's name, --rope_scaling) gives the same numbers."""
+    tmp_path, _, runs, common = setup
+    new = ee.run([runs[0], *common, "--max_tokens=64", "--rope_scaling=4"])
+    assert capsys.readouterr().err.count("deprecated") == 0
+    old = ee.run([runs[0], *common, "--max_tokens=64", "--yarn_scale=4"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]
+    assert notes == ["note: --yarn_scale is deprecated, use --rope_scaling (same meaning)"]
+    assert [r["label"] for r in old] == ["rope+yarn(s=4)"] * 3 and old == new
 
 
 @pytest.mark.parametrize("case, message", [
@@ -172,7 +192,7 @@ def test_bad_input_exits_2_with_one_line(setup, case, message, capsys):
             "stride_tiled": [*runs, *common, "--stride=8"],
             "doc_tokens_with_documents": [*runs, *common, "--doc_tokens=50"],
             "short_documents": [*runs, *common, "--protocol=truncate", "--lengths=16,300"]}[case]
-    assert ee.main(args) == 2
+    assert exit_code(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
 
@@ -186,7 +206,7 @@ def test_document_offsets_that_do_not_cover_the_split_exit_2(setup, case, capsys
            "not_from_zero": np.r_[10, off[1:]], "decreasing": off[[0, 2, 1, 3, 4, 5]],
            "one_offset": off[:1], "empty": off[:0]}[case]
     bad.astype(np.int64).tofile(tmp_path / "data" / "toy" / "test.docs.bin")
-    assert ee.main([*runs, *common]) == 2
+    assert exit_code([*runs, *common]) == 2
     err = capsys.readouterr().err
     assert "does not hold document offsets 0 .. 734 of test.bin" in err and len(err.strip().splitlines()) == 1, err
     assert not os.path.exists(tmp_path / "out")
@@ -195,7 +215,7 @@ def test_document_offsets_that_do_not_cover_the_split_exit_2(setup, case, capsys
 @pytest.mark.parametrize("last_k", [0, 17, 64])
 def test_last_k_must_fit_the_shortest_length(setup, last_k, capsys):
     tmp_path, _, runs, common = setup  # lengths 16, 32, 64
-    assert ee.main([*runs, *common, f"--last_k={last_k}"]) == 2
+    assert exit_code([*runs, *common, f"--last_k={last_k}"]) == 2
     err = capsys.readouterr().err
     assert f"--last_k must lie in 1 .. the shortest length 16, got {last_k}" in err and err.count("\n") == 1, err
 
@@ -213,8 +233,8 @@ def test_last_k_equal_to_the_shortest_length_scores_its_whole_last_window(setup)
     assert rows[0]["length"] == 16 and rows[0]["last_loss"] == pytest.approx(loss.item(), rel=1e-5)
 
 
-def test_yarn_scale_takes_L_from_the_run_block_size(setup, capsys):
-    """--yarn_scale=4 on a RoPE run trained at block_size 16 must equal that run's weights saved as a
+def test_rope_scaling_takes_L_from_the_run_block_size(setup, capsys):
+    """--rope_scaling=4 on a RoPE run trained at block_size 16 must equal that run's weights saved as a
     YaRN run with s = 4 and L = 16 (model_args, run as is); L = 64 gives other numbers."""
     tmp_path, _, runs, common = setup
     state = torch.load(os.path.join(runs[0], "best.pt"), weights_only=True)
@@ -225,8 +245,8 @@ def test_yarn_scale_takes_L_from_the_run_block_size(setup, capsys):
         os.makedirs(saved[L])
         torch.save({**state, "model_args": {**state["model_args"], "rope_scaling": 4.0, "rope_original_block_size": L}},
                    os.path.join(saved[L], "best.pt"))
-    rows = ee.run([runs[0], saved[16], saved[64], *common, "--max_tokens=64", "--yarn_scale=4"])
-    assert "already YaRN (s=4); --yarn_scale ignored" in capsys.readouterr().out
+    rows = ee.run([runs[0], saved[16], saved[64], *common, "--max_tokens=64", "--rope_scaling=4"])
+    assert "already YaRN (s=4); --rope_scaling ignored" in capsys.readouterr().out
     ppl = {r: [x["ppl"] for x in rows if x["run"] == r] for r in (runs[0], saved[16], saved[64])}
     assert ppl[runs[0]] == pytest.approx(ppl[saved[16]], rel=1e-6)
     assert max(abs(a / b - 1) for a, b in zip(ppl[saved[64]], ppl[saved[16]])) > 1e-3  # L matters here
@@ -245,7 +265,7 @@ def test_a_run_with_another_tokenizer_of_the_same_size_is_refused(char_pretraine
     args = [f"--data_root={data_root}", "--lengths=8,16", "--last_k=4", "--max_tokens=32", "--device=cpu",
             f"--out_dir={tmp_path / 'out'}"]
     for runs, dataset in (([pre, str(other)], "chars"), ([pre], "chars_upper")):
-        assert ee.main([*runs, *args, f"--dataset={dataset}"]) == 2
+        assert exit_code([*runs, *args, f"--dataset={dataset}"]) == 2
         err = capsys.readouterr().err
         assert "' ,.:abehinoqrstu'" in err and "' ,.:ABEHINOQRSTU'" in err and err.count("\n") == 1, err
     assert not os.path.exists(tmp_path / "out")

@@ -40,7 +40,7 @@ def test_finetune_configs_keep_the_pretraining_architecture(size, kind, enc):
     ft = configure(train.DEFAULTS, [os.path.join(REPO, f"config/finetune_owt{size}_{kind}_4096.py")])
     pre = configure(train.DEFAULTS, [os.path.join(REPO, f"config/train_owt{size}_{enc}.py")])
     assert ft["init_from"] == "finetune" and os.path.dirname(ft["init_ckpt"]) == pre["out_dir"] != ft["out_dir"]
-    arch = ("n_layer", "n_head", "n_embd", "bias", "pos_encoding", "rope_theta", "pope_magnitude", "pope_delta", "dataset")
+    arch = ("n_layer", "n_head", "n_embd", "bias", "pos_encoding", "rope_theta", "pope_magnitude", "pope_use_delta", "dataset")
     assert {k: ft[k] for k in arch} == {k: pre[k] for k in arch}
     assert (ft["block_size"], ft["max_iters"], ft["warmup_iters"], ft["learning_rate"], ft["min_lr"]) == (4096, 500, 20, 6e-5, 6e-5)
     assert ft["batch_size"] * ft["gradient_accumulation_steps"] == 64

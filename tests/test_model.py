@@ -143,7 +143,7 @@ def test_delta_init_ranges():
     assert all(b.attn.pope_delta.abs().max() == 0 for b in zero.transformer.h)
     d = torch.cat([b.attn.pope_delta.flatten() for b in uni.transformer.h])
     assert d.min() >= -2 * math.pi and d.max() <= 0 and d.std() > 1.0  # uniform on [-2pi, 0]: std 1.81
-    assert tiny("pope", pope_delta=False).transformer.h[0].attn.pope_delta is None
+    assert tiny("pope", pope_use_delta=False).transformer.h[0].attn.pope_delta is None
 
 
 def test_delta_stays_in_box_and_keeps_receiving_gradient():

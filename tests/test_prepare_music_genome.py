@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import genome, jsb, maestro  # noqa: E402
+from prepare import common, genome, jsb, maestro  # noqa: E402
 
 
 def mtimes(folder):
@@ -275,6 +275,20 @@ def test_genome_prepare_plain_and_gz(fasta_records, tmp_path):
     assert (arr["val"] != 1).sum(1).tolist() == [1001, 169]
     assert len(arr["train"]) == 5
     assert_second_run_is_noop(genome.prepare, outs[0], input=str(tmp_path / "g.fa"), block_bp=12000, num_proc=2)
+
+
+def test_genome_without_input_uses_the_fasta_already_in_raw_offline(fasta_records, tmp_path, monkeypatch):
+    """No --input: the FASTA already at out_dir/raw/<name of URL> is used, the network never asked."""
+    def no_network(*args, **kwargs):
+        raise AssertionError("no download expected")
+    monkeypatch.setattr(common.urllib.request, "urlopen", no_network)
+    out = tmp_path / "genome"
+    write_fasta(tmp_path / "g.fa.gz", fasta_records)  # the URL's file is a .fna.gz
+    os.makedirs(out / "raw")
+    os.replace(tmp_path / "g.fa.gz", out / "raw" / os.path.basename(genome.URL))
+    genome.prepare(out_dir=str(out), block_bp=12000, num_proc=2)
+    meta, arr = load(str(out))
+    assert meta["records"] == {"train": 1, "val": 1, "test": 1} and len(arr["train"]) == 5
 
 
 def test_genome_fraction_split_and_clear_error(tmp_path):

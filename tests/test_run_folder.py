@@ -11,8 +11,9 @@ import torch
 
 import sample
 import train
-from checkpoint import miditok_tokenizer, tokenizer_entry
-from prepare.common import BinWriter, atomic_write_json, write_meta
+from checkpoint import miditok_tokenizer, tokenizer_to_checkpoint
+from cli import atomic_write_json
+from prepare.common import BinWriter, write_meta
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=2",
@@ -96,7 +97,7 @@ def test_miditok_tokenizer_file_travels_inside_the_checkpoint(tmp_path):
     atomic_write_json(str(folder / "tokenizer.json"), tok.to_dict())  # as prepare/maestro.py writes it
     meta = {"dataset": "maestro", "vocab_size": 328, "pad_id": 0,
             "tokenizer": {"kind": "miditok", "class": "REMI", "file": "tokenizer.json"}}
-    torch.save({"tokenizer": tokenizer_entry(meta, str(folder))}, tmp_path / "best.pt")
+    torch.save({"tokenizer": tokenizer_to_checkpoint(meta, str(folder))}, tmp_path / "best.pt")
     shutil.rmtree(folder)
     entry = torch.load(tmp_path / "best.pt", weights_only=True)["tokenizer"]
     rebuilt = miditok_tokenizer(entry)

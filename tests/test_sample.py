@@ -69,3 +69,28 @@ def test_top_k_one_is_greedy_and_the_seed_fixes_the_samples(run_dir, capsys):
     a = sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=3"])
     assert sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=3"]) == a
     assert sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=4"]) != a != greedy
+
+
+def test_sample_runs_in_the_dtype_it_is_given(run_dir, monkeypatch, capsys):
+    """--dtype goes through cli.resolve_dtype like train.py's: the logits come out in bf16 under
+    --dtype=bfloat16, in fp32 under 'auto' on a CPU; a name it does not know exits 2 with one line."""
+    import sample as sample_mod
+    seen = []
+
+    def load_run_with_hook(*args, **kwargs):
+        model, state = load_run(*args, **kwargs)
+        model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+        return model, state
+
+    monkeypatch.setattr(sample_mod, "load_run", load_run_with_hook)
+    common = [f"--out_dir={run_dir}", f"--start={PROMPT}", "--max_new_tokens=2", "--device=cpu", "--attn_backend=torch"]
+    sample_mod.main(common + ["--dtype=bfloat16"])
+    assert seen and set(seen) == {torch.bfloat16}
+    seen.clear()
+    sample_mod.main(common)
+    assert seen and set(seen) == {torch.float32}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        sample_mod.main(common + ["--dtype=fp16"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "dtype must be 'auto' or one of" in err

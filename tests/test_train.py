@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import train
+from cli import UserError
 from prepare.common import BinWriter, write_meta
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +54,45 @@ def test_config_file_then_overrides(tmp_path):
     cfg = configure(train.DEFAULTS, [str(cfg_file), "--n_layer=5", "--compile=True", "--dtype=bfloat16"])
     assert (cfg["n_layer"], cfg["learning_rate"], cfg["min_lr"]) == (5, 2e-4, 2e-5)
     assert cfg["compile"] is True and cfg["dtype"] == "bfloat16" and cfg["n_head"] == train.DEFAULTS["n_head"]
+
+
+def test_old_config_key_pope_delta_sets_pope_use_delta_with_a_one_line_note(tmp_path, capsys):
+    """GPTConfig's bool pope_delta became pope_use_delta (pope_delta is the attention's parameter):
+    config files and --key=value under the old name still work, after one note line each."""
+    from configurator import configure
+    from model import RENAMED_FIELDS
+    cfg_file = tmp_path / "old.py"
+    cfg_file.write_text("pope_delta = False\n")
+    cfg = configure(train.DEFAULTS, [str(cfg_file)], renamed=RENAMED_FIELDS)
+    assert cfg["pope_use_delta"] is False and "pope_delta" not in cfg
+    assert configure(train.DEFAULTS, ["--pope_delta=True", "--pope_use_delta=False"], renamed=RENAMED_FIELDS)["pope_use_delta"] is False
+    assert configure(train.DEFAULTS, ["--pope_use_delta=False", "--pope_delta=True"], renamed=RENAMED_FIELDS)["pope_use_delta"] is True
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["note: config key 'pope_delta' is deprecated, use 'pope_use_delta' (same meaning)"] * 3
+    with pytest.raises(UserError, match="unknown config key 'pope_delta'"):  # without the map, as before
+        configure(train.DEFAULTS, ["--pope_delta=False"])
+
+
+def test_checkpoint_with_the_old_key_pope_delta_loads_and_resumes(toy_stream, tmp_path, capsys):
+    """A run folder written before the rename (model_args["pope_delta"]) samples, evaluates and resumes:
+    the old key is read as pope_use_delta, so a no-delta model is rebuilt without delta."""
+    from checkpoint import load_run
+    out = str(tmp_path / "out")
+    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2",
+                     f"--out_dir={out}", "--pope_delta=False"]  # the old key on the command line, too
+    run(common + ["--max_iters=2"])
+    assert "note: config key 'pope_delta' is deprecated" in capsys.readouterr().err
+    for name in ("ckpt.pt", "best.pt"):  # rewrite both as the old version wrote them
+        path = os.path.join(out, name)
+        state = torch.load(path, weights_only=True)
+        assert state["model_args"]["pope_use_delta"] is False
+        state["model_args"]["pope_delta"] = state["model_args"].pop("pope_use_delta")
+        torch.save(state, path)
+    model, state = load_run(out)
+    assert state["model_args"]["pope_use_delta"] is False and "pope_delta" not in state["model_args"]
+    assert all(b.attn.pope_delta is None for b in model.transformer.h)
+    run(common + ["--max_iters=4", "--init_from=resume"])
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["iter_num"] == 4
 
 
 def test_text_settings_keep_the_text_as_typed():

@@ -1,0 +1,123 @@
+"""What every script of this repo does the same way at its edges.
+
+    UserError, exit_on_user_error   bad input: one line on stderr, "error: <what to do>", exit code 2
+    atomic_open, atomic_write,      every file a script writes (checkpoints, prepared data, JSON,
+    atomic_write_json               CSV, plots) appears complete or not at all
+    resolve_device, resolve_dtype,  the settings device='auto' and dtype='auto', and the autocast
+    autocast_context                context a dtype means
+    note_renamed                    a setting given under its old name: one line, then it works
+
+A script raises UserError wherever it finds input the user must fix (a missing checkpoint, an unknown
+dataset, a bad setting) and decorates its main() with exit_on_user_error. Anything else is a bug and
+keeps its traceback.
+"""
+
+import contextlib
+import functools
+import json
+import os
+import sys
+import tempfile
+
+
+class UserError(Exception):
+    """Input the user must fix. str(e) is one line that says what to do; `details` (optional) are
+    further lines printed after it, e.g. the valid keys of a config."""
+
+    def __init__(self, message, details=""):
+        super().__init__(message)
+        self.details = details
+
+
+def exit_on_user_error(main):
+    """Decorator for a script's main(): a UserError prints 'error: <message>' (then its details) on
+    stderr and exits with code 2; other exceptions propagate unchanged."""
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as e:
+            print(f"error: {e}" + (f"\n{e.details}" if e.details else ""), file=sys.stderr)
+            sys.exit(2)
+    return wrapper
+
+
+def note_renamed(old, new):
+    """Print the one-line note for a setting given under its old name (it still works, as `new`)."""
+    print(f"note: {old} is deprecated, use {new} (same meaning)", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def atomic_open(path):
+    """Context manager: a binary file object that becomes `path` when the block exits cleanly.
+
+    The data goes to a temporary file beside `path` (same folder, so the rename stays on one file
+    system), which is flushed, fsynced, given the usual mode (0666 minus the umask) and renamed onto
+    `path` with os.replace. A crash or an exception in the block leaves the old `path` (or none) and
+    no temporary file. Creates the folder if needed.
+
+        with atomic_open("out/ckpt.pt") as f:
+            torch.save(state, f)
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def atomic_write(path, data):
+    """Write `data` (bytes, or str as UTF-8) to `path` atomically (see atomic_open)."""
+    with atomic_open(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def atomic_write_json(path, obj, indent=1, **dumps_kwargs):
+    """Write `obj` as JSON (json.dumps(obj, indent=indent, **dumps_kwargs) plus a newline) atomically."""
+    atomic_write(path, json.dumps(obj, indent=indent, **dumps_kwargs) + "\n")
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_device(device):
+    """'auto' -> 'cuda' when torch sees a CUDA GPU, else 'cpu'; any other device ('cpu', 'cuda:1', ...)
+    is returned as given."""
+    if device != "auto":
+        return device
+    import torch  # here, so that prepare/ scripts import this module without torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype, device):
+    """The compute dtype a setting names on `device`, one of DTYPES: 'auto' is 'float32' on a CPU, and on
+    a CUDA GPU 'bfloat16' where it supports bf16, else 'float16' (V100, T4). Raises UserError for a
+    name that is neither 'auto' nor in DTYPES."""
+    if dtype == "auto":
+        if not str(device).startswith("cuda"):
+            return "float32"
+        import torch
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if dtype not in DTYPES:
+        raise UserError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def autocast_context(device, dtype):
+    """The context forward passes run in for a resolved dtype: nullcontext for 'float32', else
+    torch.autocast on the device's type ('cuda' or 'cpu') in that dtype. Reusable across `with` blocks."""
+    import torch
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda" if str(device).startswith("cuda") else "cpu", dtype=getattr(torch, dtype))

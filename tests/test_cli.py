@@ -1,0 +1,86 @@
+"""cli.py: the one-line exit 2, the atomic file writes and the device / dtype "auto" every script uses."""
+
+import json
+import os
+
+import pytest
+
+from cli import (UserError, atomic_open, atomic_write, atomic_write_json, autocast_context, exit_on_user_error,
+                 resolve_device, resolve_dtype)
+
+
+def test_user_error_exits_2_with_one_line_and_other_errors_keep_their_traceback(capsys):
+    @exit_on_user_error
+    def main(kind):
+        if kind == "user":
+            raise UserError("no checkpoint at x/best.pt; train first")
+        if kind == "details":
+            raise UserError("unknown config key 'q'", details="valid keys:\n  a = 1")
+        if kind == "bug":
+            raise KeyError("a bug")
+        return 7
+
+    assert main("ok") == 7
+    with pytest.raises(SystemExit) as e:
+        main("user")
+    assert e.value.code == 2 and capsys.readouterr().err == "error: no checkpoint at x/best.pt; train first\n"
+    with pytest.raises(SystemExit) as e:
+        main("details")
+    assert e.value.code == 2 and capsys.readouterr().err == "error: unknown config key 'q'\nvalid keys:\n  a = 1\n"
+    with pytest.raises(KeyError):
+        main("bug")
+
+
+def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    path = str(tmp_path / "sub" / "metrics.json")  # the folder is created
+    atomic_write_json(path, {"loss": 1.5, "iter": [1, 2]})
+    with open(path) as f:
+        assert json.load(f) == {"loss": 1.5, "iter": [1, 2]}
+    atomic_write(path, "é\n")  # str is written as UTF-8
+    assert open(path, "rb").read() == "é\n".encode()
+    atomic_write(path, b"\x00\x01")
+    assert open(path, "rb").read() == b"\x00\x01"
+    assert os.listdir(tmp_path / "sub") == ["metrics.json"]
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")  # the mode open() gives under this umask
+    assert os.stat(path).st_mode & 0o777 == os.stat(plain).st_mode & 0o777
+
+
+def test_a_crash_while_writing_keeps_the_old_file(tmp_path):
+    path = str(tmp_path / "ckpt.pt")
+    atomic_write(path, b"old checkpoint")
+    with pytest.raises(RuntimeError, match="crash"):
+        with atomic_open(path) as f:
+            f.write(b"half of a new one")
+            raise RuntimeError("crash")
+    assert open(path, "rb").read() == b"old checkpoint"
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_device_and_dtype_auto(monkeypatch):
+    """'auto' picks CUDA when torch sees it; dtype 'auto' is fp32 on a CPU, bf16 on a GPU that has it and
+    fp16 on one that does not (V100, T4); explicit names pass through, unknown ones are refused."""
+    import torch
+    for cuda, want in ((False, "cpu"), (True, "cuda")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        assert resolve_device("auto") == want
+    assert resolve_device("cuda:1") == "cuda:1" and resolve_device("cpu") == "cpu"
+    assert resolve_dtype("auto", "cpu") == "float32"
+    for bf16, want in ((True, "bfloat16"), (False, "float16")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+        assert resolve_dtype("auto", "cuda") == resolve_dtype("auto", "cuda:1") == want
+    assert resolve_dtype("bfloat16", "cpu") == "bfloat16" and resolve_dtype("float32", "cuda") == "float32"
+    with pytest.raises(UserError, match=r"dtype must be 'auto' or one of \['bfloat16', 'float16', 'float32'\], got 'fp16'"):
+        resolve_dtype("fp16", "cpu")
+
+
+def test_autocast_context_runs_matmuls_in_the_dtype():
+    import torch
+    a = torch.randn(4, 4)
+    with autocast_context("cpu", "float32"):
+        assert (a @ a).dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+    ctx = autocast_context("cpu", "bfloat16")
+    for _ in range(2):  # reusable, as train.py's loop uses it
+        with ctx:
+            assert (a @ a).dtype == torch.bfloat16
+    assert (a @ a).dtype == torch.float32
