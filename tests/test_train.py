@@ -19,6 +19,7 @@ from prepare.common import BinWriter, write_meta
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=1",
         "--warmup_iters=2", "--attn_backend=torch", "--compile=False"]
+INDIRECT = ["--dataset=indirect_indexing", "--block_size=64"]  # the tiny_indirect fixture's data (not the default)
 
 
 def run(argv):
@@ -64,7 +65,7 @@ def test_text_settings_keep_the_text_as_typed():
 
 
 def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
-    common = TINY + [f"--data_root={tiny_indirect}", "--eval_interval=5", "--lr_decay_iters=12", "--dropout=0.1"]
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--eval_interval=5", "--lr_decay_iters=12", "--dropout=0.1"]
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     run(common + ["--max_iters=12", f"--out_dir={full}"])
     run(common + ["--max_iters=5", f"--out_dir={part}"])
@@ -77,7 +78,7 @@ def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
 
 
 def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
-    common = TINY + [f"--data_root={tiny_indirect}", "--max_iters=6", "--eval_interval=3",
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--max_iters=6", "--eval_interval=3",
                      "--gradient_accumulation_steps=2"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
@@ -151,7 +152,7 @@ def test_missing_dataset_exits_2_with_the_prepare_command(tmp_path):
 
 def test_eval_only_recomputes_metrics(tiny_indirect, tmp_path):
     out = str(tmp_path / "out")
-    common = TINY + [f"--data_root={tiny_indirect}", f"--out_dir={out}"]
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", f"--out_dir={out}"]
     first = run(common + ["--max_iters=4", "--eval_interval=2"])
     os.remove(os.path.join(out, "metrics.json"))
     again = run(common + ["--eval_only=True", "--init_from=resume"])
@@ -267,8 +268,8 @@ def test_gradient_clipping_bounds_the_update_and_delta_stays_in_its_box(toy_stre
 
 
 def test_quick_start_builds_the_indirect_indexing_data(tmp_path):
-    """`python train.py` on a fresh machine builds data/indirect_indexing itself (here with small
-    splits, so the test is fast) and then trains on it."""
+    """`python train.py config/train_indirect_cpu.py` on a fresh machine builds data/indirect_indexing
+    itself (here with small splits, so the test is fast) and then trains on it."""
     from prepare import indirect_indexing
     real = indirect_indexing.prepare
 
@@ -276,6 +277,6 @@ def test_quick_start_builds_the_indirect_indexing_data(tmp_path):
         return real(out_dir, n_train=1000, n_val=50, n_test=40, seed=seed)
     root = tmp_path / "data"
     with mock.patch.object(indirect_indexing, "prepare", small):
-        m = run(TINY + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
+        m = run(TINY + INDIRECT + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
     assert os.path.exists(root / "indirect_indexing" / "meta.json")
     assert m["dataset"] == "indirect_indexing" and m["test"]["targets"] == 40 and m["val"]["targets"] == 50
