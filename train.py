@@ -357,6 +357,8 @@ def _text_run_summary(metrics, argv, dev):
     split = "test" if "test" in metrics else "val"
     if split in metrics:
         print(f"\n{split} loss {metrics[split]['loss']:.4f} nats/token, perplexity {metrics[split]['ppl']:.3f}")
+    if not os.path.exists(os.path.join(out_dir, "best.pt")):
+        return  # main has warned: the val loss never went below its value at iteration 0
     model, state = load_run(out_dir, "best.pt", dev, attn_backend=attn_backend)
     encode, decode = load_codec(state["tokenizer"])
     n = 200 if state["tokenizer"]["tokenizer"]["kind"] == "char" else 60

