@@ -19,7 +19,7 @@ averaged over heads and tokens of each text, then over texts (and the same for k
                           (left) to low, ticks labelled with the wavelength 2*pi/theta_c in tokens
     delta.png             PoPE only: delta per layer, heads x frequencies, in radians on [-2*pi, 0]
     frequency_usage.npz   the numbers behind the plots: q, k (n_layer, n_freq), wavelength (n_freq,),
-                          and delta (n_layer, n_head, head_dim) for PoPE
+                          and delta (n_layer, n_kv_head, head_dim) for PoPE
 
 Texts: a file of texts separated by blank lines, each cut to the model's block_size tokens. The
 default, texts/shakespeare_sonnets.txt, holds Sonnets I-X (public domain, Project Gutenberg's text
@@ -90,13 +90,14 @@ def frequency_usage(model, token_lists):
     cfg = model.config
     if cfg.pos_encoding not in ("rope", "pope"):
         raise UserError(f"pos_encoding={cfg.pos_encoding!r} has no rotary frequencies to analyze")
-    C, H = cfg.n_embd, cfg.n_head
+    H, d = cfg.n_head, cfg.n_embd // cfg.n_head
+    H_kv = cfg.n_kv_head or H
     captured = {}
 
     def hook(layer):
-        def fn(module, inputs, output):  # output (1, T, 3C): q | k | v
-            q, k, _ = output[0].split(C, dim=-1)
-            captured[layer] = (q.view(-1, H, C // H), k.view(-1, H, C // H))
+        def fn(module, inputs, output):  # output (1, T, (H + 2 H_kv) d): q | k | v
+            q, k, _ = output[0].split((H * d, H_kv * d, H_kv * d), dim=-1)
+            captured[layer] = (q.view(-1, H, d), k.view(-1, H_kv, d))
         return fn
 
     handles = [b.attn.c_attn.register_forward_hook(hook(i)) for i, b in enumerate(model.transformer.h)]
@@ -113,7 +114,8 @@ def frequency_usage(model, token_lists):
 
 
 def pope_deltas(model):
-    """(n_layer, n_head, head_dim) learned phase biases in radians, or None (RoPE, or PoPE without delta)."""
+    """(n_layer, n_kv_head, head_dim) learned phase biases in radians (one per key/value head), or None
+    (RoPE, or PoPE without delta)."""
     deltas = [b.attn.pope_delta for b in model.transformer.h]
     if any(d is None for d in deltas):
         return None
@@ -160,7 +162,7 @@ def plot_run(name, cfg, usage, delta, out_dir):
     if delta is not None:
         cols = min(4, cfg.n_layer)
         rows = math.ceil(cfg.n_layer / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 0.6 + (0.3 * cfg.n_head + 1.2) * rows),
+        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 0.6 + (0.3 * delta.shape[1] + 1.2) * rows),
                                  squeeze=False, layout="constrained")
         for i, ax in enumerate(axes.flat):
             if i >= cfg.n_layer:

@@ -32,6 +32,7 @@ ValueError there.
 import inspect
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -48,7 +49,8 @@ class GPTConfig:
     block_size: int = 1024  # training context in tokens
     vocab_size: int = 50304  # GPT-2's 50257 rounded up to a multiple of 64
     n_layer: int = 12
-    n_head: int = 12
+    n_head: int = 12  # query heads
+    n_kv_head: Optional[int] = None  # key/value heads (grouped-query attention; 1 = MQA); None = n_head
     n_embd: int = 768
     dropout: float = 0.0  # on embeddings and residual branches (not on attention probabilities)
     bias: bool = False  # biases in Linear layers
@@ -66,6 +68,10 @@ class GPTConfig:
             raise ValueError(f"pos_encoding must be one of {POS_ENCODINGS}, got {self.pos_encoding!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        kv = self.n_kv_head
+        if kv is not None and not (type(kv) is int and 0 < kv <= self.n_head and self.n_head % kv == 0):
+            raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}: each key/value head "
+                             "serves n_head // n_kv_head query heads (None means n_head, no grouping)")
         if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError("RoPE needs an even head_dim (n_embd // n_head)")
         if self.pos_encoding == "rope_half" and (self.n_embd // self.n_head) % 4:
@@ -183,13 +189,17 @@ def sinusoidal_embedding(n_positions, n_embd):
 class KVCache:
     """Per-layer key/value cache for incremental decoding, preallocated for max_len tokens.
 
-    What each layer caches, per token and head (d = head_dim, values always raw and d wide):
+    Each layer caches n_kv_head key/value heads (GPTConfig.n_kv_head; grouped-query attention shares them
+    among n_head // n_kv_head query heads). What it caches per token and key/value head (d = head_dim,
+    values always raw and d wide):
       RoPE   rotated keys, d wide: 2d numbers per token with the values.
       NoPE   raw keys, d wide: 2d.
       PoPE   the keys' Cartesian form [mu cos(phi), mu sin(phi)], mu = softplus(k), phi = s*theta_c +
              delta_c (pope.pope_key_cartesian), 2d wide: 3d numbers per token, 1.5x RoPE's cache, for
              both backends. A key's phase depends only on its own position s, so this form never
              changes, and a decoding step computes softplus, cos and sin for its new tokens only.
+    Size of a full cache: n_layer * B * n_kv_head * max_len * (2d for RoPE/NoPE, 3d for PoPE) elements,
+    in the dtype of the keys (the model's activations, or the autocast dtype); cache_bytes gives it.
     `q_offset` is the number of tokens already in the cache = the absolute position of the next token
     (`pos` is its read-only alias).
     """
@@ -203,8 +213,12 @@ class KVCache:
     def pos(self):
         return self.q_offset
 
+    def cache_bytes(self):
+        """Bytes held by the allocated key and value buffers, all layers."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v) if t is not None)
+
     def update(self, layer, k, v):
-        """Append k, v (B, H, T, d) at self.q_offset for `layer`; return all cached (B, H, q_offset + T, d)."""
+        """Append k, v (B, H_kv, T, d) at self.q_offset for `layer`; return all cached (B, H_kv, q_offset + T, d)."""
         B, H, T, d = k.shape
         start, end = self.q_offset, self.q_offset + T
         if end > self.max_len:
@@ -222,12 +236,16 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.n_kv_head = config.n_kv_head or config.n_head
+        # queries (n_head heads), then keys and values (n_kv_head heads each)
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.config = config
         if config.pos_encoding == "pope" and config.pope_use_delta:
-            delta = torch.zeros(config.n_head, self.head_dim)
+            # one phase per key/value head and channel: delta belongs to the keys, so a group of query
+            # heads shares its key head's delta (# assumed: the paper has no grouped-query attention)
+            delta = torch.zeros(self.n_kv_head, self.head_dim)
             if config.pope_delta_init == "uniform":
                 delta.uniform_(-2 * math.pi, 0.0)
             self.pope_delta = nn.Parameter(delta)  # radians, kept in [-2*pi, 0] by GPT.clamp_pope_delta_
@@ -240,12 +258,14 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, kv_cache=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        pos0 = kv_cache.q_offset if kv_cache is not None else 0
+        kv_width = self.n_kv_head * self.head_dim
+        q, k, v = self.c_attn(x).split((C, kv_width, kv_width), dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
+        k, v = (t.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, n_kv_head, T, hd)
+        q_offset = kv_cache.q_offset if kv_cache is not None else 0
         cfg = self.config
         if cfg.pos_encoding in ("rope", "rope_half"):
-            positions = torch.arange(pos0, pos0 + T, device=x.device)
+            positions = torch.arange(q_offset, q_offset + T, device=x.device)
             n_rot = self.head_dim if cfg.pos_encoding == "rope" else self.head_dim // 2
             freqs = rope_frequencies(n_rot, cfg.rope_theta, cfg.rope_scaling, cfg.rope_original_block_size,
                                      device=x.device)
@@ -257,12 +277,13 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None and cfg.pos_encoding != "pope":
             k, v = kv_cache.update(self.layer_idx, k, v)
         if cfg.pos_encoding == "pope":
-            y = self._pope(q, k, v, kv_cache, pos0)
+            y = self._pope(q, k, v, kv_cache, q_offset)
         elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
-            bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=pos0)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
+            bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=q_offset)  # (n_head, T, Tk): per query head
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype),
+                                               enable_gqa=self.n_kv_head != self.n_head)
         else:
-            y = sdpa_attention(q, k, v, causal=True, q_offset=pos0)
+            y = sdpa_attention(q, k, v, causal=True, q_offset=q_offset)  # enable_gqa when n_kv_head < n_head
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -340,14 +361,14 @@ class GPT(nn.Module):
         kv_cache: a KVCache; idx continues its tokens, at positions kv_cache.q_offset.., and is appended."""
         x = self.transformer.wte(idx)
         if self.config.pos_encoding in ABSOLUTE_ENCODINGS:
-            pos0, T = (kv_cache.pos if kv_cache is not None else 0), idx.shape[1]
-            if pos0 + T > self.config.block_size:
+            q_offset, T = (kv_cache.q_offset if kv_cache is not None else 0), idx.shape[1]
+            if q_offset + T > self.config.block_size:
                 raise ValueError(f"pos_encoding={self.config.pos_encoding!r} is absolute: it has positions 0.."
-                                 f"{self.config.block_size - 1} (block_size) only, asked for up to {pos0 + T - 1}")
+                                 f"{self.config.block_size - 1} (block_size) only, asked for up to {q_offset + T - 1}")
             if self.config.pos_encoding == "learned":
-                x = x + self.transformer.wpe(torch.arange(pos0, pos0 + T, device=idx.device))
+                x = x + self.transformer.wpe(torch.arange(q_offset, q_offset + T, device=idx.device))
             else:
-                x = x + self.wpe_sinusoidal[pos0:pos0 + T]
+                x = x + self.wpe_sinusoidal[q_offset:q_offset + T]
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, kv_cache)

@@ -21,7 +21,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import timedelta
 
 import torch
@@ -61,6 +61,7 @@ block_size = 256
 # model
 n_layer = 4
 n_head = 4
+n_kv_head = None  # key/value heads for grouped-query attention (n_head a multiple of it); None = n_head
 n_embd = 128
 dropout = 0.0
 bias = False
@@ -146,11 +147,8 @@ def main(argv):
     # --- model and optimizer
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     iter_num, best_val_loss, checkpoint = 0, float("inf"), None
-    model_args = dict(block_size=block_size, vocab_size=_round_vocab(data.vocab_size), n_layer=n_layer, n_head=n_head,
-                      n_embd=n_embd, dropout=dropout, bias=bias, pos_encoding=pos_encoding, rope_theta=rope_theta,
-                      pope_delta_init=pope_delta_init, pope_magnitude=pope_magnitude, pope_use_delta=pope_use_delta,
-                      attn_backend=attn_backend, rope_scaling=rope_scaling,
-                      rope_original_block_size=rope_original_block_size)
+    model_args = {f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}  # GPTConfig's settings
+    model_args["vocab_size"] = _round_vocab(data.vocab_size)
     init_weights = None
     if init_from == "resume":
         if not os.path.exists(ckpt_path):
@@ -402,6 +400,8 @@ def _finetune_weights(model_args, out_dir, dev, data_tokenizer):
                         f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
                         "prepared with the checkpoint's tokenizer")
     old = {**asdict(GPTConfig()), **state["model_args"]}
+    for args in (model_args, old):  # n_kv_head None means n_head: one architecture, however it is written
+        args["n_kv_head"] = args["n_kv_head"] or args["n_head"]
     diff = [k for k in model_args if k not in FINETUNE_FREE and model_args[k] != old[k]]
     if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:
         diff.append("block_size")

@@ -10,8 +10,8 @@ from model import GPT, GPTConfig, KVCache, apply_rope
 
 def tiny(pos_encoding, **kw):
     torch.manual_seed(0)
-    cfg = GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=2, n_embd=32, pos_encoding=pos_encoding,
-                    attn_backend="torch", **kw)
+    cfg = GPTConfig(**{"block_size": 16, "vocab_size": 37, "n_layer": 2, "n_head": 2, "n_embd": 32,
+                       "pos_encoding": pos_encoding, "attn_backend": "torch", **kw})
     return GPT(cfg).eval()
 
 
@@ -264,17 +264,19 @@ def _reference_logits(model, idx):
     cfg = model.config
     sd = {k: v.double() for k, v in model.state_dict().items()}
     H, d, T = cfg.n_head, cfg.n_embd // cfg.n_head, idx.shape[1]
+    H_kv = cfg.n_kv_head or H  # grouped-query attention: repeat each key/value head (and delta) over its group
     pos = torch.arange(T, dtype=torch.float64)
     causal = torch.ones(T, T).tril().bool()
     x = sd["transformer.wte.weight"][idx]
     for layer in range(cfg.n_layer):
         p = f"transformer.h.{layer}."
         h = _rmsnorm(x, sd[p + "ln_1.weight"])
-        q, k, v = (h @ sd[p + "attn.c_attn.weight"].T).split(cfg.n_embd, -1)
-        q, k, v = (t.view(*t.shape[:2], H, d).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
+        q, k, v = (h @ sd[p + "attn.c_attn.weight"].T).split((H * d, H_kv * d, H_kv * d), -1)
+        q = q.view(*q.shape[:2], H, d).transpose(1, 2)  # (B, H, T, d)
+        k, v = (t.view(*t.shape[:2], H_kv, d).transpose(1, 2).repeat_interleave(H // H_kv, 1) for t in (k, v))
         if cfg.pos_encoding == "pope":
             freqs = cfg.rope_theta ** (-torch.arange(d, dtype=torch.float64) / d)
-            delta = sd[p + "attn.pope_delta"]  # (H, d)
+            delta = sd[p + "attn.pope_delta"].repeat_interleave(H // H_kv, 0)  # (H_kv, d) -> (H, d)
             angle = (pos[None, :] - pos[:, None])[None, :, :, None] * freqs + delta[:, None, None, :]
             mq, mk = torch.nn.functional.softplus(q), torch.nn.functional.softplus(k)
             scores = torch.einsum("bhtc,bhsc,htsc->bhts", mq, mk, torch.cos(angle)) / math.sqrt(d)

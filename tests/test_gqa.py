@@ -1,0 +1,175 @@
+"""Grouped-query attention (GPTConfig.n_kv_head): every encoding against a model with one key/value
+head per query head whose key/value weights (and PoPE's delta) are copies over each group, the float64
+reference forward, KV-cache decoding, the cache's size, and a train / resume / sample / evaluate round trip.
+
+The attention-level check of both PoPE backends (the Triton kernel under the interpreter, and the
+torch path) against float64 with k, v, delta repeated over each group is
+tests/test_pope_triton.py::test_grouped_query_attention_matches_reference_with_repeated_kv."""
+
+import math
+import os
+
+import pytest
+import torch
+
+import eval_extrapolate
+import sample
+from model import GPT, GPTConfig, KVCache
+from pope import pope_attention, pope_attention_cached, pope_key_cartesian
+from test_model import _reference_logits, sharp
+from test_train import TINY, run, toy_stream  # noqa: F401 (toy_stream is a fixture)
+
+H, D = 4, 8  # 4 query heads of width 8 (n_embd 32)
+ENCODINGS = ["pope", "rope", "yarn", "none", "rope_half", "alibi_half", "learned", "sinusoidal"]
+
+
+def gqa_sharp(pos_encoding, n_kv_head, seed=0):
+    """sharp() with 4 query heads sharing n_kv_head key/value heads (YaRN: RoPE with s = 2, L = 16)."""
+    kw = dict(rope_scaling=2.0, rope_original_block_size=16) if pos_encoding == "yarn" else {}
+    enc = "rope" if pos_encoding == "yarn" else pos_encoding
+    return sharp(enc, seed=seed, n_head=H, n_kv_head=n_kv_head, block_size=32, **kw)
+
+
+def expanded(model):
+    """The same model with n_kv_head = n_head: each key/value head's projection rows and delta copied to
+    every query head of its group (query head h reads key/value head h // (n_head / n_kv_head))."""
+    cfg = model.config
+    G = cfg.n_head // cfg.n_kv_head
+    twin = GPT(GPTConfig(**{**cfg.__dict__, "n_kv_head": None})).eval()
+    sd = {}
+    for name, t in model.state_dict().items():
+        if name.endswith("attn.c_attn.weight"):
+            C = cfg.n_embd
+            q, k, v = t.split((C, cfg.n_kv_head * D, cfg.n_kv_head * D))
+            k, v = (x.view(cfg.n_kv_head, D, C).repeat_interleave(G, 0).reshape(C, C) for x in (k, v))
+            t = torch.cat((q, k, v))
+        elif name.endswith("attn.pope_delta"):
+            t = t.repeat_interleave(G, 0)
+        sd[name] = t
+    twin.load_state_dict(sd)
+    return twin
+
+
+def summed_over_groups(grad_full, n_kv_head, rows_per_head):
+    """(n_head * rows_per_head, ...) gradient of the expanded model -> (n_kv_head * rows_per_head, ...)."""
+    G = H // n_kv_head
+    return grad_full.view(n_kv_head, G, rows_per_head, *grad_full.shape[1:]).sum(1).reshape(-1, *grad_full.shape[1:])
+
+
+def test_config_checks_and_shapes():
+    for bad in (3, 0, 5, -2, "2", 2.0, True):
+        with pytest.raises(ValueError, match="n_kv_head"):
+            GPTConfig(n_head=4, n_embd=32, n_kv_head=bad)
+    attn = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=4, n_kv_head=2, n_embd=32)).transformer.h[0].attn
+    assert attn.c_attn.weight.shape == ((4 + 2 * 2) * 8, 32) and attn.pope_delta.shape == (2, 8)
+    assert GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=4, n_embd=32)).transformer.h[0].attn.c_attn \
+        .weight.shape == (96, 32)  # None: one key/value head per query head, the checkpoint layout of before
+
+
+@pytest.mark.parametrize("pos_encoding", ENCODINGS)
+@pytest.mark.parametrize("n_kv_head", [1, 2])
+def test_gqa_equals_the_model_with_keys_and_values_copied_over_each_group(pos_encoding, n_kv_head):
+    """Logits equal, and every gradient of the grouped model is the expanded model's summed over each
+    group: the query rows as they are, the key/value rows and delta over the query heads that share them."""
+    model = gqa_sharp(pos_encoding, n_kv_head)
+    twin = expanded(model)
+    idx = torch.randint(0, 37, (2, 24), generator=torch.Generator().manual_seed(3))
+    tgt = torch.randint(0, 37, (2, 24), generator=torch.Generator().manual_seed(4))
+    logits, loss = model(idx, tgt)
+    logits_twin, loss_twin = twin(idx, tgt)
+    assert logits.std() > 0.5  # attention that matters: see sharp()
+    torch.testing.assert_close(logits, logits_twin, atol=2e-4, rtol=1e-4)
+    loss.backward()
+    loss_twin.backward()
+    C = 32
+    for (name, p), p_twin in zip(model.named_parameters(), twin.parameters()):
+        g, g_twin = p.grad, p_twin.grad
+        if name.endswith("attn.c_attn.weight"):
+            q, k, v = g.split((C, n_kv_head * D, n_kv_head * D))
+            q_t, k_t, v_t = g_twin.split(C)
+            g, g_twin = torch.cat((q, k, v)), torch.cat((q_t, summed_over_groups(k_t, n_kv_head, D),
+                                                         summed_over_groups(v_t, n_kv_head, D)))
+        elif name.endswith("attn.pope_delta"):
+            g_twin = summed_over_groups(g_twin, n_kv_head, 1)
+        torch.testing.assert_close(g, g_twin, atol=2e-4, rtol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope", "none"])
+def test_gqa_logits_equal_the_float64_reference_forward(pos_encoding):
+    """The from-scratch float64 forward of tests/test_model.py, which repeats k, v and delta over each group."""
+    model = gqa_sharp(pos_encoding, 2)
+    idx = torch.randint(0, 37, (2, 24), generator=torch.Generator().manual_seed(5))
+    want = _reference_logits(model, idx)
+    assert want.std() > 0.5
+    torch.testing.assert_close(model(idx)[0].double(), want, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope", "alibi_half"])
+@pytest.mark.parametrize("n_kv_head", [1, 2, 4])
+def test_gqa_kv_cache_decoding_equals_full_forward(pos_encoding, n_kv_head):
+    """Prompt, single tokens and chunked prefills through the cache give the full forward's logits, with
+    attention peaked enough that a key read from the wrong head or position changes them."""
+    model = gqa_sharp(pos_encoding, n_kv_head)
+    idx = torch.randint(0, 37, (3, 19), generator=torch.Generator().manual_seed(6))
+    full, _ = model(idx)
+    cache, pieces, start = KVCache(2, 19), [], 0
+    for stop in (7, 8, 9, 13, 19):
+        pieces.append(model(idx[:, start:stop], kv_cache=cache)[0])
+        start = stop
+    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-4, rtol=1e-4)
+    assert all(k.shape[1] == n_kv_head for k in cache.k)
+
+
+def test_cached_pope_decode_step_reads_its_groups_key_head():
+    """pope_attention_cached's single-token matmul path (grouped queries as (B, H_kv, G, 2d)) equals
+    pope_attention on the raw keys, with keys so different per head that a wrong head shows."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(2, 6, 1, 16, generator=g) * 3, torch.randn(2, 2, 30, 16, generator=g) * 3, \
+        torch.randn(2, 2, 30, 16, generator=g)
+    delta = -2 * math.pi * torch.rand(2, 16, generator=g)
+    want = pope_attention(q, k, v, delta, q_offset=29, backend="torch")
+    got = pope_attention_cached(q, pope_key_cartesian(k, 0, delta), v, q_offset=29, backend="torch")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    swapped = pope_attention(q, k.flip(1), v.flip(1), delta.flip(0), q_offset=29, backend="torch")
+    assert (swapped - want).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "pope", "none"])
+@pytest.mark.parametrize("n_kv_head", [1, 2, 4])
+def test_cache_size_is_layers_batch_kv_heads_tokens_and_width(pos_encoding, n_kv_head):
+    """n_layer * B * n_kv_head * max_len * (2d for RoPE/NoPE keys + values, 3d for PoPE's Cartesian keys)."""
+    model = gqa_sharp(pos_encoding, n_kv_head)
+    cache = KVCache(2, 20)
+    model(torch.zeros(3, 5, dtype=torch.long), kv_cache=cache)
+    width = 3 * D if pos_encoding == "pope" else 2 * D
+    assert cache.cache_bytes() == 2 * 3 * n_kv_head * 20 * width * 4
+
+
+def test_train_resume_sample_and_evaluate_with_n_kv_head_2(toy_stream, tmp_path, capsys):
+    """--n_kv_head=2 from the command line: the checkpoint keeps it; resume continues the run; sample.py and
+    eval_extrapolate.py load the run; a fine-tune refuses another n_kv_head and accepts None = n_head."""
+    out = str(tmp_path / "run")
+    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--n_head=4", "--batch_size=8", "--block_size=32",
+                     f"--out_dir={out}"]
+    first = run(common + ["--n_kv_head=2", "--max_iters=4", "--eval_interval=4"])
+    state = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert state["model_args"]["n_kv_head"] == 2 and first["iter_num"] == 4
+    assert state["model"]["transformer.h.0.attn.pope_delta"].shape == (2, state["model_args"]["n_embd"] // 4)
+    second = run(common + ["--init_from=resume", "--max_iters=6", "--eval_interval=2"])
+    assert second["iter_num"] == 6
+    capsys.readouterr()
+    text = sample.main([f"--out_dir={out}", "--start=[1, 2, 3]", "--max_new_tokens=5", "--device=cpu"])[0]
+    assert isinstance(text, str)
+    rows = eval_extrapolate.run([out, f"--data_root={toy_stream}", "--dataset=toy", "--lengths=16,32",
+                                 "--last_k=8", "--max_tokens=64", "--device=cpu", f"--out_dir={tmp_path / 'ee'}"])
+    assert len(rows) == 2 and all(math.isfinite(r["ppl"]) for r in rows)
+    ft = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--n_head=4", "--batch_size=8", "--block_size=32",
+                 "--init_from=finetune", f"--init_ckpt={out}/best.pt", "--max_iters=1", "--eval_interval=1"]
+    with pytest.raises(SystemExit) as e:
+        run(ft + ["--n_kv_head=4", f"--out_dir={tmp_path / 'ft4'}"])
+    assert e.value.code == 2 and "n_kv_head=2" in capsys.readouterr().err
+    assert run(ft + ["--n_kv_head=2", f"--out_dir={tmp_path / 'ft2'}"])["iter_num"] == 1
+    plain = str(tmp_path / "plain")  # n_kv_head None: one key/value head per query head, the same as 4
+    run(common[:-1] + ["--max_iters=2", "--eval_interval=2", f"--out_dir={plain}"])
+    ft[ft.index(f"--init_ckpt={out}/best.pt")] = f"--init_ckpt={plain}/best.pt"
+    assert run(ft + ["--n_kv_head=4", f"--out_dir={tmp_path / 'ft_plain'}"])["iter_num"] == 1
