@@ -11,7 +11,9 @@
 3. Peak memory of a PoPE forward at growing T (child processes): O(T) means doubling T doubles it.
 4. Greedy decoding (6 layers x 384, a 960-token prompt): ms per new token for rope and pope, with the KV
    cache and re-running the whole sequence every step: the median time of the steps that make
-   new tokens 17..48 (what (time for 48 tokens - time for 16) / 32 measures, minus the load spikes).
+   new tokens 17..48 (what (time for 48 tokens - time for 16) / 32 measures, minus the load spikes),
+   and the cache's size; then with 8 query heads sharing 8 or 2 key/value heads (grouped-query attention).
+   Sections 1 and 4 also run grouped-query attention (n_head 8, n_kv_head 2).
 5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
    FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
 Timings are the median of --repeats runs after a warm-up.
@@ -50,13 +52,15 @@ def timed(fn, device, repeats, warmup=1):
     return statistics.median(times)
 
 
-def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2, vocab_size=50304, repeats=3):
-    """ms per AdamW training step (fwd + bwd + step) for rope and pope; returns rows of dicts."""
+def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2, vocab_size=50304, repeats=3,
+                     n_kv_head=None):
+    """ms per AdamW training step (fwd + bwd + step) for rope and pope; returns rows of dicts.
+    n_kv_head: key/value heads (grouped-query attention), None = n_head."""
     rows = []
     for pe in ("rope", "pope"):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=T, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                              pos_encoding=pe)).to(device)
+                              n_kv_head=n_kv_head, pos_encoding=pe)).to(device)
         opt = model.configure_optimizers(0.01, 1e-4, (0.9, 0.99), str(device).split(":")[0])
         x = torch.randint(0, vocab_size, (batch_size, T), device=device)
         amp = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else torch.autocast("cpu", enabled=False)
@@ -109,8 +113,10 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, repeats=3, dty
 
 
 def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_short=16, n_long=48,
-                 vocab_size=50304, repeats=3, reforward_repeats=1):
-    """ms per generated token, greedy, batch 1: rope vs pope, KV cache vs a full forward every step.
+                 vocab_size=50304, repeats=3, reforward_repeats=1, n_kv_heads=(None,)):
+    """ms per generated token, greedy, batch 1: rope vs pope, KV cache vs a full forward every step,
+    and the KV cache's size (MB, fp32, prompt + n_long tokens) for each n_kv_head in n_kv_heads
+    (None = n_head; fewer heads: grouped-query attention).
 
     The prompt is run, then n_long tokens are generated one step at a time, and each step (logits of
     the last position, argmax, then the forward of the new token) is timed. The figure is the median
@@ -120,11 +126,14 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
     runs the whole sequence again at every step); RoPE and PoPE runs alternate.
     """
     models, prompt = {}, torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
-    for pe in ("rope", "pope"):
-        torch.manual_seed(0)
-        models[pe] = GPT(GPTConfig(block_size=prompt_len + n_long, vocab_size=vocab_size, n_layer=n_layer,
-                                   n_head=n_head, n_embd=n_embd, pos_encoding=pe)).eval().to(device)
+    for kv in n_kv_heads:
+        for pe in ("rope", "pope"):
+            torch.manual_seed(0)
+            cfg = GPTConfig(block_size=prompt_len + n_long, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
+                            n_kv_head=kv, n_embd=n_embd, pos_encoding=pe)
+            models[pe, kv] = GPT(cfg).eval().to(device)
     prompt = prompt.to(device)
+    cache_mb = {}
 
     @torch.no_grad()
     def step_times(model, use_cache):
@@ -138,6 +147,8 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
             hidden = model.hidden_states(nxt, cache) if use_cache else model.hidden_states(idx)
             _sync(device)
             times.append(time.perf_counter() - t)
+        if use_cache:
+            cache_mb[model] = cache.cache_bytes() / 2**20
         return times[n_short:]
 
     for pe in models:  # warm-up
@@ -149,9 +160,11 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
                 if r < reps:
                     times[pe, use_cache] += step_times(models[pe], use_cache)
     ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
-    rows = [{"pos_encoding": pe, "kv_cache_ms_per_token": ms[pe, True], "reforward_ms_per_token": ms[pe, False],
-             "speedup": ms[pe, False] / ms[pe, True]} for pe in models]
-    rows[1]["cache_vs_rope"] = rows[1]["kv_cache_ms_per_token"] / rows[0]["kv_cache_ms_per_token"]
+    rows = [{"pos_encoding": pe, "n_kv_head": kv or n_head, "kv_cache_ms_per_token": ms[(pe, kv), True],
+             "reforward_ms_per_token": ms[(pe, kv), False], "speedup": ms[(pe, kv), False] / ms[(pe, kv), True],
+             "cache_mb": cache_mb[models[pe, kv]]} for pe, kv in models]
+    for rope, pope in zip(rows[::2], rows[1::2]):
+        pope["cache_vs_rope"] = pope["kv_cache_ms_per_token"] / rope["kv_cache_ms_per_token"]
     return rows
 
 
@@ -224,6 +237,8 @@ def main(argv):
     if a.only in (None, "step"):
         print_table("training step, 6 layers x 384 wide, T=1024, batch 2",
                     bench_train_step(a.device, vocab_size=a.vocab_size, repeats=a.repeats))
+        print_table("training step, grouped-query attention: 6 layers x 384 wide, 8 heads, 2 key/value heads",
+                    bench_train_step(a.device, vocab_size=a.vocab_size, repeats=a.repeats, n_head=8, n_kv_head=2))
     if a.only in (None, "attn"):
         print_table(f"attention fwd+bwd, T={a.T}, d=64, 8 heads, fp32",
                     bench_attention(a.device, T=a.T, repeats=a.repeats))
@@ -232,6 +247,8 @@ def main(argv):
     if a.only in (None, "decode"):
         print_table("greedy decoding, 6 layers x 384, 960-token prompt, batch 1, ms per new token",
                     bench_decode(a.device, vocab_size=a.vocab_size))
+        print_table("greedy decoding, grouped-query attention: 6 layers x 384, 8 heads, 8 or 2 key/value heads",
+                    bench_decode(a.device, vocab_size=a.vocab_size, n_head=8, n_kv_heads=(None, 2)))
     if a.only in (None, "kernel"):
         if not str(a.device).startswith("cuda"):
             print("\nTriton kernel benchmark: needs CUDA (python bench_kernel.py runs an interpreter smoke test)")
