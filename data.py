@@ -64,7 +64,10 @@ class Dataset:
                                             mode="r", shape=tuple(s["shape"]))
         return self._arrays[split]
 
-    def _rows_to_xy(self, rows):
+    def rows_to_xy(self, rows):
+        """Rows of a "rows" dataset, (B, W) token ids -> (x, y) int64 (B, w), w <= W - 1: inputs and
+        next-token targets, with padding targets (and, for loss='last', all but the final token's)
+        set to -1, and the columns that are padding in every row dropped (no pad_id: x, y as they are)."""
         rows = torch.from_numpy(rows.astype(np.int64))
         x, y = rows[:, :-1], rows[:, 1:].clone()
         if self.pad_id is None:
@@ -88,7 +91,7 @@ class Dataset:
         """(x, y) int64 CPU tensors (batch_size, <= block_size) drawn with `rng` (np.random.Generator)."""
         arr, batch_size, block_size = self.array(split), self.batch_size, self.block_size
         if self.layout == "rows":
-            return self._rows_to_xy(arr[np.sort(rng.integers(0, len(arr), batch_size))])
+            return self.rows_to_xy(arr[np.sort(rng.integers(0, len(arr), batch_size))])
         if len(arr) < block_size + 1:
             raise ValueError(f"split {split!r} has {len(arr)} tokens, fewer than block_size + 1 = {block_size + 1}")
         return self._windows_to_xy(arr, rng.integers(0, len(arr) - block_size, batch_size))
@@ -107,7 +110,7 @@ class Dataset:
         chunk = micro_step * self.world_size + self.rank
         if self.layout == "rows":
             idx = rng.integers(0, len(arr), n_chunks * batch_size).reshape(n_chunks, batch_size)[chunk]
-            return self._rows_to_xy(arr[np.sort(idx)])
+            return self.rows_to_xy(arr[np.sort(idx)])
         starts = rng.integers(0, len(arr) - block_size, n_chunks * batch_size).reshape(n_chunks, batch_size)
         return self._windows_to_xy(arr, starts[chunk])
 
@@ -128,7 +131,7 @@ class Dataset:
             starts = range(0, len(arr), batch_size)
             for b, s in enumerate(starts):
                 if b % self.world_size == self.rank:
-                    yield self._rows_to_xy(np.asarray(arr[s:s + batch_size]))
+                    yield self.rows_to_xy(np.asarray(arr[s:s + batch_size]))
             return
         n_windows = (len(arr) - 1) // block_size
         tail = (len(arr) - 1) - n_windows * block_size

@@ -118,10 +118,11 @@ def yarn_attention_factor(scaling):
     return 0.1 * math.log(scaling) + 1.0
 
 
-def rope_frequencies(head_dim, theta=10000.0, scaling=1.0, original_block_size=0, device=None):
+def rope_frequencies(head_dim, rope_theta=10000.0, scaling=1.0, original_block_size=0, device=None):
     """RoPE's rotation frequencies, YaRN-scaled when scaling > 1: (head_dim/2,) float64, radians per token.
 
-    Pair i (i = 0 .. head_dim/2 - 1) turns at theta_i = theta^(-2i/head_dim) (RoFormer). With YaRN
+    Pair i (i = 0 .. head_dim/2 - 1) turns at theta_i = rope_theta^(-2i/head_dim) (RoFormer; rope_theta is
+    the base). With YaRN
     (scaling s = L'/L > 1, original_block_size L): wavelength lambda_i = 2 pi / theta_i tokens,
     r_i = L / lambda_i, gamma_i = yarn_ramp(r_i), and theta'_i = (1 - gamma_i) theta_i / s + gamma_i theta_i:
     pairs that turn fewer than alpha = 1 times within L are interpolated (theta/s), pairs that turn
@@ -130,7 +131,7 @@ def rope_frequencies(head_dim, theta=10000.0, scaling=1.0, original_block_size=0
     """
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
-    freqs = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
+    freqs = rope_theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
     if scaling == 1.0:
         return freqs
     if scaling < 1.0 or original_block_size <= 0:
@@ -139,16 +140,16 @@ def rope_frequencies(head_dim, theta=10000.0, scaling=1.0, original_block_size=0
     return (1 - gamma) * freqs / scaling + gamma * freqs
 
 
-def apply_rope(x, positions, theta=10000.0, freqs=None):
+def apply_rope(x, positions, rope_theta=10000.0, freqs=None):
     """Rotate channel pairs (c, c + d/2) of x (B, H, T, d) by positions * freqs[c] radians.
 
     positions: (T,) absolute token positions. freqs: (d/2,) radians per token (rope_frequencies);
-    default theta^(-2c/d). The angle and its cos/sin are computed in float32 even under bf16
+    default rope_theta^(-2c/d). The angle and its cos/sin are computed in float32 even under bf16
     autocast (at 10k tokens the angle reaches 1e4 rad); the result has x's dtype.
     """
     d = x.shape[-1]
     if freqs is None:
-        freqs = rope_frequencies(d, theta, device=x.device)
+        freqs = rope_frequencies(d, rope_theta, device=x.device)
     with torch.autocast(device_type=x.device.type, enabled=False):
         angle = positions.float()[:, None] * freqs.float()  # (T, d/2) radians
         cos, sin = torch.cos(angle), torch.sin(angle)
@@ -200,18 +201,13 @@ class KVCache:
              changes, and a decoding step computes softplus, cos and sin for its new tokens only.
     Size of a full cache: n_layer * B * n_kv_head * max_len * (2d for RoPE/NoPE, 3d for PoPE) elements,
     in the dtype of the keys (the model's activations, or the autocast dtype); cache_bytes gives it.
-    `q_offset` is the number of tokens already in the cache = the absolute position of the next token
-    (`pos` is its read-only alias).
+    `q_offset` is the number of tokens already in the cache = the absolute position of the next token.
     """
 
     def __init__(self, n_layer, max_len):
         self.n_layer, self.max_len, self.q_offset = n_layer, max_len, 0
         self.k = [None] * n_layer
         self.v = [None] * n_layer
-
-    @property
-    def pos(self):
-        return self.q_offset
 
     def cache_bytes(self):
         """Bytes held by the allocated key and value buffers, all layers."""

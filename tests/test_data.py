@@ -67,7 +67,7 @@ def test_prepare_is_deterministic_and_a_second_run_is_a_noop(tmp_path):
 def test_loss_is_on_the_target_alone(tiny_indirect):
     ds = Dataset(os.path.join(tiny_indirect, "indirect_indexing"))
     rows = np.asarray(ds.array("val")[:16])
-    x, y = ds._rows_to_xy(rows)
+    x, y = ds.rows_to_xy(rows)
     assert ((y != -1).sum(1) == 1).all()
     for r in range(16):
         text = decode(rows[r])

