@@ -77,6 +77,23 @@ def char_pretrained(tmp_path_factory):
     return {"root": str(root), "data_root": data_root, "run": run, "args": args}
 
 
+@pytest.fixture
+def toy_stream(tmp_path):
+    """A stream dataset whose next token is a fixed function of the current one: learnable fast."""
+    import numpy as np
+    from prepare.common import BinWriter, write_meta
+    root = tmp_path / "data"
+    path = root / "toy"
+    seq = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7] * 300) % 16
+    for split in ("train", "val", "test"):
+        with BinWriter(str(path / f"{split}.bin"), np.uint16) as w:
+            w.write(seq)
+    write_meta(str(path), {"dataset": "toy", "vocab_size": 16, "dtype": "uint16", "layout": "stream",
+                           "splits": {s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)} for s in ("train", "val", "test")},
+                           "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    return str(root)
+
+
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow (see README, Tests)")
 

@@ -9,7 +9,7 @@ import torch
 
 from data import Dataset
 from prepare.common import BinWriter, write_meta
-from prepare.indirect_indexing import PAD_ID, decode, prepare, sample_example
+from prepare.indirect_indexing import decode, prepare, sample_example
 
 
 def check_example(text):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import train
-from test_train import REPO, TINY, run, toy_stream  # noqa: F401 (toy_stream is a fixture)
+from test_train import REPO, TINY, run
 
 
 def test_finetune_loads_weights_new_block_size_and_yarn_with_a_fresh_optimizer(toy_stream, tmp_path, capsys):

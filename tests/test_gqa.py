@@ -17,7 +17,7 @@ import sample
 from model import GPT, GPTConfig, KVCache
 from pope import pope_attention, pope_attention_cached, pope_key_cartesian
 from test_model import reference_logits, sharp
-from test_train import TINY, run, toy_stream  # noqa: F401 (toy_stream is a fixture)
+from test_train import TINY, run
 
 H, D = 4, 8  # 4 query heads of width 8 (n_embd 32)
 ENCODINGS = ["pope", "rope", "yarn", "none", "rope_half", "alibi_half", "learned", "sinusoidal"]

@@ -5,7 +5,6 @@ import math
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from unittest import mock
@@ -139,21 +138,6 @@ def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
     mb = json.load(open(os.path.join(two, "metrics.json")))
     assert ma["test"]["targets"] == mb["test"]["targets"] == 200
     np.testing.assert_allclose(mb["test"]["loss"], ma["test"]["loss"], rtol=1e-5)
-
-
-@pytest.fixture
-def toy_stream(tmp_path):
-    """A stream dataset whose next token is a fixed function of the current one: learnable fast."""
-    root = tmp_path / "data"
-    path = root / "toy"
-    seq = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7] * 300) % 16
-    for split in ("train", "val", "test"):
-        with BinWriter(str(path / f"{split}.bin"), np.uint16) as w:
-            w.write(seq)
-    write_meta(str(path), {"dataset": "toy", "vocab_size": 16, "dtype": "uint16", "layout": "stream",
-                           "splits": {s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)} for s in ("train", "val", "test")},
-                           "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
-    return str(root)
 
 
 def test_training_drives_the_loss_down(toy_stream, tmp_path, capsys):
