@@ -1,26 +1,31 @@
 """Run folders: the checkpoint format, written by train.py and read by every other script.
 
-A run folder (train.py's out_dir) holds two checkpoints, each a dict saved with torch.save and
-written atomically (save_checkpoint):
-  ckpt.pt  the latest evaluation, to resume from: CKPT_KEYS = model (state_dict), optimizer, scaler
-           (GradScaler), model_args (GPTConfig fields), config (every train.py setting), iter_num,
-           best_val_loss, rng (each process's torch RNG states), data_position ({seed, iter_num}:
-           batches are drawn from them) and tokenizer;
-  best.pt  the best val loss so far, for evaluation, sampling and fine-tuning: BEST_KEYS, the subset
-           without the optimizer, scaler and RNG states.
-`tokenizer` holds the dataset's meta.json entries that decoding needs ({"dataset", "vocab_size",
-"pad_id", "tokenizer"}), so a folder copied to another machine samples and evaluates without the
-dataset folder; older checkpoints fall back to <data_root>/<dataset>/meta.json.
+A run folder (train.py's out_dir) holds two checkpoints, both written atomically (cli.atomic_open):
 
-Used by train.py (save_checkpoint, finetune_weights, load_checkpoint to resume), sample.py,
-eval_extrapolate.py, eval_downstream.py and analyze.py: one way to find a run's model and tokenizer.
+    ckpt.pt   the latest state, for init_from='resume': CKPT_KEYS
+    best.pt   the weights of the best val loss, for evaluation, sampling and fine-tuning: BEST_KEYS
+
+    model          the GPT's state_dict
+    model_args     GPTConfig's fields (an old field name, model.RENAMED_FIELDS, is read as the new one)
+    config         every train.py setting of the run
+    iter_num       optimizer steps done when it was written
+    best_val_loss  the best val loss (nats, fixed batches) so far
+    tokenizer      the dataset's meta.json entries that decoding needs ({"dataset", "vocab_size",
+                   "pad_id", "tokenizer"}, tokenizer_to_checkpoint), so that a folder copied to another
+                   machine samples and evaluates without the dataset folder; older checkpoints fall
+                   back to <data_root>/<dataset>/meta.json (tokenizer_from_checkpoint)
+    optimizer, scaler, rng, data_position   ckpt.pt only: AdamW's and the GradScaler's state, every
+                   process's torch RNG states, and {"seed", "iter_num"} (batches are drawn from both)
+
+save_checkpoint writes them; load_checkpoint / load_run read them (sample.py, eval_extrapolate.py,
+eval_downstream.py, analyze.py, train.py's resume); load_finetune_checkpoint checks a checkpoint
+against a fine-tune's settings (FINETUNE_FREE). One file defines the format, not a copy per script.
 """
 
 import ast
 import json
 import os
 import tempfile
-
 from dataclasses import asdict
 
 import torch
@@ -29,24 +34,31 @@ from cli import UserError, atomic_open
 from model import RENAMED_FIELDS, GPT, GPTConfig
 
 TOKENIZER_KEYS = ("dataset", "vocab_size", "pad_id", "tokenizer")
-CKPT_KEYS = ("model", "optimizer", "scaler", "model_args", "config", "iter_num", "best_val_loss", "rng",
-             "data_position", "tokenizer")
 BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer")
-# what a fine-tune may change; delta's init is moot once the weights load
+CKPT_KEYS = BEST_KEYS + ("optimizer", "scaler", "rng", "data_position")
 FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "dropout", "attn_backend",
-                 "pope_delta_init")
+                 "pope_delta_init")  # what a fine-tune may change (delta's init is moot once weights load)
 
 
-def save_checkpoint(out_dir, state, is_best):
-    """Write out_dir/ckpt.pt (state, which must hold exactly CKPT_KEYS) and, if is_best, out_dir/best.pt
-    (its BEST_KEYS), each through a temporary file renamed into place, so a crash leaves the previous
-    file intact. Raises ValueError if state's keys are not CKPT_KEYS."""
-    if set(state) != set(CKPT_KEYS):
-        raise ValueError(f"a checkpoint holds {CKPT_KEYS}; got {tuple(state)}")
-    if is_best:
-        with atomic_open(os.path.join(out_dir, "best.pt")) as f:
-            torch.save({k: state[k] for k in BEST_KEYS}, f)
-    with atomic_open(os.path.join(out_dir, "ckpt.pt")) as f:
+def save_checkpoint(out_dir, *, model, optimizer, scaler, model_args, config, iter_num, best_val_loss, rng,
+                    tokenizer, best):
+    """Write out_dir/ckpt.pt (CKPT_KEYS) and, if best, out_dir/best.pt (BEST_KEYS) first, each atomically.
+
+    model: the GPT (not its compiled or DDP wrapper); optimizer, scaler: their state_dicts are saved;
+    model_args: asdict(GPTConfig); config: the run's settings (a dict with 'seed'); rng: every
+    process's RNG states; tokenizer: tokenizer_to_checkpoint of the dataset's meta.json.
+    """
+    state = {"model": model.state_dict(), "model_args": model_args, "config": config, "iter_num": iter_num,
+             "best_val_loss": best_val_loss, "tokenizer": tokenizer, "optimizer": optimizer.state_dict(),
+             "scaler": scaler.state_dict(), "rng": rng,
+             "data_position": {"seed": config["seed"], "iter_num": iter_num}}
+    if best:
+        _atomic_save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in BEST_KEYS})
+    _atomic_save(os.path.join(out_dir, "ckpt.pt"), {k: state[k] for k in CKPT_KEYS})
+
+
+def _atomic_save(path, state):
+    with atomic_open(path) as f:
         torch.save(state, f)
 
 
@@ -84,51 +96,6 @@ def load_run(out_dir, ckpt="best.pt", device="cpu", **overrides):
     """(model, checkpoint dict) of a run folder; see load_checkpoint and build_model."""
     state = load_checkpoint(out_dir, ckpt, device)
     return build_model(state, device, **overrides), state
-
-
-def finetune_weights(init_ckpt, model_args, out_dir, device, data_tokenizer):
-    """init_from='finetune': the model state_dict of the checkpoint file init_ckpt.
-
-    Updates model_args (GPTConfig fields, this run's) in place to the checkpoint's architecture, keeping
-    this run's FINETUNE_FREE settings. data_tokenizer: this run's dataset tokenizer
-    (tokenizer_to_checkpoint). Raises UserError if init_ckpt is empty or unreadable, if the run asks for
-    another encoding or other shapes (n_kv_head None and n_head count as equal), if the dataset's
-    tokenizer is not the checkpoint's, or if out_dir is init_ckpt's folder under any spelling (symlinks
-    too), where the fine-tune would overwrite it.
-    """
-    if not init_ckpt:
-        raise UserError("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. "
-                        "--init_ckpt=out-owt-124m-rope/best.pt")
-    ckpt_dirs = {os.path.realpath(os.path.dirname(os.path.abspath(init_ckpt))),  # the folder named, resolved
-                 os.path.dirname(os.path.realpath(init_ckpt))}  # the folder of the file a symlink points to
-    if os.path.realpath(out_dir) in ckpt_dirs:
-        raise UserError(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; "
-                        "choose a new out_dir")
-    state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), device)
-    trained = tokenizer_from_checkpoint(state, source=init_ckpt)
-    if not same_tokenizer(trained, data_tokenizer):
-        raise UserError(f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, this run's data uses "
-                        f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
-                        "prepared with the checkpoint's tokenizer")
-    old = {**asdict(GPTConfig()), **state["model_args"]}
-    for args in (model_args, old):  # n_kv_head None means n_head: one architecture, however it is written
-        args["n_kv_head"] = args["n_kv_head"] or args["n_head"]
-    diff = [k for k in model_args if k not in FINETUNE_FREE and model_args[k] != old[k]]
-    if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:
-        diff.append("block_size")
-    if diff:
-        raise UserError(f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
-                        + ", ".join(f"{k}={old[k]!r}" for k in diff) + "; this run asks for "
-                        + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
-                        + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
-                        + (", and not block_size for learned position embeddings" if "block_size" in diff else "") + ")")
-    model_args["pope_delta_init"] = old["pope_delta_init"]
-    if model_args["rope_scaling"] != 1.0 and not model_args["rope_original_block_size"]:
-        model_args["rope_original_block_size"] = old["rope_original_block_size"] or old["block_size"]
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"fine-tuning the weights of {init_ckpt} (iter {state.get('iter_num')}) at block_size "
-              f"{model_args['block_size']}, rope_scaling {model_args['rope_scaling']}; fresh optimizer and schedule")
-    return state["model"]
 
 
 def tokenizer_to_checkpoint(meta, data_dir=None):
@@ -195,6 +162,47 @@ def describe_tokenizer(meta):
         symbols = "".join(map(str, tok["itos"]))
         text += f", symbols {symbols[:40]!r}" + ("..." if len(symbols) > 40 else "")
     return text + ")"
+
+
+def load_finetune_checkpoint(init_ckpt, model_args, out_dir, device, data_tokenizer):
+    """init_from='finetune': the checkpoint dict of init_ckpt (a path to a .pt file), checked against the run.
+
+    Updates model_args (this run's GPTConfig fields) in place: the checkpoint's architecture, this run's
+    FINETUNE_FREE settings, and YaRN's rope_original_block_size (the checkpoint's, or its block_size) when
+    the run sets rope_scaling without it. Raises UserError (exit 2) if init_ckpt is empty, if out_dir is
+    init_ckpt's folder under any spelling (symlinks too), if this dataset's tokenizer (data_tokenizer, from
+    tokenizer_to_checkpoint) is not the one the checkpoint was trained with, or if the run asks for
+    another encoding or other shapes (learned position embeddings: another block_size too; n_kv_head
+    None and n_head count as equal).
+    """
+    if not init_ckpt:
+        raise UserError("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
+    ckpt_dirs = {os.path.realpath(os.path.dirname(os.path.abspath(init_ckpt))),  # the folder named, resolved
+                 os.path.dirname(os.path.realpath(init_ckpt))}  # the folder of the file a symlink points to
+    if os.path.realpath(out_dir) in ckpt_dirs:
+        raise UserError(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
+    state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), device)
+    trained = tokenizer_from_checkpoint(state, source=init_ckpt)
+    if not same_tokenizer(trained, data_tokenizer):
+        raise UserError(f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, this run's data uses "
+                        f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
+                        "prepared with the checkpoint's tokenizer")
+    old = {**asdict(GPTConfig()), **state["model_args"]}
+    for args in (model_args, old):  # n_kv_head None means n_head: one architecture, however it is written
+        args["n_kv_head"] = args["n_kv_head"] or args["n_head"]
+    diff = [k for k in model_args if k not in FINETUNE_FREE and model_args[k] != old[k]]
+    if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:
+        diff.append("block_size")
+    if diff:
+        raise UserError(f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
+                        + ", ".join(f"{k}={old[k]!r}" for k in diff) + "; this run asks for "
+                        + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
+                        + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
+                        + (", and not block_size for learned position embeddings" if "block_size" in diff else "") + ")")
+    model_args["pope_delta_init"] = old["pope_delta_init"]
+    if model_args["rope_scaling"] != 1.0 and not model_args["rope_original_block_size"]:
+        model_args["rope_original_block_size"] = old["rope_original_block_size"] or old["block_size"]
+    return state
 
 
 def miditok_tokenizer(meta):

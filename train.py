@@ -9,10 +9,11 @@
 
 The defaults below are overridden by a config file, then by --key=value (see configurator.py).
 Checkpoints: out_dir/ckpt.pt (latest, for init_from='resume') and out_dir/best.pt (best val loss,
-for evaluation and sampling), both written atomically. Logs: out_dir/log.jsonl, one line per
-log/eval step. Final metrics of best.pt on the full val and test splits: out_dir/metrics.json.
-A text run (character or GPT-2 tokens) then prints a continuation of PROMPT from best.pt (sample.py's
-code) and, on the default dataset, the next commands of the CPU length-extrapolation experiment.
+for evaluation and sampling), both written atomically (their format: checkpoint.py). Logs:
+out_dir/log.jsonl, one line per log/eval step. Final metrics of best.pt on the full val and test
+splits: out_dir/metrics.json. A text run (character or GPT-2 tokens) then prints a continuation of
+PROMPT from best.pt (sample.py's code) and, on the default dataset, the next commands of the CPU
+length-extrapolation experiment.
 """
 
 import json
@@ -23,13 +24,14 @@ import sys
 import time
 from dataclasses import asdict, fields
 from datetime import timedelta
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import finetune_weights, load_checkpoint, save_checkpoint, tokenizer_to_checkpoint
+from checkpoint import load_checkpoint, load_finetune_checkpoint, save_checkpoint, tokenizer_to_checkpoint
 from cli import (UserError, atomic_write_json, autocast_context, exit_on_user_error, resolve_device,
                  resolve_dtype)
 from configurator import configure
@@ -97,15 +99,15 @@ PROMPT = "Ham.\n"  # the end-of-run sample of a text run: a speaker's cue, as th
 
 @exit_on_user_error
 def main(argv):
-    cfg = configure(DEFAULTS, argv, renamed=RENAMED_FIELDS)
-    # As in nanoGPT, the settings are this script's globals, and main reads them by name. The functions
-    # after main take what they need as arguments, so each one reads on its own.
-    globals().update(cfg)
+    """Train (or with eval_only, evaluate) with the settings DEFAULTS, then a config file, then --key=value
+    in argv; returns the final metrics (also written to out_dir/metrics.json)."""
+    config = configure(DEFAULTS, argv, renamed=RENAMED_FIELDS)
+    cfg = SimpleNamespace(**config)
     t_start = time.time()
 
     # --- processes, device, precision
     ddp = int(os.environ.get("RANK", -1)) != -1
-    dev = resolve_device(device)
+    dev = resolve_device(cfg.device)
     if ddp:
         dist.init_process_group(backend="nccl" if dev.startswith("cuda") else "gloo")
         rank, local_rank, world_size = dist.get_rank(), int(os.environ["LOCAL_RANK"]), dist.get_world_size()
@@ -115,78 +117,80 @@ def main(argv):
     else:
         rank, world_size = 0, 1
     master = rank == 0
-    if gradient_accumulation_steps % world_size:
-        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the "
+    if cfg.gradient_accumulation_steps % world_size:
+        raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by the "
                         f"{world_size} processes (it is the global number of micro-batches per step)")
-    grad_accum = gradient_accumulation_steps // world_size
+    grad_accum = cfg.gradient_accumulation_steps // world_size
     device_type = "cuda" if dev.startswith("cuda") else "cpu"
-    ptdtype_name = resolve_dtype(dtype, dev)
+    ptdtype_name = resolve_dtype(cfg.dtype, dev)
     ctx = autocast_context(dev, ptdtype_name)
-    torch.manual_seed(seed + rank)
+    torch.manual_seed(cfg.seed + rank)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    use_compile = (device_type == "cuda") if compile is None else compile
+    use_compile = (device_type == "cuda") if cfg.compile is None else cfg.compile
 
     # --- data
-    data_dir = os.path.join(data_root, dataset)
-    if dataset in AUTO_PREPARE and not os.path.exists(os.path.join(data_dir, "meta.json")):
+    data_dir = os.path.join(cfg.data_root, cfg.dataset)
+    if cfg.dataset in AUTO_PREPARE and not os.path.exists(os.path.join(data_dir, "meta.json")):
         if master:
-            print(f"preparing {dataset} into {data_dir} (first run only)")
-            _auto_prepare(dataset, data_dir)
+            print(f"preparing {cfg.dataset} into {data_dir} (first run only)")
+            auto_prepare(cfg.dataset, data_dir)
         if ddp:
             dist.barrier()
     try:
-        data = Dataset(data_dir, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum, seed=seed,
-                       rank=rank, world_size=world_size)
+        data = Dataset(data_dir, batch_size=cfg.batch_size, block_size=cfg.block_size, grad_accum=grad_accum,
+                       seed=cfg.seed, rank=rank, world_size=world_size)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
+    tokenizer = tokenizer_to_checkpoint(data.meta, data_dir)
     if master:
-        os.makedirs(out_dir, exist_ok=True)
+        os.makedirs(cfg.out_dir, exist_ok=True)
         print(f"{world_size} process(es) on {dev} in {ptdtype_name}; global batch "
-              f"{gradient_accumulation_steps * batch_size} sequences of <= {block_size} tokens per step")
+              f"{cfg.gradient_accumulation_steps * cfg.batch_size} sequences of <= {cfg.block_size} tokens per step")
 
-    # --- model and optimizer
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    # --- model and optimizer: GPTConfig's fields are settings of this script, but vocab_size (the data's)
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     iter_num, best_val_loss, checkpoint = 0, float("inf"), None
-    model_args = {f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}  # GPTConfig's settings
+    model_args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
     model_args["vocab_size"] = _round_vocab(data.vocab_size)
-    init_weights = None
-    if init_from == "resume":
+    if cfg.init_from == "resume":
         if not os.path.exists(ckpt_path):
             raise UserError(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
-        checkpoint = load_checkpoint(out_dir, "ckpt.pt", dev)
+        checkpoint = load_checkpoint(cfg.out_dir, "ckpt.pt", dev)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
-    elif init_from == "finetune":
-        init_weights = finetune_weights(init_ckpt, model_args, out_dir, dev, tokenizer_to_checkpoint(data.meta, data_dir))
-    elif init_from != "scratch":
-        raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {init_from!r}")
+    elif cfg.init_from == "finetune":
+        checkpoint = load_finetune_checkpoint(cfg.init_ckpt, model_args, cfg.out_dir, dev, tokenizer)
+        if master:
+            print(f"fine-tuning the weights of {cfg.init_ckpt} (iter {checkpoint.get('iter_num')}) at block_size "
+                  f"{model_args['block_size']}, rope_scaling {model_args['rope_scaling']}; fresh optimizer and schedule")
+    elif cfg.init_from != "scratch":
+        raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
     try:
         gptconf = GPTConfig(**model_args)
     except ValueError as e:
         raise UserError(str(e)) from None
     model = GPT(gptconf)
-    if checkpoint is not None or init_weights is not None:
-        model.load_state_dict(checkpoint["model"] if checkpoint is not None else init_weights)
-    init_weights = None
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
     model.to(dev)
     raw_model = model
     scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype_name == "float16"))
-    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-    if checkpoint is not None:
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    if cfg.init_from == "resume":  # a fine-tune starts with a fresh optimizer
         optimizer.load_state_dict(checkpoint["optimizer"])
         scaler.load_state_dict(checkpoint["scaler"])
         _restore_rng(checkpoint["rng"], rank, world_size, device_type)
-    checkpoint = None
+    checkpoint = None  # free its memory
     if use_compile:
         model = torch.compile(model)
     if ddp:
         model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
     if master:
-        print(f"{pos_encoding} GPT: {raw_model.get_num_params() / 1e6:.2f}M parameters, "
-              f"{n_layer} layers x {n_head} heads x {n_embd} wide")
-    peak = peak_flops or device_peak_flops(dev, ptdtype_name)
+        print(f"{cfg.pos_encoding} GPT: {raw_model.get_num_params() / 1e6:.2f}M parameters, "
+              f"{cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide")
+    peak = cfg.peak_flops or device_peak_flops(dev, ptdtype_name)
 
     def to_dev(x, y):
         if device_type == "cuda":
@@ -213,24 +217,24 @@ def main(argv):
         loss = (tot[0] / tot[2]).item()
         return {"loss": loss, "ppl": math.exp(min(loss, 700)), "acc": (tot[1] / tot[2]).item(), "targets": int(tot[2])}
 
-    val_batches = data.fixed_batches("val", eval_iters)
+    val_batches = data.fixed_batches("val", cfg.eval_iters)
 
     def log(row):
-        with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
+        with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
-        if wandb_log:
+        if cfg.wandb_log:
             wandb.log(row, step=row["iter"])
 
-    if wandb_log and master and not eval_only:
+    if cfg.wandb_log and master and not cfg.eval_only:
         import wandb
-        wandb.init(project=wandb_project, name=wandb_run_name, config=cfg)
+        wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=config)
 
     # --- training loop: eval/checkpoint at the top of iteration iter_num (= steps done so far)
-    decay_iters = lr_decay_iters or max_iters
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
     t0, loss_acc, tokens_seen = time.time(), torch.zeros((), device=dev), 0
     t_loop, iter_start = t0, iter_num  # for the ETA: this process's pace, evaluations included
-    while not eval_only:
-        if iter_num % eval_interval == 0 or iter_num == max_iters:
+    while not cfg.eval_only:
+        if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters:
             val = evaluate(val_batches)
             if not math.isfinite(val["loss"]):
                 raise UserError(f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
@@ -239,18 +243,18 @@ def main(argv):
             if master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
                 log({"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
-                if iter_num > 0 or init_from == "finetune":  # a fine-tune's step 0 has real weights too
-                    save_checkpoint(out_dir, {
-                        "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict(), "model_args": asdict(gptconf), "config": cfg,
-                        "iter_num": iter_num, "best_val_loss": min(best_val_loss, val["loss"]), "rng": rng,
-                        "data_position": {"seed": seed, "iter_num": iter_num},
-                        "tokenizer": tokenizer_to_checkpoint(data.meta, data_dir)}, is_best=val["loss"] < best_val_loss)
+                if iter_num > 0 or cfg.init_from == "finetune":  # a fine-tune's step 0 has real weights too
+                    save_checkpoint(cfg.out_dir, model=raw_model, optimizer=optimizer, scaler=scaler,
+                                    model_args=asdict(gptconf), config=config, iter_num=iter_num,
+                                    best_val_loss=min(best_val_loss, val["loss"]), rng=rng, tokenizer=tokenizer,
+                                    best=val["loss"] < best_val_loss)
             best_val_loss = min(best_val_loss, val["loss"])
-        if iter_num >= max_iters:
+        if iter_num >= cfg.max_iters:
             break
 
-        lr = get_lr(iter_num, learning_rate, min_lr, warmup_iters, decay_iters) if decay_lr else learning_rate
+        lr = cfg.learning_rate
+        if cfg.decay_lr:
+            lr = get_lr(iter_num, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, decay_iters)
         for group in optimizer.param_groups:
             group["lr"] = lr
         for micro_step in range(grad_accum):
@@ -262,67 +266,80 @@ def main(argv):
             loss_acc += loss.detach()
             tokens_seen += x.numel() * world_size
             scaler.scale(loss / grad_accum).backward()
-        if grad_clip:
+        if cfg.grad_clip:
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
+            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         raw_model.clamp_pope_delta_()
         iter_num += 1
 
-        if iter_num % log_interval == 0:
+        if iter_num % cfg.log_interval == 0:
             if ddp:
                 dist.all_reduce(loss_acc)
-            lossf = loss_acc.item() / (grad_accum * world_size * log_interval)
+            lossf = loss_acc.item() / (grad_accum * world_size * cfg.log_interval)
             loss_acc.zero_()
             if not math.isfinite(lossf):
                 raise UserError(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
                                 f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
-            dt = (time.time() - t0) / log_interval
-            tok_per_iter, seq_len = tokens_seen / log_interval, tokens_seen / (log_interval * gradient_accumulation_steps * batch_size)
+            dt = (time.time() - t0) / cfg.log_interval
+            tok_per_iter = tokens_seen / cfg.log_interval
+            seq_len = tok_per_iter / (cfg.gradient_accumulation_steps * cfg.batch_size)
             t0, tokens_seen = time.time(), 0
             if master:
                 mfu = raw_model.estimate_mfu(tok_per_iter, seq_len, dt, peak)
                 mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
-                print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
+                print(f"iter {iter_num}/{cfg.max_iters}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
                       f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}, "
-                      + progress(iter_num, iter_start, max_iters, time.time() - t_start, time.time() - t_loop))
+                      + progress(iter_num, iter_start, cfg.max_iters, time.time() - t_start, time.time() - t_loop))
                 log({"iter": iter_num, "loss": lossf, "lr": lr, "ms_per_iter": 1000 * dt,
                      "tokens_per_s": tok_per_iter / dt, "mfu": mfu})
 
     # --- final evaluation of the best checkpoint on the full val and test splits
-    best_path = os.path.join(out_dir, "best.pt")
+    best_path = os.path.join(cfg.out_dir, "best.pt")
     if ddp:
         dist.barrier()  # rank 0 may still be writing best.pt
     if os.path.exists(best_path):
-        raw_model.load_state_dict(torch.load(best_path, map_location=dev, weights_only=True)["model"])
+        raw_model.load_state_dict(load_checkpoint(cfg.out_dir, "best.pt", dev)["model"])
     elif master:
         print(f"warning: {best_path} not found; evaluating the current weights")
-    metrics = {"dataset": dataset, "pos_encoding": pos_encoding, "iter_num": iter_num,
+    metrics = {"dataset": cfg.dataset, "pos_encoding": cfg.pos_encoding, "iter_num": iter_num,
                "best_val_loss_fixed_batches": best_val_loss, "checkpoint": best_path,
                "wall_time_s": round(time.time() - t_start, 1)}
     for split in ("val", "test"):
         if data.has_split(split):
             metrics[split] = evaluate(data.full_split_batches(split))
     if master:
-        atomic_write_json(os.path.join(out_dir, "metrics.json"), metrics)
+        atomic_write_json(os.path.join(cfg.out_dir, "metrics.json"), metrics)
         for split in ("val", "test"):
             if split in metrics:
                 m = metrics[split]
                 print(f"{split}: loss {m['loss']:.4f} nats, ppl {m['ppl']:.3f}, accuracy {100 * m['acc']:.2f}% "
                       f"over {m['targets']:,} targets")
-        print(f"checkpoint: {best_path}\nmetrics: {os.path.join(out_dir, 'metrics.json')}")
+        print(f"checkpoint: {best_path}\nmetrics: {os.path.join(cfg.out_dir, 'metrics.json')}")
         if data.meta.get("layout") == "stream" and (data.meta.get("tokenizer") or {}).get("kind") in ("char", "gpt2"):
-            _text_run_summary(cfg, metrics, argv, dev)
+            text_run_summary(metrics, cfg, argv, dev)
     if ddp:
         dist.destroy_process_group()
     return metrics
 
 
-def _auto_prepare(dataset, data_dir):
-    """Build the AUTO_PREPARE dataset `dataset` in data_dir; UserError (exit 2) naming the prepare
-    command if it cannot."""
+def get_lr(it, learning_rate, min_lr, warmup_iters, decay_iters):
+    """The learning rate of iteration `it` (0-based): linear warmup, cosine decay, then min_lr."""
+    # 1) linear warmup over the first warmup_iters iterations (never 0: the first step moves)
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    # 2) from decay_iters on, min_lr
+    if it >= decay_iters:
+        return min_lr
+    # 3) in between, cosine decay from learning_rate down to min_lr
+    ratio = (it - warmup_iters) / max(1, decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+def auto_prepare(dataset, data_dir):
+    """Build an AUTO_PREPARE dataset in data_dir; raises UserError (exit 2) with the prepare command if it cannot."""
     if dataset == "indirect_indexing":
         from prepare.indirect_indexing import prepare
         prepare(data_dir)
@@ -337,20 +354,20 @@ def _auto_prepare(dataset, data_dir):
                         "(or --input FILE: a .txt file you have), then run train.py again")
 
 
-def _text_run_summary(cfg, metrics, argv, dev):
-    """End of a text run (cfg: the run's settings): the test loss (nats/token) and perplexity, a
-    continuation of PROMPT sampled from best.pt with sample.py's settings and code, and on the default
-    dataset the next commands of the CPU length-extrapolation experiment (the RoPE run, then
+def text_run_summary(metrics, cfg, argv, dev):
+    """End of a text run (cfg: its settings, argv: its command line): the test loss (nats/token) and
+    perplexity, a continuation of PROMPT sampled from best.pt with sample.py's settings and code, and on
+    the default dataset the next commands of the CPU length-extrapolation experiment (the RoPE run, then
     eval_extrapolate.py at 1x..16x block_size)."""
     import sample
     from checkpoint import load_codec, load_run
-    out_dir, dataset, data_root = cfg["out_dir"], cfg["dataset"], cfg["data_root"]
     split = "test" if "test" in metrics else "val"
     if split in metrics:
         print(f"\n{split} loss {metrics[split]['loss']:.4f} nats/token, perplexity {metrics[split]['ppl']:.3f}")
+    out_dir = cfg.out_dir
     if not os.path.exists(os.path.join(out_dir, "best.pt")):
         return  # main has warned: the val loss never went below its value at iteration 0
-    model, state = load_run(out_dir, "best.pt", dev, attn_backend=cfg["attn_backend"])
+    model, state = load_run(out_dir, "best.pt", dev, attn_backend=cfg.attn_backend)
     encode, decode = load_codec(state["tokenizer"])
     n = 200 if state["tokenizer"]["tokenizer"]["kind"] == "char" else 60
     try:
@@ -359,11 +376,11 @@ def _text_run_summary(cfg, metrics, argv, dev):
               f"seed {sample.DEFAULTS['seed']}):\n{text}\n---------------")
     except ValueError as e:  # a prompt character outside the vocabulary, an absolute encoding past block_size
         print(f"no sample: {e}")
-    if dataset != DEFAULTS["dataset"]:
+    if cfg.dataset != DEFAULTS["dataset"]:
         return
-    lengths = ",".join(str(cfg["block_size"] * 2 ** i) for i in range(5))
-    root = [] if data_root == DEFAULTS["data_root"] else [f"--data_root={data_root}"]
-    if cfg["pos_encoding"] == "pope":
+    lengths = ",".join(str(cfg.block_size * 2 ** i) for i in range(5))
+    root = [] if cfg.data_root == DEFAULTS["data_root"] else [f"--data_root={cfg.data_root}"]
+    if cfg.pos_encoding == "pope":
         rope_dir = "rope".join(out_dir.rsplit("pope", 1)) if "pope" in out_dir else out_dir.rstrip("/") + "-rope"
         keep = [a for a in argv if not a.startswith(("--pos_encoding=", "--out_dir="))]
         print("next: the same run with RoPE, then both models at 1x to 16x the training context:\n  "
@@ -372,21 +389,8 @@ def _text_run_summary(cfg, metrics, argv, dev):
     else:
         print("next: this model and the PoPE one (`python train.py`) at 1x to 16x the training context:")
         runs = [out_dir, DEFAULTS["out_dir"]]
-    print("  " + shlex.join(["python", "eval_extrapolate.py", *runs, f"--dataset={dataset}", *root,
+    print("  " + shlex.join(["python", "eval_extrapolate.py", *runs, f"--dataset={cfg.dataset}", *root,
                              f"--lengths={lengths}", "--max_tokens=65536", "--out_dir=out-extrapolate-shakespeare-char"]))
-
-
-def get_lr(it, learning_rate, min_lr, warmup_iters, decay_iters):
-    """The learning rate of iteration it (0-based): linear warmup, then cosine decay to min_lr."""
-    # 1) linear warmup over the first warmup_iters iterations
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    # 2) past decay_iters, min_lr
-    if it >= decay_iters:
-        return min_lr
-    # 3) in between, cosine decay from learning_rate down to min_lr
-    ratio = (it - warmup_iters) / max(1, decay_iters - warmup_iters)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
 def progress(it, it_start, it_max, elapsed_s, loop_s):

@@ -73,6 +73,22 @@ def test_moved_run_folder_samples_the_same_text(trained_run, monkeypatch):
     assert after == before and all(t.startswith("to be") for t in after)
 
 
+def test_best_pt_and_ckpt_pt_hold_the_keys_of_the_format(trained_once):
+    """checkpoint.py's format (module docstring): best.pt holds what evaluation, sampling and fine-tuning
+    need; ckpt.pt adds what an exact resume needs. model_args has every GPTConfig field."""
+    from dataclasses import fields
+
+    from model import GPTConfig
+    best = torch.load(trained_once / "out-x-pope" / "best.pt", weights_only=True)
+    last = torch.load(trained_once / "out-x-pope" / "ckpt.pt", weights_only=True)
+    shared = {"model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer"}
+    assert set(best) == shared
+    assert set(last) == shared | {"optimizer", "scaler", "rng", "data_position"}
+    assert last["iter_num"] == 6 and last["data_position"] == {"seed": train.DEFAULTS["seed"], "iter_num": 6}
+    assert set(last["model_args"]) == {f.name for f in fields(GPTConfig)}
+    assert last["config"]["n_embd"] == last["model_args"]["n_embd"] == 32 and last["tokenizer"]["dataset"] == "toychar"
+
+
 def test_old_checkpoint_falls_back_to_meta_json_and_else_exits_2_naming_both(trained_run):
     path = trained_run / "out-x-pope" / "best.pt"
     want = sample_text("out-x-pope")
