@@ -2,6 +2,7 @@
 
     python bench_kernel.py                        # CUDA: T = 1k, 4k, 16k, d = 64, 128, bf16, as a table
     python bench_kernel.py --seq-lens 4096 --head-dims 64 --batch 8 --n-head 12
+    python bench_kernel.py --n-kv-head 3          # grouped-query: 12 (d=64) or 6 (d=128) query heads, 3 k/v heads
     python bench_kernel.py --sass [--json]        # no GPU: SASS of the loop bodies, PoPE vs a reference FA kernel
     python bench_kernel.py --spills               # no GPU: registers / spills of every autotune candidate
 
@@ -67,6 +68,7 @@ def _apply_rope(x, cos, sin):
 def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
     from pope import polar_to_cartesian, pope_attention, pope_frequencies
     T, d = q.shape[-2], q.shape[-1]
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}  # grouped-query attention: no k/v copies
     if impl == "pope_triton":
         return lambda: pope_attention(q, k, v, delta, causal=True, backend="triton")
     if impl == "pope_sdpa":
@@ -80,7 +82,7 @@ def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
         def pope_flex():
             qc = polar_to_cartesian(q, pos, freqs, None, "softplus", q.dtype)
             kc = polar_to_cartesian(k, pos, freqs, delta, "softplus", q.dtype)
-            return flex(qc, kc, v, block_mask=mask, scale=1.0 / math.sqrt(d))
+            return flex(qc, kc, v, block_mask=mask, scale=1.0 / math.sqrt(d), **gqa)
         return pope_flex
 
     def rope():
@@ -88,8 +90,8 @@ def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
         if use_flash:
             from torch.nn.attention import SDPBackend, sdpa_kernel
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return F.scaled_dot_product_attention(qr, kr, v, is_causal=True)
-        return F.scaled_dot_product_attention(qr, kr, v, is_causal=True)
+                return F.scaled_dot_product_attention(qr, kr, v, is_causal=True, **gqa)
+        return F.scaled_dot_product_attention(qr, kr, v, is_causal=True, **gqa)
     return rope
 
 
@@ -125,7 +127,8 @@ def flash_implementation():
 
 
 def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 16384), head_dims=(64, 128),
-                            batch=None, n_head=None, impls=DEFAULT_IMPLS, warmup=25, rep=100, verbose=True):
+                            batch=None, n_head=None, impls=DEFAULT_IMPLS, warmup=25, rep=100, verbose=True,
+                            n_kv_head=None):
     """Time forward, backward and forward+backward of the causal attention implementations.
 
     Args:
@@ -136,9 +139,10 @@ def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 
         head_dims: head dims d; v has width d too.
         batch: B; default max(1, 32768 // T) (about 32k tokens per call).
         n_head: H; default max(1, 768 // d).
+        n_kv_head: key/value heads (grouped-query attention; H a multiple of it); default H.
         impls: subset of IMPLS.
     Returns:
-        list of dicts {impl, T, d, B, H, fwd_ms, bwd_ms, fwdbwd_ms, tflops}; a failing case (e.g. out of
+        list of dicts {impl, T, d, B, H, H_kv, fwd_ms, bwd_ms, fwdbwd_ms, tflops}; a failing case (e.g. out of
         memory) gets NaN timings and an 'error' entry instead of stopping the sweep.
     """
     device = torch.device(device)
@@ -150,11 +154,12 @@ def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 
             B = batch if batch is not None else max(1, 32768 // T)
             H = n_head if n_head is not None else max(1, 768 // d)
             gen = torch.Generator(device="cpu").manual_seed(0)
-            q, k, v = (torch.randn(B, H, T, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
-            delta = (-2 * math.pi * torch.rand(H, d, generator=gen)).to(device).requires_grad_()
+            H_kv = n_kv_head or H
+            q, k, v = (torch.randn(B, h, T, d, generator=gen).to(device, dtype).requires_grad_() for h in (H, H_kv, H_kv))
+            delta = (-2 * math.pi * torch.rand(H_kv, d, generator=gen)).to(device).requires_grad_()
             cos, sin = _rope_tables(T, d, device)
             for impl in impls:
-                row = dict(impl=impl, T=T, d=d, B=B, H=H)
+                row = dict(impl=impl, T=T, d=d, B=B, H=H, H_kv=H_kv)
                 leaves = [q, k, v, delta] if impl.startswith("pope") else [q, k, v]
                 try:
                     fn = _make_fn(impl, q, k, v, delta, cos, sin, use_flash)
@@ -181,14 +186,15 @@ def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 
 
 
 def _format_row(r):
-    s = (f"{r['impl']:<12} {r['T']:>6} {r['d']:>4} {r['B']:>3} {r['H']:>3} {r['fwd_ms']:>9.3f} {r['bwd_ms']:>9.3f} "
+    s = (f"{r['impl']:<12} {r['T']:>6} {r['d']:>4} {r['B']:>3} {r['H']:>3} {r.get('H_kv', r['H']):>4} "
+         f"{r['fwd_ms']:>9.3f} {r['bwd_ms']:>9.3f} "
          f"{r['fwdbwd_ms']:>10.3f} {r['tflops']:>7.1f}")
     return s + (f"  {r['error']}" if "error" in r else "")
 
 
 def print_table(rows, ratios=True):
     """Table of the rows, then (ratios=True) fwd+bwd time ratios pope_triton / rope_sdpa and / pope_flex."""
-    print(f"{'impl':<12} {'T':>6} {'d':>4} {'B':>3} {'H':>3} {'fwd_ms':>9} {'bwd_ms':>9} {'fwdbwd_ms':>10} "
+    print(f"{'impl':<12} {'T':>6} {'d':>4} {'B':>3} {'H':>3} {'H_kv':>4} {'fwd_ms':>9} {'bwd_ms':>9} {'fwdbwd_ms':>10} "
           f"{'TFLOP/s':>7}")
     for r in rows:
         print(_format_row(r))
@@ -517,6 +523,7 @@ def main(argv=None):
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--n-head", type=int, default=None)
+    p.add_argument("--n-kv-head", type=int, default=None, help="key/value heads (grouped-query attention); default n-head")
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(DEFAULT_IMPLS))
     p.add_argument("--sass", action="store_true", help="no GPU needed: loop-body SASS of PoPE vs reference FA")
     p.add_argument("--json", action="store_true", help="with --sass: one JSON object per row")
@@ -533,7 +540,7 @@ def main(argv=None):
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, dtype {dtype}")
         print(f"torch.nn.attention flash implementation: {flash_implementation()}")
         rows = bench_attention_kernels("cuda", dtype, args.seq_lens, args.head_dims, args.batch, args.n_head,
-                                       impls=args.impls, verbose=False)
+                                       impls=args.impls, verbose=False, n_kv_head=args.n_kv_head)
         print_table(rows)
         return rows
     print("CUDA is not available: kernel timings need an NVIDIA GPU (e.g. H100 / A100).\n"
