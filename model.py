@@ -276,7 +276,9 @@ class CausalSelfAttention(nn.Module):
             y = self._pope(q, k, v, kv_cache, q_offset)
         elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
             bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=q_offset)  # (n_head, T, Tk): per query head
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype),
+            # 4-D (1, n_head, T, Tk): SDPA's fused CPU kernel takes it (and grouped heads); a 3-D mask sends it
+            # to the math path, which also copies k and v over each group
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).unsqueeze(0),
                                                enable_gqa=self.n_kv_head != self.n_head)
         else:
             y = sdpa_attention(q, k, v, causal=True, q_offset=q_offset)  # enable_gqa when n_kv_head < n_head

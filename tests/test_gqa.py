@@ -6,11 +6,13 @@ The attention-level check of both PoPE backends (the Triton kernel under the int
 torch path) against float64 with k, v, delta repeated over each group is
 tests/test_pope_triton.py::test_grouped_query_attention_matches_reference_with_repeated_kv."""
 
+import collections
 import math
 import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import eval_extrapolate
 import sample
@@ -132,6 +134,48 @@ def test_cached_pope_decode_step_reads_its_groups_key_head():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     swapped = pope_attention(q, k.flip(1), v.flip(1), delta.flip(0), q_offset=29, backend="torch")
     assert (swapped - want).abs().max() > 0.1
+
+
+class _AtenOps(TorchDispatchMode):
+    """Counts the aten ops that run below autograd (SDPA's decomposition included) and keeps the shapes of
+    their 4-D outputs."""
+
+    def __enter__(self):
+        self.counts, self.shapes = collections.Counter(), []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.counts[str(func.overloadpacket)] += 1
+        self.shapes += [tuple(t.shape) for t in (out if isinstance(out, (tuple, list)) else (out,))
+                        if isinstance(t, torch.Tensor) and t.dim() == 4]
+        return out
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope", "alibi_half"])
+def test_gqa_forward_and_decoding_make_no_copies_of_keys_and_values(pos_encoding):
+    """The torch path hands SDPA n_kv_head heads (enable_gqa) and decodes one token with grouped queries:
+    a model with 1 key/value head runs exactly the aten ops of the n_head model, op for op (training
+    forward, a prefill, a chunk at q_offset 7, one token), and while decoding over 11 and 12 cached keys
+    no op makes a (B, n_head, Tk, width) tensor, the shape of keys or values repeated over a group."""
+    idx = torch.zeros(1, 12, dtype=torch.long)
+    counts = []
+    for n_kv_head in (1, None):
+        model = gqa_sharp(pos_encoding, n_kv_head)
+        cache = KVCache(model.config.n_layer, 12)
+        with torch.no_grad(), _AtenOps() as ops:
+            model(idx)
+            model(idx[:, :7], kv_cache=cache)
+        counts.append(ops.counts)
+        with torch.no_grad(), _AtenOps() as decode_ops:
+            for a, b in ((7, 11), (11, 12)):
+                model(idx[:, a:b], kv_cache=cache)
+        counts[-1] += decode_ops.counts
+        if n_kv_head == 1:
+            repeated = [s for s in decode_ops.shapes if s[1] == H and s[2] in (11, 12)]
+            assert not repeated, f"keys or values repeated over the group while decoding: {repeated}"
+    differ = {op: counts[0][op] - counts[1][op] for op in counts[0] | counts[1] if counts[0][op] != counts[1][op]}
+    assert not differ, f"ops that run only with (or without) grouped heads: {differ}"
 
 
 @pytest.mark.parametrize("pos_encoding", ["rope", "pope", "none"])
