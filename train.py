@@ -306,7 +306,7 @@ def main(argv):
         print(f"warning: {best_path} not found; evaluating the current weights")
     metrics = {"dataset": cfg.dataset, "pos_encoding": cfg.pos_encoding, "iter_num": iter_num,
                "best_val_loss_fixed_batches": best_val_loss, "checkpoint": best_path,
-               "wall_time_s": round(time.time() - t_start, 1)}
+               "wall_time_s": round(time.time() - t_start, 1), "config": config}
     for split in ("val", "test"):
         if data.has_split(split):
             metrics[split] = evaluate(data.full_split_batches(split))

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One lane of an experiment queue: runs its share of QUEUE's lines, one after another, resumably.
+#   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv 0 2 > lane0.log 2>&1 &   # lane 0 of 2
+#   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv 1 2 > lane1.log 2>&1 &   # lane 1 of 2
+# A QUEUE line: NAME <tab> OUT_DIR <tab> train.py arguments [<tab> a command run after training].
+# A run whose OUT_DIR/metrics.json exists is not trained again; one with OUT_DIR/ckpt.pt resumes
+# (--init_from=resume). The after-command runs once (marker OUT_DIR/after.done). Each run gets one
+# core (OMP_NUM_THREADS=1) at low priority; /usr/bin/time -v writes its wall and CPU time to
+# OUT_DIR/time.txt. Results are copied to docs/runs/NAME.json (metrics.json plus wall and CPU time)
+# and, if the after-command wrote OUT_DIR/extrapolate/extrapolation.csv, docs/runs/NAME.extrapolation.csv.
+set -u
+queue=$1; lane=$2; lanes=$3
+cd "$(dirname "$0")/../.."
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+i=-1
+while IFS=$'\t' read -r name out args after; do
+  [[ -z "$name" || "$name" == \#* ]] && continue
+  i=$((i + 1)); (( i % lanes == lane )) || continue
+  mkdir -p "$out"
+  if [[ ! -f "$out/metrics.json" ]]; then
+    resume=""; [[ -f "$out/ckpt.pt" ]] && resume="--init_from=resume"
+    echo "$(date -u +%FT%TZ) start $name: python train.py $args --out_dir=$out $resume"
+    nice -n 19 /usr/bin/time -v -a -o "$out/time.txt" python train.py $args --out_dir="$out" $resume \
+      >> "$out/train.log" 2>&1 || { echo "$(date -u +%FT%TZ) FAILED $name (see $out/train.log)"; continue; }
+  fi
+  if [[ -n "${after:-}" && ! -f "$out/after.done" ]]; then
+    echo "$(date -u +%FT%TZ) after $name: $after"
+    nice -n 19 bash -c "$after" >> "$out/after.log" 2>&1 && touch "$out/after.done" \
+      || echo "$(date -u +%FT%TZ) FAILED after-command of $name"
+  fi
+  python - "$name" "$out" <<'PY'
+import json, re, sys
+name, out = sys.argv[1:]
+m = json.load(open(f"{out}/metrics.json"))
+t = open(f"{out}/time.txt").read()
+wall = [sum(float(x) * 60 ** i for i, x in enumerate(reversed(s.split(":"))))
+        for s in re.findall(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", t)]
+cpu = [float(u) + float(s) for u, s in zip(re.findall(r"User time \(seconds\): (\S+)", t),
+                                           re.findall(r"System time \(seconds\): (\S+)", t))]
+m["run"] = {"name": name, "out_dir": out, "wall_s_processes": wall, "cpu_s": round(sum(cpu), 1)}
+cfg = json.load(open(f"{out}/config.json")) if __import__("os").path.exists(f"{out}/config.json") else None
+json.dump(m, open(f"docs/runs/{name}.json", "w"), indent=1)
+PY
+  [[ -f "$out/extrapolate/extrapolation.csv" ]] && cp "$out/extrapolate/extrapolation.csv" "docs/runs/$name.extrapolation.csv"
+  echo "$(date -u +%FT%TZ) done $name"
+done < "$queue"
+echo "$(date -u +%FT%TZ) lane $lane finished"
