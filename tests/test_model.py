@@ -325,6 +325,37 @@ def test_sharp_kv_cache_decoding_equals_full_forward(pos_encoding):
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-4, rtol=1e-4)
 
 
+DECODE_SETTINGS = {  # GPTConfig settings the decode step must use as the full forward does
+    "pope_theta_500k": dict(pos_encoding="pope", rope_theta=500000.0),  # Llama-3's base
+    "rope_theta_500k": dict(pos_encoding="rope", rope_theta=500000.0),
+    "pope_relu": dict(pos_encoding="pope", pope_magnitude="relu"),
+    "pope_identity": dict(pos_encoding="pope", pope_magnitude="identity"),
+}
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
+@pytest.mark.parametrize("name", DECODE_SETTINGS)
+def test_kv_cache_decoding_keeps_the_model_settings(name, autocast):
+    """Decode parity beyond the defaults: a prompt, single tokens and a chunk through the KV cache give the
+    full forward's logits at rope_theta = 500000, with PoPE's ReLU and identity magnitudes, in fp32 and
+    under CPU bf16 autocast. The weights make attention peaked (sharp), so a decode step that fell back to
+    the default base (10000) or to softplus moves the logits by far more than the tolerance."""
+    model = sharp(DECODE_SETTINGS[name]["pos_encoding"], **{k: v for k, v in DECODE_SETTINGS[name].items()
+                                                            if k != "pos_encoding"})
+    idx = torch.randint(0, 37, (2, 19), generator=torch.Generator().manual_seed(9))
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
+    with torch.no_grad(), ctx:
+        full, _ = model(idx)
+        cache, pieces, start = KVCache(2, 19), [], 0
+        for stop in (7, 8, 9, 13, 19):
+            pieces.append(model(idx[:, start:stop], kv_cache=cache)[0])
+            start = stop
+    got = torch.cat(pieces, 1).float()
+    assert full.float().std() > 0.5
+    tol = 0.1 if autocast else 2e-4  # bf16 (8 bits) rounds differently along the two paths: seen up to 0.03
+    torch.testing.assert_close(got, full.float(), atol=tol, rtol=tol / 10)
+
+
 @pytest.mark.parametrize("pos_encoding", ["pope", "rope"])
 def test_generate_uses_the_context(pos_encoding):
     """Greedy generate equals step-by-step argmax of full forwards over everything so far, with
