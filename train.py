@@ -90,7 +90,7 @@ min_lr = 1e-4
 device = "auto"  # 'auto' | 'cpu' | 'cuda' | 'cuda:1' ...
 dtype = "auto"  # 'auto' (bf16 on CUDA if supported, else fp16; fp32 on CPU) | 'float32' | 'bfloat16' | 'float16'
 compile = None  # torch.compile; None: on for CUDA, off for CPU
-peak_flops = 0.0  # device peak FLOP/s for MFU; 0: look it up (model.device_peak_flops)
+peak_flops = 0.0  # one device's peak FLOP/s for MFU (reported per device); 0: look it up (model.device_peak_flops)
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
 AUTO_PREPARE = {"indirect_indexing", "shakespeare_char"}  # datasets cheap enough to build on the fly (seconds)
@@ -231,7 +231,7 @@ def main(argv):
 
     # --- training loop: eval/checkpoint at the top of iteration iter_num (= steps done so far)
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    t0, loss_acc, tokens_seen = time.time(), torch.zeros((), device=dev), 0
+    t0, loss_acc, tokens_seen = time.time(), torch.zeros((), device=dev), 0  # this rank's loss sum, input tokens
     t_loop, iter_start = t0, iter_num  # for the ETA: this process's pace, evaluations included
     while not cfg.eval_only:
         if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters:
@@ -264,7 +264,7 @@ def main(argv):
             with ctx:
                 _, loss = model(x, y)
             loss_acc += loss.detach()
-            tokens_seen += x.numel() * world_size
+            tokens_seen += x.numel()
             scaler.scale(loss / grad_accum).backward()
         if cfg.grad_clip:
             scaler.unscale_(optimizer)
@@ -276,19 +276,21 @@ def main(argv):
         iter_num += 1
 
         if iter_num % cfg.log_interval == 0:
+            totals = torch.stack([loss_acc.double(), torch.tensor(float(tokens_seen), device=dev, dtype=torch.float64)])
             if ddp:
-                dist.all_reduce(loss_acc)
-            lossf = loss_acc.item() / (grad_accum * world_size * cfg.log_interval)
+                dist.all_reduce(totals)  # the whole job's: every rank's inputs count, whatever their width
+            loss_sum, tokens = totals.tolist()
+            lossf = loss_sum / (grad_accum * world_size * cfg.log_interval)
             loss_acc.zero_()
             if not math.isfinite(lossf):
                 raise UserError(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
                                 f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
             dt = (time.time() - t0) / cfg.log_interval
-            tok_per_iter = tokens_seen / cfg.log_interval
+            tok_per_iter = tokens / cfg.log_interval
             seq_len = tok_per_iter / (cfg.gradient_accumulation_steps * cfg.batch_size)
             t0, tokens_seen = time.time(), 0
-            if master:
-                mfu = raw_model.estimate_mfu(tok_per_iter, seq_len, dt, peak)
+            if master:  # tok/s of the whole job; MFU per device (as nanoGPT): one device's tokens over its peak
+                mfu = raw_model.estimate_mfu(tok_per_iter / world_size, seq_len, dt, peak)
                 mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
                 print(f"iter {iter_num}/{cfg.max_iters}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
                       f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}, "

@@ -117,9 +117,18 @@ def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
     assert [a[i] for i in range(6, 13)] == [b[i] for i in range(6, 13)]  # bit-identical
 
 
+def _log_rows(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return {r["iter"]: r for r in map(json.loads, f) if "loss" in r}
+
+
 def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
+    """Two gloo processes equal one process with the same global batch (losses, final metrics). Also:
+    tok/s counts the whole job and MFU one device (with peak_flops set: per iteration, MFU / tok/s is half
+    the one-process run's); and each rank seeds its own RNG (seed + rank), so ranks draw different dropout
+    masks: the RNG states the checkpoint gathered from the two ranks differ, and so do the masks they draw."""
     common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--max_iters=6", "--eval_interval=3",
-                     "--gradient_accumulation_steps=2"]
+                     "--gradient_accumulation_steps=2", "--peak_flops=1e12"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     subprocess.run([sys.executable, "train.py", *common, f"--out_dir={one}"], cwd=REPO, env=env, check=True,
@@ -135,6 +144,19 @@ def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
     mb = json.load(open(os.path.join(two, "metrics.json")))
     assert ma["test"]["targets"] == mb["test"]["targets"] == 200
     np.testing.assert_allclose(mb["test"]["loss"], ma["test"]["loss"], rtol=1e-5)
+    ra, rb = _log_rows(one), _log_rows(two)
+    for i in ra:  # the same global batch per iteration: the same tokens per step, the same FLOPs per token
+        np.testing.assert_allclose(rb[i]["tokens_per_s"] * rb[i]["ms_per_iter"], ra[i]["tokens_per_s"] * ra[i]["ms_per_iter"],
+                                   rtol=1e-9)
+        np.testing.assert_allclose(rb[i]["mfu"] / rb[i]["tokens_per_s"], ra[i]["mfu"] / ra[i]["tokens_per_s"] / 2,
+                                   rtol=1e-9)
+    states = [s["torch"] for s in torch.load(os.path.join(two, "ckpt.pt"), weights_only=True)["rng"]]
+    assert len(states) == 2 and not torch.equal(states[0], states[1])
+    masks = []
+    for state in states:
+        torch.set_rng_state(state)
+        masks.append(torch.nn.functional.dropout(torch.ones(1000), 0.5) == 0)
+    assert (masks[0] != masks[1]).float().mean() > 0.3
 
 
 def test_training_drives_the_loss_down(toy_stream, tmp_path, capsys):
