@@ -159,6 +159,53 @@ def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
     assert (masks[0] != masks[1]).float().mean() > 0.3
 
 
+def test_gradient_accumulation_over_half_batches_equals_one_whole_batch_step(toy_stream, tmp_path):
+    """One step of 2 micro-batches of 4 equals one step of a batch of 8 (the same 8 windows: data.py
+    splits each iteration's draw into micro-batches), with gradient clipping on. Compared: AdamW's moments,
+    which hold the step's gradient and its square (the weights are not: AdamW's first step is about
+    lr * sign(g), scale-free, and ill-conditioned where g rounds near 0). The clip
+    sits at 1.5x the whole-batch gradient norm: a step that sums the micro-batch losses without dividing
+    by grad_accum doubles the gradient, which the clip then cuts to 1.5x."""
+    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--max_iters=1",
+                     "--eval_interval=10", "--warmup_iters=0", "--learning_rate=1e-2", "--dropout=0.0"]
+    whole, halves = str(tmp_path / "whole"), str(tmp_path / "halves")
+    run(common + ["--batch_size=8", "--gradient_accumulation_steps=1", "--grad_clip=0", f"--out_dir={whole}"])
+    a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=True)
+    beta1 = train.DEFAULTS["beta1"]
+    grad_norm = torch.cat([s["exp_avg"].flatten() / (1 - beta1) for s in a["optimizer"]["state"].values()]).norm()
+    run(common + ["--batch_size=4", "--gradient_accumulation_steps=2", f"--grad_clip={1.5 * grad_norm.item()}",
+                  f"--out_dir={halves}"])
+    b = torch.load(os.path.join(halves, "ckpt.pt"), weights_only=True)
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    for i, sa in a["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(b["optimizer"]["state"][i][key], sa[key], rtol=1e-4, atol=1e-10, msg=f"{i} {key}")
+    assert losses(halves)[1] == pytest.approx(losses(whole)[1], rel=1e-6)
+
+
+def test_defaults_the_readme_states():
+    """README, Quick start and Length extrapolation on a CPU: the default run is PoPE with delta starting
+    at zero, 4 layers x 128 wide, 4 heads, 3000 steps of 8 x 256 characters of shakespeare_char, seed 1337;
+    Training: compile None (on for CUDA only), dtype 'auto', one key/value head per query head, gradient
+    clipping on; Sampling: the default run's folder, temperature 0.8, seed 1337; Length extrapolation:
+    pg19's test split, lengths 1024, 2048, ..., 10240, tiled windows, sliding stride 256."""
+    import eval_extrapolate
+    import sample
+    d = train.DEFAULTS
+    want = dict(out_dir="out-shakespeare-char-pope", dataset="shakespeare_char", pos_encoding="pope",
+                pope_delta_init="zero", pope_magnitude="softplus", pope_use_delta=True, n_layer=4, n_embd=128,
+                n_head=4, n_kv_head=None, max_iters=3000, batch_size=8, block_size=256, seed=1337, compile=None,
+                dtype="auto", device="auto", gradient_accumulation_steps=1, grad_clip=1.0, rope_theta=10000.0,
+                attn_backend="auto", init_from="scratch")
+    assert {k: d[k] for k in want} == want
+    s = sample.DEFAULTS
+    assert (s["out_dir"], s["temperature"], s["seed"]) == (d["out_dir"], 0.8, 1337)
+    a = eval_extrapolate.parse_args(["run"])
+    assert (a.dataset, a.split, a.protocol, a.last_k) == ("pg19", "test", "tiled", 256)
+    assert eval_extrapolate.parse_lengths(a.lengths) == [1024 * i for i in range(1, 11)]
+    assert eval_extrapolate.parse_stride("sliding", a.stride, 1024) == 256
+
+
 def test_training_drives_the_loss_down(toy_stream, tmp_path, capsys):
     out = str(tmp_path / "out")
     m = run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=32", "--max_iters=60",
