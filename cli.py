@@ -53,8 +53,10 @@ def atomic_open(path):
 
     The data goes to a temporary file beside `path` (same folder, so the rename stays on one file
     system), which is flushed, fsynced, given the usual mode (0666 minus the umask) and renamed onto
-    `path` with os.replace. A crash or an exception in the block leaves the old `path` (or none) and
-    no temporary file. Creates the folder if needed.
+    `path` with os.replace; then the folder is fsynced (POSIX), so the rename too is on disk. The data
+    reaches the disk before the rename: after a power cut `path` holds the old file or the new one,
+    never an empty one. A crash or an exception in the block leaves the old `path` (or none) and no
+    temporary file. Creates the folder if needed.
 
         with atomic_open("out/ckpt.pt") as f:
             torch.save(state, f)
@@ -75,6 +77,22 @@ def atomic_open(path):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    _fsync_folder(folder)
+
+
+def _fsync_folder(folder):
+    """fsync a folder, so that a rename inside it is durable. POSIX only (Windows cannot open a folder);
+    best effort: some file systems refuse it (EINVAL), and the file itself is already on disk."""
+    if os.name != "posix":
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def atomic_write(path, data):
@@ -105,7 +123,7 @@ def resolve_dtype(dtype, device):
     a CUDA GPU 'bfloat16' where it supports bf16, else 'float16' (V100, T4). Raises UserError for a
     name that is neither 'auto' nor in DTYPES."""
     if dtype == "auto":
-        if not str(device).startswith("cuda"):
+        if not str(device).startswith("cuda"):  # not CUDA: 'cpu', 'cpu:0', 'mps', ...
             return "float32"
         import torch
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"

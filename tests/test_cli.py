@@ -2,6 +2,7 @@
 
 import json
 import os
+import stat
 
 import pytest
 
@@ -55,6 +56,46 @@ def test_a_crash_while_writing_keeps_the_old_file(tmp_path):
             raise RuntimeError("crash")
     assert open(path, "rb").read() == b"old checkpoint"
     assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+@pytest.mark.parametrize("how", ["atomic_write", "atomic_write_json", "atomic_open"])
+def test_every_atomic_write_fsyncs_the_file_before_its_rename_and_then_the_folder(tmp_path, monkeypatch, how):
+    """Durability: the data must be on disk before the rename is (else a power cut can leave an empty
+    checkpoint under the final name), and the folder after it (POSIX). fsync and os.replace are recorded
+    in order; each fsync is identified by the inode of what it flushed."""
+    events, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        events.append(("fsync", st.st_ino, stat.S_ISDIR(st.st_mode)))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.stat(src).st_ino, False))
+        return real_replace(src, dst)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    path = tmp_path / "out" / "ckpt.pt"
+    if how == "atomic_write":
+        atomic_write(str(path), b"weights")
+    elif how == "atomic_write_json":
+        atomic_write_json(str(path), {"iter": 1})
+    else:
+        with atomic_open(str(path)) as f:
+            f.write(b"weights")
+    ino = os.stat(path).st_ino  # the renamed temporary file keeps its inode
+    assert events[:2] == [("fsync", ino, False), ("replace", ino, False)], events
+    if os.name == "posix":
+        assert events[2:] == [("fsync", os.stat(path.parent).st_ino, True)], events
+
+
+def test_dtype_auto_is_float32_on_every_device_but_cuda(monkeypatch):
+    """Not CUDA means float32, whatever the spelling: 'cpu:0' and 'mps' too, even where torch reports bf16."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    got = {d: resolve_dtype("auto", d) for d in ("cpu", "cpu:0", "mps", "mps:0", "cuda", "cuda:1")}
+    assert got == {"cpu": "float32", "cpu:0": "float32", "mps": "float32", "mps:0": "float32",
+                   "cuda": "bfloat16", "cuda:1": "bfloat16"}
 
 
 def test_device_and_dtype_auto(monkeypatch):
