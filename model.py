@@ -31,6 +31,7 @@ ValueError there.
 
 import inspect
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -460,25 +461,49 @@ class GPT(nn.Module):
         return self.flops_per_token(seq_len) * tokens_per_iter / dt / peak_flops
 
 
-# Dense (no sparsity) tensor-core peak FLOP/s per device for bf16/fp16, from the vendors' datasheets.
+# Dense (no sparsity) tensor-core peak FLOP/s per GPU for bf16 (fp16 where the part has no bf16), FP32
+# accumulation, from NVIDIA's datasheets and architecture whitepapers (their "with sparsity" figures are 2x
+# these). Keys are regular expressions searched, in this order, in torch.cuda.get_device_name(); the name
+# strings checked are the ones these GPUs report (nvidia-smi, torch), listed per part:
 PEAK_FLOPS = {
-    "H200": 989e12, "H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 756e12,
-    "GH200": 989e12, "B200": 2250e12, "A100": 312e12, "A800": 312e12, "A10G": 70e12, "A10": 125e12,
-    "L40S": 362e12, "L4": 121e12, "V100": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "A6000": 155e12,
+    r"\bH100\b.*\bNVL\b": 835e12,  # H100 NVL (94 GB HBM3): "NVIDIA H100 NVL"
+    r"\bH100\b.*\bPCIe\b": 756e12,  # H100 PCIe (80 GB HBM2e): "NVIDIA H100 PCIe"
+    r"\bH100\b.*\b(HBM3|SXM)": 989e12,  # H100 SXM5: "NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"
+    r"\bH200\b.*\bNVL\b": 835e12,  # H200 NVL: "NVIDIA H200 NVL"
+    r"\bH200\b": 989e12,  # H200 SXM: "NVIDIA H200" (not GH200: no word boundary inside "GH200")
+    r"\bGH200\b": 989e12,  # Grace Hopper: "NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"
+    r"\bB200\b": 2250e12,  # HGX B200, per GPU: "NVIDIA B200"
+    r"\bA100\b": 312e12,  # SXM4 and PCIe alike: "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB",
+                            # "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"
+    r"\bA800\b": 312e12,  # "NVIDIA A800-SXM4-80GB", "NVIDIA A800 80GB PCIe"
+    r"\bA10G\b": 70e12,  # AWS's part, no NVIDIA datasheet: the figure in common use. "NVIDIA A10G"
+    r"\bA10\b": 125e12,  # "NVIDIA A10" (not A100, A10G)
+    r"\bL40S\b": 362e12,  # "NVIDIA L40S"
+    r"\bL40\b": 181e12,  # "NVIDIA L40"
+    r"\bL4\b": 121e12,  # "NVIDIA L4"
+    r"\bV100S\b": 130e12,  # fp16 (no bf16): "Tesla V100S-PCIE-32GB"
+    r"\bV100-SXM": 125e12,  # fp16: "Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB", "Tesla V100-SXM3-32GB"
+    r"\bV100-PCIE": 112e12,  # fp16: "Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"
+    r"\bRTX 4090$": 165e12,  # FP32 accumulate (330 with fp16 accumulate): "NVIDIA GeForce RTX 4090" (not 4090 D)
+    r"\bRTX 3090$": 71e12,  # FP32 accumulate: "NVIDIA GeForce RTX 3090" (not the 3090 Ti)
+    r"\bRTX A6000\b": 155e12,  # "NVIDIA RTX A6000"
 }
 
 
 def device_peak_flops(device, dtype):
-    """Peak FLOP/s of `device` ('cuda', 'cuda:1', 'cpu', ...) for training in `dtype`, or None.
+    """Peak FLOP/s of one `device` ('cuda', 'cuda:1', 'cpu', ...) for training in `dtype`, or None.
 
-    Looks the CUDA device name up in PEAK_FLOPS (bf16/fp16 figures; fp32 training uses 1/2 of that
-    as a TF32 estimate). CPUs and unknown GPUs return None, so MFU is reported as unknown rather
-    than against a wrong figure; set train.py's peak_flops to override.
+    Searches the CUDA device name for the patterns of PEAK_FLOPS, in order, and returns the first match's
+    dense bf16/fp16 figure (fp32 training: half of it, a TF32 estimate). The patterns match what each
+    name really contains: "H100 80GB HBM3" is the SXM part (989 TFLOP/s), not the PCIe card (756); "L40"
+    is neither "L40S" nor "L4"; "A10" is neither "A100" nor "A10G". CPUs, unknown GPUs and H100 / V100
+    names that do not say which form factor they are return None, so MFU is reported as unknown rather
+    than against a wrong figure; set train.py's peak_flops to override. train.py reports MFU per device.
     """
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name(torch.device(device))
-    for key, flops in PEAK_FLOPS.items():  # longest keys first where names overlap (H100 SXM before H100)
-        if key in name:
+    for pattern, flops in PEAK_FLOPS.items():
+        if re.search(pattern, name):
             return flops / 2 if dtype == "float32" else flops
     return None

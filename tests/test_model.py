@@ -426,3 +426,29 @@ def test_weight_decay_by_value_per_parameter():
         matrix = n.split(".")[-2] in ("wte", "c_attn", "c_proj", "c_fc", "lm_head") and n.endswith("weight")
         want = before[n] * (1 - lr * wd) if matrix else before[n]
         torch.testing.assert_close(p.detach(), want, atol=0, rtol=1e-6, msg=n)
+
+
+PARTS = {  # torch.cuda.get_device_name() -> dense bf16 (V100: fp16) TFLOP/s, from NVIDIA's datasheets
+    "NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 SXM5 80GB": 989, "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835,
+    "NVIDIA H200": 989, "NVIDIA H200 NVL": 835, "NVIDIA GH200 480GB": 989, "NVIDIA B200": 2250,
+    "NVIDIA A100-SXM4-80GB": 312, "NVIDIA A100-SXM4-40GB": 312, "NVIDIA A100-PCIE-40GB": 312,
+    "NVIDIA A100 80GB PCIe": 312, "NVIDIA A800-SXM4-80GB": 312, "NVIDIA A10G": 70, "NVIDIA A10": 125,
+    "NVIDIA L40S": 362, "NVIDIA L40": 181, "NVIDIA L4": 121, "Tesla V100-SXM2-16GB": 125,
+    "Tesla V100-PCIE-32GB": 112, "Tesla V100S-PCIE-32GB": 130, "NVIDIA GeForce RTX 4090": 165,
+    "NVIDIA GeForce RTX 3090": 71, "NVIDIA RTX A6000": 155,
+    # unknown parts, or names that do not say which form factor: no figure (MFU "n/a")
+    "NVIDIA H100": None, "NVIDIA GeForce RTX 3090 Ti": None, "NVIDIA GeForce RTX 4090 D": None,
+    "NVIDIA GeForce GTX 1080 Ti": None, "NVIDIA L20": None, "AMD Instinct MI300X": None, "Tesla T4": None,
+}
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_peak_flops_per_gpu_part(name, monkeypatch):
+    """device_peak_flops reads what each part's name really contains (torch's device name patched)."""
+    from model import device_peak_flops
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    want = PARTS[name]
+    assert device_peak_flops("cuda:0", "bfloat16") == (want and want * 1e12)
+    assert device_peak_flops("cuda", "float32") == (want and want * 1e12 / 2)
+    assert device_peak_flops("cpu", "bfloat16") is None
