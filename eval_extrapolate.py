@@ -563,6 +563,8 @@ def run(argv):
     except FileNotFoundError:
         raise UserError(f"unknown dataset {a.dataset!r}: no {data_dir}/meta.json; run prepare/{a.dataset}.py "
                         f"or pass --data_root") from None
+    except ValueError as e:  # an empty split (data prepared before the prepare scripts refused them)
+        raise UserError(str(e)) from None
     if ds.layout != "stream":
         raise UserError(f"dataset {a.dataset!r} has layout {ds.layout!r}; length extrapolation needs a stream dataset")
     if not ds.has_split(a.split):

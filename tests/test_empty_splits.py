@@ -47,8 +47,8 @@ def test_shared_writers_refuse_an_empty_split(tmp_path):
     assert not os.path.exists(stream / "meta.json")
 
 
-def test_old_data_with_an_empty_split_is_refused_and_train_exits_2(tmp_path, capsys):
-    folder = tmp_path / "genome"  # as the old genome.py left it: meta.json says val has 0 rows
+def _old_genome_with_empty_splits(folder):
+    """As the old genome.py left it: meta.json says val and test have 0 rows."""
     os.makedirs(folder)
     np.zeros((3, 9), np.uint16).tofile(folder / "train.bin")
     for name in ("val", "test"):
@@ -57,6 +57,11 @@ def test_old_data_with_an_empty_split_is_refused_and_train_exits_2(tmp_path, cap
         "format": 1, "dataset": "genome", "vocab_size": 8, "dtype": "uint16", "layout": "rows", "pad_id": 1,
         "loss": "all", "tokenizer": {"kind": "none"},
         "splits": {n: {"file": f"{n}.bin", "shape": [r, 9], "tokens": 9 * r} for n, r in (("train", 3), ("val", 0), ("test", 0))}})
+
+
+def test_old_data_with_an_empty_split_is_refused_and_train_exits_2(tmp_path, capsys):
+    folder = tmp_path / "genome"
+    _old_genome_with_empty_splits(folder)
     with pytest.raises(ValueError, match=r"split 'val', 'test' is empty .*prepare it again.*--split fraction"):
         Dataset(str(folder))
     with pytest.raises(SystemExit) as e:
@@ -64,3 +69,14 @@ def test_old_data_with_an_empty_split_is_refused_and_train_exits_2(tmp_path, cap
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and "'val', 'test' is empty" in err
+
+
+def test_eval_extrapolate_on_data_with_an_empty_split_exits_2_with_one_line(tmp_path, capsys):
+    """The same data given to eval_extrapolate.py: one line naming the fix, exit 2 (no traceback)."""
+    import eval_extrapolate
+    _old_genome_with_empty_splits(tmp_path / "genome")
+    with pytest.raises(SystemExit) as e:
+        eval_extrapolate.main([str(tmp_path / "run"), f"--data_root={tmp_path}", "--dataset=genome"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert "'val', 'test' is empty" in err and "prepare it again" in err
