@@ -1,10 +1,12 @@
 """Benchmarks on the current device: RoPE vs PoPE, as tables.
 
-    python bench.py                 # train step + attention micro-benchmark + O(T) memory check
+    python bench.py                 # train step + attention micro-benchmark + O(T) memory check + decoding
     python bench.py --only=attn     # one section: step | attn | memory | decode | kernel
+    python bench.py --rounds=10     # more interleaved rounds (default 6, at least 5)
 
 1. Training step of the same GPT with rope vs pope (default: 6 layers, 384 wide, T=1024, GPT-2 vocab):
-   ms/iter, tokens/s, and the PoPE/RoPE time ratio next to the FLOP ratio of model.flops_per_token.
+   ms/iter, tokens/s, and the PoPE/RoPE time ratio next to the FLOP ratios (model.flops_per_token, and
+   the torch path's, whose v is padded to 2d: the bound a CPU step can reach; see below).
 2. Attention forward+backward at T=4096, d=64, 8 heads: RoPE through SDPA, PoPE through pope_attention,
    and the naive PoPE that hands SDPA 2d-wide q/k with d-wide v (SDPA then falls back to its O(T^2)
    math kernel, as PoPE-pytorch 0.2.1 does).
@@ -16,11 +18,19 @@
    Sections 1 and 4 also run grouped-query attention (n_head 8, n_kv_head 2).
 5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
    FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
-Timings are the median of --repeats runs after a warm-up.
+Every PoPE/RoPE ratio comes from interleaved rounds (--rounds, at least 5): each round times every arm
+once, in one order on even rounds and the reverse on odd ones, so a machine whose speed drifts (a shared
+CPU: +-30 % over a minute) slows both arms alike. A ratio is the median of the per-round ratios, printed
+with their min-max; times are each arm's median over the rounds, after a warm-up.
+
+What the CPU can reach: model.flops_per_token counts PoPE's q/k at 2d and v at d (flop_ratio, 1.068 at
+6 x 384, T=1024). The torch path pads v to 2d so that SDPA keeps its fused kernels, so attention's PV
+work doubles too: its FLOPs (cpu_flop_ratio, torch_path_flops_per_token) are the bound a CPU step can reach.
 """
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -38,25 +48,57 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def timed(fn, device, repeats, warmup=1):
-    """Median seconds of fn() over `repeats` runs after `warmup` runs."""
+MIN_ROUNDS = 5
+
+
+def interleaved(fns, device, rounds, warmup=1):
+    """Seconds of each arm, measured in `rounds` interleaved rounds: {name: [seconds per round]}.
+
+    fns: {name: fn}. Each round calls every fn once, in the dict's order on even rounds and reversed on
+    odd ones. A fn that returns a number reports its own seconds (e.g. a median over decoding steps);
+    otherwise its call is timed. Every fn runs `warmup` times first, interleaved the same way.
+    """
+    names = list(fns)
     for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for name in names:
+            fns[name]()
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            _sync(device)
+            t = time.perf_counter()
+            own = fns[name]()
+            _sync(device)
+            times[name].append(own if isinstance(own, (int, float)) else time.perf_counter() - t)
+    return times
 
 
-def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2, vocab_size=50304, repeats=3,
+def ratio_stats(num, den):
+    """Per-round ratios num[r] / den[r] -> (median, min, max)."""
+    ratios = [a / b for a, b in zip(num, den)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def fmt_ratio(stats):
+    """(median, min, max) -> '1.15 (1.07-1.24)'."""
+    return f"{stats[0]:.2f} ({stats[1]:.2f}-{stats[2]:.2f})"
+
+
+def torch_path_flops_per_token(model, seq_len):
+    """Training FLOPs per token of PoPE's torch path (model.flops_per_token's convention): q/k at 2d and v
+    padded to 2d, so attention costs 6 * n_layer * n_head * seq_len * 4d; RoPE/NoPE as flops_per_token."""
+    cfg = model.config
+    if cfg.pos_encoding != "pope":
+        return model.flops_per_token(seq_len)
+    hd = cfg.n_embd // cfg.n_head
+    return 6 * model.get_num_params() + 6 * cfg.n_layer * cfg.n_head * seq_len * 4 * hd
+
+
+def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2, vocab_size=50304, rounds=6,
                      n_kv_head=None):
-    """ms per AdamW training step (fwd + bwd + step) for rope and pope; returns rows of dicts.
-    n_kv_head: key/value heads (grouped-query attention), None = n_head."""
-    rows = []
+    """ms per AdamW training step (fwd + bwd + step) for rope and pope, stepped in interleaved rounds;
+    returns rows of dicts. n_kv_head: key/value heads (grouped-query attention), None = n_head."""
+    steps, models = {}, {}
     for pe in ("rope", "pope"):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=T, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
@@ -65,17 +107,22 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
         x = torch.randint(0, vocab_size, (batch_size, T), device=device)
         amp = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else torch.autocast("cpu", enabled=False)
 
-        def step():
+        def step(model=model, opt=opt, x=x, amp=amp):
             with amp:
                 _, loss = model(x, x)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-        dt = timed(step, device, repeats)
+        steps[pe], models[pe] = step, model
+    times = interleaved(steps, device, rounds)
+    rows = []
+    for pe, model in models.items():
+        dt = statistics.median(times[pe])
         rows.append({"pos_encoding": pe, "ms_per_iter": 1000 * dt, "tokens_per_s": batch_size * T / dt,
-                     "flops_per_token": model.flops_per_token(T)})
-    rows[1]["time_ratio"] = rows[1]["ms_per_iter"] / rows[0]["ms_per_iter"]
+                     "flops_per_token": model.flops_per_token(T), "torch_path_flops": torch_path_flops_per_token(model, T)})
+    rows[1]["time_ratio"] = fmt_ratio(ratio_stats(times["pope"], times["rope"]))
     rows[1]["flop_ratio"] = rows[1]["flops_per_token"] / rows[0]["flops_per_token"]
+    rows[1]["cpu_flop_ratio"] = rows[1]["torch_path_flops"] / rows[0]["torch_path_flops"]
     return rows
 
 
@@ -88,8 +135,9 @@ def naive_pope(q, k, v, delta, rope_theta=10000.0):
     return F.scaled_dot_product_attention(qc, kc, v, is_causal=True, scale=1 / math.sqrt(d))
 
 
-def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, repeats=3, dtype=torch.float32):
-    """fwd+bwd ms of causal attention: RoPE via SDPA, PoPE via pope_attention, naive PoPE."""
+def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, rounds=6, dtype=torch.float32):
+    """fwd and fwd+bwd ms of causal attention: RoPE via SDPA, PoPE via pope_attention, naive PoPE, in
+    interleaved rounds; vs_rope: the median (min-max) of the per-round fwd+bwd ratios to RoPE."""
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(batch_size, n_head, T, d, device=device, dtype=dtype, generator=g, requires_grad=True)
                for _ in range(3))
@@ -100,30 +148,32 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, repeats=3, dty
         "pope": lambda: pope_attention(q, k, v, delta, causal=True),
         "pope_naive_sdpa": lambda: naive_pope(q, k, v, delta),
     }
-    rows = []
+    fns = {}
     for name, fn in impls.items():
-        def fwd_bwd():
-            fn().sum().backward()
-        rows.append({"impl": name, "T": T, "d": d, "fwd_ms": 1000 * timed(fn, device, repeats),
-                     "fwdbwd_ms": 1000 * timed(fwd_bwd, device, repeats)})
-    base = rows[0]["fwdbwd_ms"]
-    for r in rows:
-        r["vs_rope"] = r["fwdbwd_ms"] / base
+        fns[name, "fwd"] = fn
+        fns[name, "fwdbwd"] = lambda fn=fn: fn().sum().backward()
+    times = interleaved(fns, device, rounds)
+    rows = []
+    for name in impls:
+        rows.append({"impl": name, "T": T, "d": d, "fwd_ms": 1000 * statistics.median(times[name, "fwd"]),
+                     "fwdbwd_ms": 1000 * statistics.median(times[name, "fwdbwd"]),
+                     "vs_rope": fmt_ratio(ratio_stats(times[name, "fwdbwd"], times["rope_sdpa", "fwdbwd"]))})
     return rows
 
 
 def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_short=16, n_long=48,
-                 vocab_size=50304, repeats=3, reforward_repeats=1, n_kv_heads=(None,)):
+                 vocab_size=50304, rounds=6, n_kv_heads=(None,)):
     """ms per generated token, greedy, batch 1: rope vs pope, KV cache vs a full forward every step,
     and the KV cache's size (MB, fp32, prompt + n_long tokens) for each n_kv_head in n_kv_heads
     (None = n_head; fewer heads: grouped-query attention).
 
     The prompt is run, then n_long tokens are generated one step at a time, and each step (logits of
-    the last position, argmax, then the forward of the new token) is timed. The figure is the median
+    the last position, argmax, then the forward of the new token) is timed. A run's figure is the median
     step time of tokens n_short+1..n_long: the tokens that (time for n_long - time for n_short) /
-    (n_long - n_short) covers, with the prefill excluded by construction, and robust to load spikes
-    on a shared machine. `repeats` runs per encoding (`reforward_repeats` for the slow baseline that
-    runs the whole sequence again at every step); RoPE and PoPE runs alternate.
+    (n_long - n_short) covers, with the prefill excluded by construction, and robust to load spikes.
+    The cached runs of every model take turns in `rounds` interleaved rounds; cache_vs_rope is the median
+    (min-max) of the per-round PoPE/RoPE ratios. The slow baseline that runs the whole sequence again at
+    every step (reforward) runs once per model, for the speed-up only.
     """
     models, prompt = {}, torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
     for kv in n_kv_heads:
@@ -133,7 +183,7 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
                             n_kv_head=kv, n_embd=n_embd, pos_encoding=pe)
             models[pe, kv] = GPT(cfg).eval().to(device)
     prompt = prompt.to(device)
-    cache_mb = {}
+    cache_mb, steps = {}, {key: [] for key in models}
 
     @torch.no_grad()
     def step_times(model, use_cache):
@@ -151,20 +201,23 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
             cache_mb[model] = cache.cache_bytes() / 2**20
         return times[n_short:]
 
-    for pe in models:  # warm-up
-        models[pe].generate(prompt, 2, temperature=0)
-    times = {(pe, c): [] for pe in models for c in (True, False)}
-    for r in range(max(repeats, reforward_repeats)):
-        for pe in models:
-            for use_cache, reps in ((True, repeats), (False, reforward_repeats)):
-                if r < reps:
-                    times[pe, use_cache] += step_times(models[pe], use_cache)
-    ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
-    rows = [{"pos_encoding": pe, "n_kv_head": kv or n_head, "kv_cache_ms_per_token": ms[(pe, kv), True],
-             "reforward_ms_per_token": ms[(pe, kv), False], "speedup": ms[(pe, kv), False] / ms[(pe, kv), True],
-             "cache_mb": cache_mb[models[pe, kv]]} for pe, kv in models]
-    for rope, pope in zip(rows[::2], rows[1::2]):
-        pope["cache_vs_rope"] = pope["kv_cache_ms_per_token"] / rope["kv_cache_ms_per_token"]
+    def cached_run(key):
+        times = step_times(models[key], True)
+        steps[key] += times
+        return statistics.median(times)
+
+    for model in models.values():  # warm-up
+        model.generate(prompt, 2, temperature=0)
+    per_round = interleaved({key: (lambda key=key: cached_run(key)) for key in models}, device, rounds, warmup=0)
+    reforward = {key: 1000 * statistics.median(step_times(model, False)) for key, model in models.items()}
+    rows = []
+    for (pe, kv), model in models.items():
+        ms = 1000 * statistics.median(steps[pe, kv])
+        rows.append({"pos_encoding": pe, "n_kv_head": kv or n_head, "kv_cache_ms_per_token": ms,
+                     "reforward_ms_per_token": reforward[pe, kv], "speedup": reforward[pe, kv] / ms,
+                     "cache_mb": cache_mb[model]})
+        if pe == "pope":
+            rows[-1]["cache_vs_rope"] = fmt_ratio(ratio_stats(per_round["pope", kv], per_round["rope", kv]))
     return rows
 
 
@@ -228,27 +281,30 @@ def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel"])
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=6, help=f"interleaved rounds per table (at least {MIN_ROUNDS})")
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
     p.add_argument("--vocab_size", type=int, default=50304)
     a = p.parse_args(argv)
+    if a.rounds < MIN_ROUNDS:
+        p.error(f"--rounds must be at least {MIN_ROUNDS}: a ratio needs several interleaved rounds, got {a.rounds}")
     a.device = resolve_device(a.device)
-    print(f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
+    print(f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {a.rounds} rounds"
+          + (f", load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}" if hasattr(os, "getloadavg") else ""))
     if a.only in (None, "step"):
         print_table("training step, 6 layers x 384 wide, T=1024, batch 2",
-                    bench_train_step(a.device, vocab_size=a.vocab_size, repeats=a.repeats))
+                    bench_train_step(a.device, vocab_size=a.vocab_size, rounds=a.rounds))
         print_table("training step, grouped-query attention: 6 layers x 384 wide, 8 heads, 2 key/value heads",
-                    bench_train_step(a.device, vocab_size=a.vocab_size, repeats=a.repeats, n_head=8, n_kv_head=2))
+                    bench_train_step(a.device, vocab_size=a.vocab_size, rounds=a.rounds, n_head=8, n_kv_head=2))
     if a.only in (None, "attn"):
         print_table(f"attention fwd+bwd, T={a.T}, d=64, 8 heads, fp32",
-                    bench_attention(a.device, T=a.T, repeats=a.repeats))
+                    bench_attention(a.device, T=a.T, rounds=a.rounds))
     if a.only in (None, "memory"):
         print_table("PoPE forward peak memory, d=64, 8 heads, fp32", bench_memory(a.device))
     if a.only in (None, "decode"):
         print_table("greedy decoding, 6 layers x 384, 960-token prompt, batch 1, ms per new token",
-                    bench_decode(a.device, vocab_size=a.vocab_size))
+                    bench_decode(a.device, vocab_size=a.vocab_size, rounds=a.rounds))
         print_table("greedy decoding, grouped-query attention: 6 layers x 384, 8 heads, 8 or 2 key/value heads",
-                    bench_decode(a.device, vocab_size=a.vocab_size, n_head=8, n_kv_heads=(None, 2)))
+                    bench_decode(a.device, vocab_size=a.vocab_size, n_head=8, n_kv_heads=(None, 2), rounds=a.rounds))
     if a.only in (None, "kernel"):
         if not str(a.device).startswith("cuda"):
             print("\nTriton kernel benchmark: needs CUDA (python bench_kernel.py runs an interpreter smoke test)")
@@ -256,6 +312,8 @@ def main(argv):
             import bench_kernel
             print("\nattention kernels, bf16, causal, fwd / bwd / fwd+bwd")
             bench_kernel.print_table(bench_kernel.bench_attention_kernels(a.device))
+    if hasattr(os, "getloadavg"):
+        print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

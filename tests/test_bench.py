@@ -1,0 +1,49 @@
+"""bench.py: ratios from interleaved rounds, and each section runs (tiny sizes)."""
+
+from unittest import mock
+
+import pytest
+import torch
+
+import bench
+
+
+def test_rounds_alternate_their_order_and_ratios_are_per_round():
+    """Each round calls every arm once, the order reversed on odd rounds; an arm may report its own seconds.
+    A ratio is the median (min, max) of the per-round ratios."""
+    calls, own = [], iter([3.0, 1.0, 5.0, 2.0, 4.0, 6.0])
+    fns = {"rope": lambda: calls.append("rope"), "pope": lambda: (calls.append("pope"), next(own))[1]}
+    times = bench.interleaved(fns, "cpu", rounds=5, warmup=1)
+    assert calls == ["rope", "pope"] + ["rope", "pope", "pope", "rope"] * 2 + ["rope", "pope"]
+    assert times["pope"] == [1.0, 5.0, 2.0, 4.0, 6.0] and len(times["rope"]) == 5  # the first value warmed up
+    assert bench.ratio_stats([2.0, 3.0, 9.0], [1.0, 1.0, 3.0]) == (3.0, 2.0, 3.0)
+    assert bench.fmt_ratio((1.153, 1.071, 1.236)) == "1.15 (1.07-1.24)"
+
+
+def test_torch_path_flops_count_v_padded_to_2d():
+    """At 6 x 384, T=1024: PoPE/RoPE is 1.068 in model FLOPs (q/k at 2d, v at d) and 1.136 on the torch
+    path (v padded to 2d too), the bound a CPU step can reach."""
+    from model import GPT, GPTConfig
+    kw = dict(block_size=1024, vocab_size=50304, n_layer=6, n_head=6, n_embd=384)
+    with mock.patch.object(torch.nn.init, "normal_", lambda t, *a, **k: t), \
+            mock.patch.object(torch.nn.Linear, "reset_parameters", lambda self: None), \
+            mock.patch.object(torch.nn.Embedding, "reset_parameters", lambda self: None):  # shapes only: no init
+        rope, pope = GPT(GPTConfig(pos_encoding="rope", **kw)), GPT(GPTConfig(pos_encoding="pope", **kw))
+    assert pope.flops_per_token(1024) / rope.flops_per_token(1024) == pytest.approx(1.068, abs=5e-4)
+    attn = 6 * 6 * 6 * 1024 * 4 * 64  # 6 n_layer n_head T (2d + 2d)
+    assert bench.torch_path_flops_per_token(pope, 1024) == 6 * pope.get_num_params() + attn
+    assert bench.torch_path_flops_per_token(rope, 1024) == rope.flops_per_token(1024)
+    ratio = bench.torch_path_flops_per_token(pope, 1024) / bench.torch_path_flops_per_token(rope, 1024)
+    assert ratio == pytest.approx(1.136, abs=5e-4)
+
+
+def test_every_section_runs_at_a_tiny_size():
+    small = dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+    rows = bench.bench_train_step("cpu", T=16, batch_size=2, rounds=5, **small)
+    assert [r["pos_encoding"] for r in rows] == ["rope", "pope"] and rows[1]["flop_ratio"] > 1
+    assert "(" in rows[1]["time_ratio"] and rows[1]["cpu_flop_ratio"] > rows[1]["flop_ratio"]
+    rows = bench.bench_attention("cpu", T=32, d=16, n_head=2, rounds=5)
+    assert [r["impl"] for r in rows] == ["rope_sdpa", "pope", "pope_naive_sdpa"]
+    rows = bench.bench_decode("cpu", prompt_len=8, n_short=2, n_long=6, rounds=5, n_kv_heads=(None, 1), **small)
+    assert [(r["pos_encoding"], r["n_kv_head"]) for r in rows] == [("rope", 2), ("pope", 2), ("rope", 1), ("pope", 1)]
+    assert all("cache_vs_rope" in r for r in rows[1::2])
