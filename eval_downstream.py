@@ -18,7 +18,7 @@ Output: a markdown table, one row per run folder, printed and written to <out_di
 with the harness's raw JSON per run (<out_dir>/<run>.json); both written atomically.
 Bad input (no best.pt, an unknown task name, a tokenizer that is not GPT-2, an unreachable dataset)
 exits with code 2 and a one-line error. The harness reads its datasets from the Hugging Face hub;
-README section "Downstream evaluation" explains offline use (HF_DATASETS_OFFLINE, a local cache).
+docs/downstream.md explains offline use (HF_DATASETS_OFFLINE, a local cache).
 """
 
 import functools
@@ -250,7 +250,7 @@ def main(argv):
         except (OSError, ConnectionError) as e:  # the hub unreachable, a data file missing
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise UserError(f"cannot load the task data ({type(e).__name__}: {msg}); for offline use, fill the HF "
-                            "cache (HF_HOME) and set HF_DATASETS_OFFLINE=1 (README: Downstream evaluation)") from None
+                            "cache (HF_HOME) and set HF_DATASETS_OFFLINE=1 (docs/downstream.md)") from None
         name = os.path.basename(os.path.normpath(run))
         print(f"{name}: {time.time() - t0:.1f} s", file=sys.stderr)
         atomic_write_json(os.path.join(cfg["out_dir"], f"{name}.json"), res, indent=2, default=str)

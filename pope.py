@@ -326,7 +326,7 @@ class _TritonPoPE(torch.autograd.Function):
 
     Only the raw q, k (views of the model's qkv projection, alive anyway), v, delta, out and lse are kept
     for the backward: 2.3 bytes per head channel and token (fp16), against 31 if autograd of the torch
-    transform kept q~, k~ and its float32 intermediates (README, "The Triton kernel"). The backward
+    transform kept q~, k~ and its float32 intermediates (docs/kernel.md). The backward
     recomputes q~, k~ (O(T d)), runs the kernel's backward for dq~, dk~, dv and applies the chain rule here:
         d mu = s (cos dX + sin dY),  d raw = d mu * magnitude'(raw),  d phi = s mu (cos dY - sin dX),
         d delta = sum over batch and key positions of d phi (one deterministic reduction, no atomics).

@@ -32,7 +32,7 @@ Public API (imports nothing from this repo):
 
 The Triton interpreter (CPU tensors, slow, for tests) is used when TRITON_INTERPRET=1 is set before
 this module is imported (tests/conftest.py sets it on machines without CUDA). Why this split, and what
-the kernels cost next to a FlashAttention kernel: README, "The Triton kernel".
+the kernels cost next to a FlashAttention kernel: docs/kernel.md.
 """
 
 import contextlib

@@ -38,8 +38,9 @@ wall = [sum(float(x) * 60 ** i for i, x in enumerate(reversed(s.split(":"))))
 cpu = [float(u) + float(s) for u, s in zip(re.findall(r"User time \(seconds\): (\S+)", t),
                                            re.findall(r"System time \(seconds\): (\S+)", t))]
 m["run"] = {"name": name, "out_dir": out, "wall_s_processes": wall, "cpu_s": round(sum(cpu), 1)}
-cfg = json.load(open(f"{out}/config.json")) if __import__("os").path.exists(f"{out}/config.json") else None
-json.dump(m, open(f"docs/runs/{name}.json", "w"), indent=1)
+sys.path.insert(0, ".")
+from cli import atomic_write_json
+atomic_write_json(f"docs/runs/{name}.json", m)
 PY
   [[ -f "$out/extrapolate/extrapolation.csv" ]] && cp "$out/extrapolate/extrapolation.csv" "docs/runs/$name.extrapolation.csv"
   echo "$(date -u +%FT%TZ) done $name"
