@@ -20,7 +20,7 @@ pairwise disjoint (test is drawn first, then val, then train, each skipping exam
 Variants (not the paper's task; for CPU-scale experiments, docs/indirect_indexing_cpu.md). Flags:
     --n_letters=K     the alphabet is the first K letters of [A-Za-z] (2..52; paper 52)
     --min_len, --max_len   the string length range (paper 20, 40; max_len <= n_letters)
-    --max_shift=S     shifts in [-S, +S] without 0 (paper 15; 1 <= S < max_len)
+    --max_shift=S     shifts in [-S, +S] without 0 (paper 15; S >= 1; S >= max_len: any other position)
     --n_queries=Q     Q queries per row, each the paper's task on the row's string (paper 1; Q <= min_len):
                           NZTUIGWk,N,+4,I,T,-2,N,...     string, then Q x (source, shift, target)
                       The sources of a row are distinct positions (drawn without replacement, so each
@@ -80,8 +80,8 @@ class Variant:
         if not 2 <= self.min_len <= self.max_len <= self.n_letters:
             raise ValueError(f"need 2 <= min_len <= max_len <= n_letters (the letters of a string are distinct), "
                              f"got min_len={self.min_len}, max_len={self.max_len}, n_letters={self.n_letters}")
-        if not 1 <= self.max_shift < self.max_len:
-            raise ValueError(f"max_shift must be in 1..max_len-1 = {self.max_len - 1}, got {self.max_shift}")
+        if self.max_shift < 1:
+            raise ValueError(f"max_shift must be >= 1 (a shift of 0 would copy the source), got {self.max_shift}")
         if not 1 <= self.n_queries <= self.min_len:
             raise ValueError(f"n_queries must be in 1..min_len = {self.min_len} (the sources of a row are distinct "
                              f"positions), got {self.n_queries}")
