@@ -211,3 +211,14 @@ def test_train_builds_a_variant_named_by_its_dataset_and_scores_every_target(tmp
         train.auto_prepare("indirect_indexing_q4_letters8", str(root / "bad"))
     assert train.auto_preparable(name) and train.auto_preparable("indirect_indexing")
     assert not train.auto_preparable("openwebtext")
+
+
+def test_an_unknown_loss_mode_is_refused(tmp_path, tiny_indirect):
+    """A meta.json whose loss the reader does not know stops with the fix, instead of training on every token."""
+    import shutil
+    folder = tmp_path / "ii"
+    shutil.copytree(os.path.join(tiny_indirect, "indirect_indexing"), folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({**meta, "loss": "targets"}))
+    with pytest.raises(ValueError, match="loss 'targets' is not one of"):
+        Dataset(str(folder))
