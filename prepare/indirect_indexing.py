@@ -42,6 +42,7 @@ meta.json records the variant ("variant": its name, "sampling": its parameters a
                                                         # -> data/indirect_indexing_letters16_len8-16_shift4_q8/
 """
 
+import json
 import os
 import random
 import re
@@ -209,7 +210,6 @@ def prepare(out_dir=None, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1
     variant = Variant(n_letters, min_len, max_len, max_shift, n_queries)
     out_dir = out_dir or os.path.join("data", variant.name)
     if is_complete(out_dir):
-        import json
         with open(os.path.join(out_dir, "meta.json")) as f:
             have = Variant.from_meta(json.load(f))
         if have != variant:
