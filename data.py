@@ -13,6 +13,9 @@ import numpy as np
 import torch
 
 
+LOSS_MODES = ("all", "last", "after_sep")  # meta.json "loss" (prepare/common.py)
+
+
 class Dataset:
     """A prepared dataset folder: meta.json plus one memmapped .bin per split, and the batches a
     run draws from it.
@@ -33,7 +36,7 @@ class Dataset:
         path = os.path.join(data_dir, "meta.json")
         if not os.path.exists(path):
             name = os.path.basename(os.path.normpath(data_dir))
-            hint = prepare_hint or f"python prepare/{name}.py --out_dir={data_dir}"
+            hint = prepare_hint or f"python prepare/{_script_and_flags(name)} --out_dir={data_dir}"
             raise FileNotFoundError(f"no prepared dataset at {data_dir} (meta.json missing). Run: {hint}")
         with open(path) as f:
             self.meta = json.load(f)
@@ -43,6 +46,10 @@ class Dataset:
                              "the folder and prepare it again: the prepare script now stops and names the fix "
                              "(e.g. --split fraction for a genome FASTA without chromosomes 21 and 22)")
         self.layout, self.loss = self.meta["layout"], self.meta.get("loss", "all")
+        if self.loss not in LOSS_MODES:
+            raise ValueError(f"{data_dir}/meta.json: loss {self.loss!r} is not one of {LOSS_MODES}; prepare the "
+                             "data again with this repo's prepare script")
+        self.loss_sep = self.meta.get("loss_sep") if self.loss == "after_sep" else None
         self.pad_id = self.meta.get("pad_id")
         self.vocab_size = self.meta["vocab_size"]
         self._arrays = {}
@@ -66,8 +73,11 @@ class Dataset:
 
     def rows_to_xy(self, rows):
         """Rows of a "rows" dataset, (B, W) token ids -> (x, y) int64 (B, w), w <= W - 1: inputs and
-        next-token targets, with padding targets (and, for loss='last', all but the final token's)
-        set to -1, and the columns that are padding in every row dropped (no pad_id: x, y as they are)."""
+        next-token targets, with padding targets set to -1, and the columns that are padding in every
+        row dropped (no pad_id: x, y as they are). The loss mode (meta.json) keeps only some targets:
+        'last' the final real token's; 'after_sep' the tokens right after every k-th occurrence of the
+        separator id s in the row (loss_sep = {"id": s, "every": k}; e.g. each query's target in an
+        indirect-indexing row of several queries). The others are set to -1."""
         rows = torch.from_numpy(rows.astype(np.int64))
         x, y = rows[:, :-1], rows[:, 1:].clone()
         if self.pad_id is None:
@@ -79,6 +89,9 @@ class Dataset:
             keep = torch.full_like(y, -1)
             keep[torch.arange(len(y)), last] = y[torch.arange(len(y)), last]
             y = keep
+        elif self.loss == "after_sep":
+            is_sep = x == self.loss_sep["id"]  # x[:, p] a separator: y[:, p] is the token after it
+            y = torch.where(is_sep & (is_sep.cumsum(1) % self.loss_sep["every"] == 0), y, -1)
         width = max(int(real.max()) - 1, 1)  # drop columns that are padding in every row
         return x[:, :width].contiguous(), y[:, :width].contiguous()
 
@@ -142,3 +155,17 @@ class Dataset:
         if tail and self.rank == 0:  # the last < block_size predictions
             w = torch.from_numpy(np.asarray(arr[-tail - 1:]).astype(np.int64))[None]
             yield w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+def _script_and_flags(name):
+    """'<name>.py', or for an indirect-indexing variant 'indirect_indexing.py --n_letters=16 ...'."""
+    if name.startswith("indirect_indexing_"):
+        from dataclasses import asdict
+
+        from prepare.indirect_indexing import Variant
+        try:
+            flags = asdict(Variant.from_name(name))
+        except ValueError:
+            return f"{name}.py"
+        return "indirect_indexing.py " + " ".join(f"--{k}={v}" for k, v in flags.items())
+    return f"{name}.py"

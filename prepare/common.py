@@ -15,7 +15,10 @@ meta.json keys (format 1):
                            on the right with pad_id; training samples whole rows
     splits       {split: {"file": "train.bin", "shape": [...], "tokens": n_real_tokens}}
     pad_id       id that fills rows past their end (rows layout), else null
-    loss         'all': predict every next real token; 'last': only each row's final token
+    loss         'all': predict every next real token; 'last': only each row's final token;
+                 'after_sep': only the tokens right after every k-th occurrence of the separator id s
+                 in a row, given as loss_sep = {"id": s, "every": k} (indirect indexing with several
+                 queries per row: each query's target follows its third ',')
     tokenizer    {"kind": "char" | "gpt2" | ..., plus what decoding needs, e.g. "itos"}
 Prepare scripts may add keys (bos_id, eos_id, documents, notes, ...); readers ignore unknown keys.
 

@@ -368,8 +368,8 @@ def test_quick_start_builds_the_indirect_indexing_data(tmp_path):
     from prepare import indirect_indexing
     real = indirect_indexing.prepare
 
-    def small(out_dir, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1337):
-        return real(out_dir, n_train=1000, n_val=50, n_test=40, seed=seed)
+    def small(out_dir, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1337, **variant):
+        return real(out_dir, n_train=1000, n_val=50, n_test=40, seed=seed, **variant)
     root = tmp_path / "data"
     with mock.patch.object(indirect_indexing, "prepare", small):
         m = run(TINY + INDIRECT + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
