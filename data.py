@@ -12,6 +12,12 @@ import os
 import numpy as np
 import torch
 
+# datasets whose folder is not named after their prepare script: the command that builds them
+PREPARE_COMMANDS = {
+    "jsb_music21": "python prepare/jsb.py --source music21",
+    "genome_klebsiella": "python prepare/genome.py --source kleborate-examples",
+}
+
 
 LOSS_MODES = ("all", "last", "after_sep")  # meta.json "loss" (prepare/common.py)
 
@@ -36,7 +42,8 @@ class Dataset:
         path = os.path.join(data_dir, "meta.json")
         if not os.path.exists(path):
             name = os.path.basename(os.path.normpath(data_dir))
-            hint = prepare_hint or f"python prepare/{_script_and_flags(name)} --out_dir={data_dir}"
+            cmd = PREPARE_COMMANDS.get(name, f"python prepare/{_script_and_flags(name)}")
+            hint = prepare_hint or f"{cmd} --out_dir={data_dir}"
             raise FileNotFoundError(f"no prepared dataset at {data_dir} (meta.json missing). Run: {hint}")
         with open(path) as f:
             self.meta = json.load(f)

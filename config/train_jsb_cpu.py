@@ -6,9 +6,10 @@
 #   221/73/74 pieces, rows of 2048 tokens (median 768 real), vocab 90; ~194k train tokens.
 # Budget: one core (OMP_NUM_THREADS=1), user+sys CPU time measured with /usr/bin/time on the 2-core dev
 #   machine under load: PoPE ~1.6 s/iter, RoPE ~1.2 s/iter (4 rows, ~4.6k tokens a step); startup +
-#   the final full val/test evaluation ~22 s, a periodic evaluation ~4 s. 600 iters -> ~17 CPU-minutes
-#   for PoPE, ~13 for RoPE; the wall time equals it on a free core. 600 x 4 rows = ~11 epochs of the
-#   222 train rows, hence the paper's dropout 0.2, and best.pt is kept by val loss.
+#   the final full val/test evaluation ~22 s, a periodic evaluation ~4 s. Full 600-step runs (seed
+#   1337): PoPE 948 CPU-s (15.8 min; test 0.7222 nats), RoPE 675 CPU-s (11.2 min; test 0.7207), both
+#   at once beside other jobs (wall 27 and 23 min); on a free core the wall time is the CPU time.
+#   600 x 4 rows = ~11 epochs of the 222 train rows: hence the paper's dropout 0.2, and best.pt by val.
 # The RoPE run shares every setting:
 #   python prepare/jsb.py --source music21
 #   OMP_NUM_THREADS=1 python train.py config/train_jsb_cpu.py --seed=1337 --out_dir=out-jsb-cpu-pope-s1337

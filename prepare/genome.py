@@ -4,10 +4,10 @@ Paper App. B.1: the HRG dataset of the Nucleotide Transformer (NT; Dalla-Torre e
 autosomes and sex chromosomes of GRCh38 (3.2 Gbases), NT's preprocessing and tokenization, sequences
 of up to 1000 tokens, vocabulary 4107.
 
-Source. The Hugging Face repository InstaDeepAI/human_reference_genome holds no data, only a loading
+Source (default). The Hugging Face repository InstaDeepAI/human_reference_genome holds no data, only a loading
 script that downloads the NCBI FASTA below; the installed `datasets` (>= 4) no longer runs loading
 scripts. So this script reads that FASTA itself (downloaded from URL when --input is absent, or any
-local FASTA, plain or .gz) and applies the same rules as that script:
+local FASTA, plain, .gz or .xz) and applies the same rules as that script:
   - cleaning: upper-case every base (soft-masked lowercase included); any other symbol (IUPAC codes
     R, Y, K, M, ...) becomes N;
   - splits (--split chromosomes, the default): train = chromosomes 1-20, X, Y; val = 21; test = 22;
@@ -35,11 +35,23 @@ Streaming: the FASTA is read line by line; blocks of block_bp bases (a multiple 
 multiprocessing pool a few at a time, and token rows are appended to the split files as they come
 back, so memory holds a few blocks, never the genome or its tokens.
 
+Offline alternative, --source kleborate-examples: a real bacterial genome that a Debian package
+ships (`apt-get install kleborate-examples`, the example data of the Kleborate tool; GPL-3+):
+/usr/share/doc/kleborate/examples/data/MGH78578.fna.xz, Klebsiella pneumoniae subsp. pneumoniae
+MGH 78578 (ATCC 700721; GenBank GCA_000016305.1): the chromosome CP000647.1 (5,315,120 bp) and five
+plasmids CP000648-CP000652.1, 5,694,894 bp in all, no N. About 1/550 of the human genome, and a
+bacterium, not a human: a miniature of the paper's task, not the HRG dataset. A genome this small
+has no chromosomes 21 and 22 to hold out, so this source defaults to --split fraction with
+--block_bp 30000: 30-kb blocks drawn by hash into val/test (5% each in expectation; for MGH 78578
+12 blocks = 360 kb val, 8 blocks = 240 kb test, 5,094,894 bp train), -> data/genome_klebsiella/.
+
     python prepare/genome.py --input GCF_000001405.40_GRCh38.p14_genomic.fna.gz     # -> data/genome/
+    python prepare/genome.py --source kleborate-examples                           # -> data/genome_klebsiella/
 """
 
 import gzip
 import itertools
+import lzma
 import os
 import re
 import sys
@@ -69,6 +81,11 @@ ROW_LEN = SEQ_TOKENS + 1  # <cls> + 1000
 TRAIN_CHROMS = {str(i) for i in range(1, 21)} | {"X", "Y"}
 SPLIT_OF_CHROM = {**{c: "train" for c in TRAIN_CHROMS}, "21": "val", "22": "test"}
 FRACTION = {"val": 0.05, "test": 0.05}
+# --source: a FASTA that a Debian package installs -> (path, default out_dir, split, block_bp)
+SOURCES = {
+    "kleborate-examples": ("/usr/share/doc/kleborate/examples/data/MGH78578.fna.xz", "data/genome_klebsiella",
+                           "fraction", 30_000),
+}
 
 _LUT = np.full(256, 4, dtype=np.uint8)  # byte -> code; everything but A/T/C/G (either case) -> N
 for _i, _c in enumerate(NUCLEOTIDES):
@@ -149,8 +166,8 @@ def chromosome(header):
 
 
 def iter_blocks(path, block_bp):
-    """Stream a FASTA (plain or .gz) as (record header, block index, bytes of <= block_bp bases)."""
-    opener = gzip.open if path.endswith(".gz") else open
+    """Stream a FASTA (plain, .gz or .xz) as (record header, block index, bytes of <= block_bp bases)."""
+    opener = gzip.open if path.endswith(".gz") else lzma.open if path.endswith(".xz") else open
     header, buf, k = None, bytearray(), 0
     with opener(path, "rb") as f:
         for line in f:
@@ -164,7 +181,7 @@ def iter_blocks(path, block_bp):
                     raise ValueError(f"{path} is not FASTA: sequence before the first '>' header line")
                 continue
             buf += line.rstrip()
-            if len(buf) >= block_bp:
+            while len(buf) >= block_bp:  # a long (unwrapped) line may hold several blocks
                 yield header, k, bytes(buf[:block_bp])
                 del buf[:block_bp]
                 k += 1
@@ -194,10 +211,32 @@ EMPTY_FIX = {
 }
 
 
-def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600_000, num_proc=None):
+def source_fasta(source):
+    """The FASTA path that the Debian package `source` (a key of SOURCES) installs. Raises
+    FileNotFoundError naming `apt-get install PKG` when the file is missing."""
+    path = SOURCES[source][0]
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: install the Debian package with `apt-get install {source}` "
+                                "(if it is installed, dpkg may exclude /usr/share/doc: then `apt-get download "
+                                f"{source}`, `dpkg -x` the .deb and pass --input {os.path.basename(path)})")
+    return path
+
+
+def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, source=None):
     """Tokenize a FASTA into train/val/test rows of 1001 tokens + meta.json (skipped if complete).
-    Returns out_dir. Raises ValueError on a bad block_bp / split mode, or if no record fits the split
-    (e.g. a non-human FASTA under --split chromosomes: use --split fraction)."""
+    Returns out_dir. input: a FASTA (default: GRCh38, downloaded); source: a key of SOURCES instead
+    (its installed FASTA, out_dir, split and block_bp are the defaults). split defaults to
+    'chromosomes', block_bp to 600,000 bp. Raises ValueError on a bad block_bp / split mode / source,
+    or if no record fits the split (e.g. a non-human FASTA under --split chromosomes: use --split
+    fraction); FileNotFoundError if the source's package is not installed."""
+    if source is not None:
+        if input is not None:
+            raise ValueError("give --input or --source, not both")
+        if source not in SOURCES:
+            raise ValueError(f"--source must be one of {sorted(SOURCES)}, got {source!r}")
+        _, src_out, src_split, src_block = SOURCES[source]
+        out_dir, split, block_bp = out_dir or src_out, split or src_split, block_bp or src_block
+    out_dir, split, block_bp = out_dir or "data/genome", split or "chromosomes", block_bp or 600_000
     if is_complete(out_dir):
         print(f"{out_dir} is complete; nothing to do")
         return out_dir
@@ -205,7 +244,9 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
         raise ValueError(f"block_bp must be a multiple of {CHUNK_BP}, got {block_bp}")
     if split not in ("chromosomes", "fraction"):
         raise ValueError(f"split must be 'chromosomes' or 'fraction', got {split!r}")
-    if input is None:
+    if source is not None:
+        input = source_fasta(source)
+    elif input is None:
         input = download(URL, os.path.join(out_dir, "raw", os.path.basename(URL)),
                          "download the GRCh38 FASTA elsewhere and pass --input PATH (.fa/.fna/.fasta, optionally .gz)")
     t0 = time.time()
@@ -253,7 +294,8 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
         "splits": {s: {"file": f"{s}.bin", "shape": [rows_n[s], ROW_LEN], "tokens": toks[s] + rows_n[s]}
                    for s in names},
         "tokenizer": {"kind": "nucleotide_transformer_6mer", "k": K, "itos": ITOS},
-        "source": os.path.basename(input), "split": split, "chunk_bp": CHUNK_BP, "row_len": ROW_LEN,
+        "source": os.path.basename(input), "package": source, "split": split, "block_bp": block_bp,
+        "chunk_bp": CHUNK_BP, "row_len": ROW_LEN,
         "records": records, "bases": bases, "dna_tokens": toks, "all_n_chunks_dropped": dropped,
         "skipped_records": len(skipped), "skipped_bases": sum(skipped.values()),
         "skipped_record_names": sorted(skipped)[:200],
@@ -267,7 +309,10 @@ def prepare(out_dir="data/genome", input=None, split="chromosomes", block_bp=600
 
 
 if __name__ == "__main__":
-    p = arg_parser(__doc__, "data/genome", "FASTA, plain or .gz (default: download URL)", num_proc=True)
-    p.add_argument("--split", choices=["chromosomes", "fraction"], default="chromosomes")
-    p.add_argument("--block_bp", type=int, default=600_000)
+    p = arg_parser(__doc__, None, "FASTA, plain, .gz or .xz (default: download URL)", num_proc=True)
+    p.add_argument("--source", choices=sorted(SOURCES), default=None,
+                   help="a FASTA that this Debian package installs, instead of --input")
+    p.add_argument("--split", choices=["chromosomes", "fraction"], default=None,
+                   help="default: chromosomes (--source: fraction)")
+    p.add_argument("--block_bp", type=int, default=None, help="default: 600000 (--source: 30000)")
     run_cli(prepare, p)

@@ -309,6 +309,20 @@ def test_genome_fraction_split_and_clear_error(tmp_path):
     assert {s: genome.decode(a.ravel()) for s, a in arr.items()} == expected
 
 
+def test_genome_unwrapped_fasta_is_cut_into_the_same_blocks_as_a_wrapped_one(tmp_path):
+    """A record on one line (no wrapping) is several blocks, not one block holding the whole rest."""
+    rng = random.Random(4)
+    records = [("contig17", random_dna(rng, 6000 * 12 + 5))]  # blocks 2, 6 -> val, 10 -> test
+    arrays = []
+    for width in (60, 10 ** 6):
+        write_fasta(tmp_path / f"w{width}.fa", records, width=width)
+        out = str(tmp_path / f"out{width}")
+        genome.prepare(out_dir=out, input=str(tmp_path / f"w{width}.fa"), split="fraction", block_bp=6000, num_proc=1)
+        arrays.append(load(out)[1])
+        assert [len(b) for _, _, b in genome.iter_blocks(str(tmp_path / f"w{width}.fa"), 6000)] == [6000] * 12 + [5]
+    assert all(np.array_equal(arrays[0][s], arrays[1][s]) for s in ("train", "val", "test"))
+
+
 def test_maestro_official_split_from_csv(tmp_path):
     root = tmp_path / "maestro-v3.0.0"
     (root / "2018").mkdir(parents=True)
