@@ -171,7 +171,7 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
     the last position, argmax, then the forward of the new token) is timed. A run's figure is the median
     step time of tokens n_short+1..n_long: the tokens that (time for n_long - time for n_short) /
     (n_long - n_short) covers, with the prefill excluded by construction, and robust to load spikes.
-    The cached runs of every model take turns in `rounds` interleaved rounds; cache_vs_rope is the median
+    The cached runs of every model take turns in `rounds` interleaved rounds; time_vs_rope (ms per token, PoPE / RoPE) is the median
     (min-max) of the per-round PoPE/RoPE ratios. The slow baseline that runs the whole sequence again at
     every step (reforward) runs once per model, for the speed-up only.
     """
@@ -217,7 +217,7 @@ def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_shor
                      "reforward_ms_per_token": reforward[pe, kv], "speedup": reforward[pe, kv] / ms,
                      "cache_mb": cache_mb[model]})
         if pe == "pope":
-            rows[-1]["cache_vs_rope"] = fmt_ratio(ratio_stats(per_round["pope", kv], per_round["rope", kv]))
+            rows[-1]["time_vs_rope"] = fmt_ratio(ratio_stats(per_round["pope", kv], per_round["rope", kv]))
     return rows
 
 

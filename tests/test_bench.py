@@ -46,4 +46,4 @@ def test_every_section_runs_at_a_tiny_size():
     assert [r["impl"] for r in rows] == ["rope_sdpa", "pope", "pope_naive_sdpa"]
     rows = bench.bench_decode("cpu", prompt_len=8, n_short=2, n_long=6, rounds=5, n_kv_heads=(None, 1), **small)
     assert [(r["pos_encoding"], r["n_kv_head"]) for r in rows] == [("rope", 2), ("pope", 2), ("rope", 1), ("pope", 1)]
-    assert all("cache_vs_rope" in r for r in rows[1::2])
+    assert all("time_vs_rope" in r for r in rows[1::2])
