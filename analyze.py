@@ -90,6 +90,19 @@ def frequency_usage(model, token_lists):
     cfg = model.config
     if cfg.pos_encoding not in ("rope", "pope"):
         raise UserError(f"pos_encoding={cfg.pos_encoding!r} has no rotary frequencies to analyze")
+    per_text = []
+    for ids in token_lists:
+        qk = capture_qk(model, torch.tensor([ids], device=next(model.parameters()).device))
+        per_text.append([[component_usage(qk[i][j], cfg) for j in (0, 1)] for i in range(cfg.n_layer)])
+    usage = torch.tensor([[[u.tolist() for u in layer] for layer in t] for t in per_text]).mean(dim=0)
+    return {"q": usage[:, 0].numpy(), "k": usage[:, 1].numpy(), "wavelength": 2 * math.pi / frequencies(cfg)}
+
+
+def capture_qk(model, idx):
+    """The raw queries and keys of every layer in one forward pass of idx (1, T) token ids: a list over
+    layers of (q (T, n_head, head_dim), k (T, n_kv_head, head_dim)), before any positional encoding,
+    captured by forward hooks on each layer's c_attn (the model's forward is unchanged)."""
+    cfg = model.config
     H, d = cfg.n_head, cfg.n_embd // cfg.n_head
     H_kv = cfg.n_kv_head or H
     captured = {}
@@ -102,15 +115,11 @@ def frequency_usage(model, token_lists):
 
     handles = [b.attn.c_attn.register_forward_hook(hook(i)) for i, b in enumerate(model.transformer.h)]
     try:
-        per_text = []
-        for ids in token_lists:
-            model(torch.tensor([ids], device=next(model.parameters()).device))
-            per_text.append([[component_usage(captured[i][j], cfg) for j in (0, 1)] for i in range(cfg.n_layer)])
+        model(idx)
     finally:
         for h in handles:
             h.remove()
-    usage = torch.tensor([[[u.tolist() for u in layer] for layer in t] for t in per_text]).mean(dim=0)
-    return {"q": usage[:, 0].numpy(), "k": usage[:, 1].numpy(), "wavelength": 2 * math.pi / frequencies(cfg)}
+    return [captured[i] for i in range(cfg.n_layer)]
 
 
 def pope_deltas(model):

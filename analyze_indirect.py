@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from analyze import capture_qk
 from checkpoint import load_checkpoint, load_codec, load_run, tokenizer_from_checkpoint
 from cli import UserError, atomic_open, exit_on_user_error
 from configurator import configure
@@ -174,23 +175,10 @@ def attention_weights(model, idx):
     row i the softmax over keys 0..i of query i (zeros beyond). Queries and keys are captured by forward
     hooks on each layer's c_attn during one forward pass; attention_logits does the rest."""
     cfg = model.config
-    H, d = cfg.n_head, cfg.n_embd // cfg.n_head
+    H = cfg.n_head
     H_kv = cfg.n_kv_head or H
-    captured = {}
-
-    def hook(layer):
-        def fn(module, inputs, output):  # output (1, T, (H + 2 H_kv) d): q | k | v
-            q, k, _ = output[0].split((H * d, H_kv * d, H_kv * d), dim=-1)
-            captured[layer] = (q.view(-1, H, d).transpose(0, 1), k.view(-1, H_kv, d).transpose(0, 1))
-        return fn
-
     blocks = model.transformer.h
-    handles = [b.attn.c_attn.register_forward_hook(hook(i)) for i, b in enumerate(blocks)]
-    try:
-        model(idx)
-    finally:
-        for h in handles:
-            h.remove()
+    captured = [(q.transpose(0, 1), k.transpose(0, 1)) for q, k in capture_qk(model, idx)]
     T = idx.shape[1]
     future = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
     out = []
