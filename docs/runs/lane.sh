@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One lane of an experiment queue: runs its share of QUEUE's lines, one after another, resumably.
-#   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv 0 2 > lane0.log 2>&1 &   # lane 0 of 2
-#   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv 1 2 > lane1.log 2>&1 &   # lane 1 of 2
+# One lane of an experiment queue: runs the QUEUE files' lines one after another, resumably. Start
+# one lane per core; each takes the next line that no other lane holds (a lock on OUT_DIR/lane.lock,
+# released when its process ends, so a killed lane's run is taken up again by the next lane started):
+#   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv > lane0.log 2>&1 &
+#   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv > lane1.log 2>&1 &
 # A QUEUE line: NAME <tab> OUT_DIR <tab> train.py arguments [<tab> a command run after training].
 # A run whose OUT_DIR/metrics.json exists is not trained again; one with OUT_DIR/ckpt.pt resumes
 # (--init_from=resume). The after-command runs once (marker OUT_DIR/after.done). Each run gets one
@@ -9,19 +11,20 @@
 # OUT_DIR/time.txt. Results are copied to docs/runs/NAME.json (metrics.json plus wall and CPU time)
 # and, if the after-command wrote OUT_DIR/extrapolate/extrapolation.csv, docs/runs/NAME.extrapolation.csv.
 set -u
-queue=$1; lane=$2; lanes=$3
+(( $# >= 1 )) || { echo "usage: lane.sh QUEUE.tsv [QUEUE.tsv ...]" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-i=-1
 while IFS=$'\t' read -r name out args after; do
   [[ -z "$name" || "$name" == \#* ]] && continue
-  i=$((i + 1)); (( i % lanes == lane )) || continue
   mkdir -p "$out"
+  [[ -f "$out/metrics.json" && -f "docs/runs/$name.json" && ( -z "${after:-}" || -f "$out/after.done" ) ]] && continue
+  exec {lock}> "$out/lane.lock"
+  flock -n "$lock" || { exec {lock}>&-; continue; }   # another lane holds this run
   if [[ ! -f "$out/metrics.json" ]]; then
     resume=""; [[ -f "$out/ckpt.pt" ]] && resume="--init_from=resume"
     echo "$(date -u +%FT%TZ) start $name: python train.py $args --out_dir=$out $resume"
     nice -n 19 /usr/bin/time -v -a -o "$out/time.txt" python train.py $args --out_dir="$out" $resume \
-      >> "$out/train.log" 2>&1 || { echo "$(date -u +%FT%TZ) FAILED $name (see $out/train.log)"; continue; }
+      >> "$out/train.log" 2>&1 || { echo "$(date -u +%FT%TZ) FAILED $name (see $out/train.log)"; exec {lock}>&-; continue; }
   fi
   if [[ -n "${after:-}" && ! -f "$out/after.done" ]]; then
     echo "$(date -u +%FT%TZ) after $name: $after"
@@ -44,5 +47,6 @@ atomic_write_json(f"docs/runs/{name}.json", m)
 PY
   [[ -f "$out/extrapolate/extrapolation.csv" ]] && cp "$out/extrapolate/extrapolation.csv" "docs/runs/$name.extrapolation.csv"
   echo "$(date -u +%FT%TZ) done $name"
-done < "$queue"
-echo "$(date -u +%FT%TZ) lane $lane finished"
+  exec {lock}>&-
+done < <(cat "$@")
+echo "$(date -u +%FT%TZ) lane finished"
