@@ -23,12 +23,12 @@ while IFS=$'\t' read -r name out args after; do
   if [[ ! -f "$out/metrics.json" ]]; then
     resume=""; [[ -f "$out/ckpt.pt" ]] && resume="--init_from=resume"
     echo "$(date -u +%FT%TZ) start $name: python train.py $args --out_dir=$out $resume"
-    nice -n 19 /usr/bin/time -v -a -o "$out/time.txt" python train.py $args --out_dir="$out" $resume \
+    nice -n 19 /usr/bin/time -v -a -o "$out/time.txt" python train.py $args --out_dir="$out" $resume < /dev/null \
       >> "$out/train.log" 2>&1 || { echo "$(date -u +%FT%TZ) FAILED $name (see $out/train.log)"; exec {lock}>&-; continue; }
   fi
   if [[ -n "${after:-}" && ! -f "$out/after.done" ]]; then
     echo "$(date -u +%FT%TZ) after $name: $after"
-    nice -n 19 bash -c "$after" >> "$out/after.log" 2>&1 && touch "$out/after.done" \
+    nice -n 19 bash -c "$after" < /dev/null >> "$out/after.log" 2>&1 && touch "$out/after.done" \
       || echo "$(date -u +%FT%TZ) FAILED after-command of $name"
   fi
   python - "$name" "$out" <<'PY'
