@@ -134,6 +134,7 @@ def test_indirect_cpu_config_builds_its_variant_and_trains(tmp_path):
     name = "indirect_indexing_letters8_len6-8_shift2_q6"
     assert (metrics["dataset"], metrics["pos_encoding"], cfg["rope_theta"]) == (name, "pope", 100.0)
     assert (cfg["n_layer"], cfg["n_head"], cfg["n_embd"], cfg["max_iters"]) == (2, 4, 64, 2)
+    assert (cfg["learning_rate"], cfg["min_lr"]) == (3e-3, 3e-4)  # the pick of the LR grid, entry 7
     meta, arr = arrays(str(tmp_path / name))
     assert meta["sampling"]["n_letters"] == 8 and meta["sampling"]["max_shift"] == 2
     assert meta["sampling"]["n_queries"] == 6 and (meta["sampling"]["min_len"], meta["sampling"]["max_len"]) == (6, 8)
