@@ -24,7 +24,9 @@ n_embd = 64
 dropout = 0.0
 pos_encoding = 'pope'
 pope_delta_init = 'uniform'
-rope_theta = 100.0  # both encodings: with head dim 16, base 10000 leaves most frequencies still over 50 tokens
+# rope_theta, for both encodings: with head dim 16 the default 10000 leaves most frequencies nearly still
+# over a 50-token row (seed 1337 at 10000: PoPE 47 %, RoPE 29 %; docs/indirect_indexing_cpu.md, entry 7)
+rope_theta = 100.0
 
 learning_rate = 3e-3  # picked on val from {1e-3, 3e-3, 1e-2}, the same pick for both encodings (docs/indirect_indexing_cpu.md)
 min_lr = 3e-4
