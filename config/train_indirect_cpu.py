@@ -28,7 +28,7 @@ pope_delta_init = 'uniform'
 # over a 50-token row (seed 1337 at 10000: PoPE 47 %, RoPE 29 %; docs/indirect_indexing_cpu.md, entry 7)
 rope_theta = 100.0
 
-learning_rate = 3e-3  # picked on val from {1e-3, 3e-3, 1e-2}, the same pick for both encodings (docs/indirect_indexing_cpu.md)
+learning_rate = 3e-3  # both encodings' pick on val from {1e-3, 3e-3, 1e-2} (notebook, entry 7)
 min_lr = 3e-4
 max_iters = 10000
 warmup_iters = 500

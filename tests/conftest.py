@@ -34,6 +34,20 @@ def tiny_indirect(tmp_path_factory):
 CHAR_TEXT = "to be, or not to be: that is the question. " * 40
 
 
+@pytest.fixture
+def small_indirect_splits(monkeypatch):
+    """Call it with (n_train, n_val, n_test): from then on, building an indirect-indexing dataset (what
+    train.py does on first use) writes splits of those sizes instead of 1M / 10k / 10k, so a test is fast."""
+    from prepare import indirect_indexing
+    real = indirect_indexing.prepare
+
+    def shrink(n_train, n_val, n_test):
+        def small(out_dir, n_train_=None, n_val_=None, n_test_=None, seed=1337, **variant):
+            return real(out_dir, n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, **variant)
+        monkeypatch.setattr(indirect_indexing, "prepare", small)
+    return shrink
+
+
 def char_dataset(folder, text, name):
     """A character-level stream dataset like data/shakespeare_char: the same text in train, val and
     test, tokenizer {"kind": "char", "itos": sorted characters of text}."""

@@ -15,6 +15,7 @@ import pytest
 import train
 from data import Dataset
 from prepare import genome, jsb
+from prepare.indirect_indexing import Variant
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT = ["--max_iters=2", "--eval_iters=1", "--log_interval=1", "--batch_size=1"]  # the config's model, 2 small steps
@@ -119,24 +120,17 @@ def test_missing_dataset_names_its_prepare_command(tmp_path, name, command):
         Dataset(str(tmp_path / name))
 
 
-def test_indirect_cpu_config_builds_its_variant_and_trains(tmp_path):
+def test_indirect_cpu_config_builds_its_variant_and_trains(tmp_path, small_indirect_splits):
     """`python train.py config/train_indirect_cpu.py` builds the variant its dataset names on first use
     (here with small splits, so the test is fast), and its block_size holds that variant's rows."""
-    from unittest import mock
-    from prepare import indirect_indexing
-    real = indirect_indexing.prepare
-
-    def small(out_dir, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1337, **variant):
-        return real(out_dir, n_train=300, n_val=20, n_test=30, seed=seed, **variant)
-    with mock.patch.object(indirect_indexing, "prepare", small):
-        metrics = train_config("train_indirect_cpu.py", str(tmp_path), str(tmp_path / "out"))
+    small_indirect_splits(300, 20, 30)
+    metrics = train_config("train_indirect_cpu.py", str(tmp_path), str(tmp_path / "out"))
     cfg = metrics["config"]
     name = "indirect_indexing_letters8_len6-8_shift2_q6"
     assert (metrics["dataset"], metrics["pos_encoding"], cfg["rope_theta"]) == (name, "pope", 100.0)
     assert (cfg["n_layer"], cfg["n_head"], cfg["n_embd"], cfg["max_iters"]) == (2, 4, 64, 2)
     assert (cfg["learning_rate"], cfg["min_lr"]) == (3e-3, 3e-4)  # the pick of the LR grid, entry 7
     meta, arr = arrays(str(tmp_path / name))
-    assert meta["sampling"]["n_letters"] == 8 and meta["sampling"]["max_shift"] == 2
-    assert meta["sampling"]["n_queries"] == 6 and (meta["sampling"]["min_len"], meta["sampling"]["max_len"]) == (6, 8)
+    assert Variant.from_meta(meta) == Variant(n_letters=8, min_len=6, max_len=8, max_shift=2, n_queries=6)
     assert cfg["block_size"] >= arr["train"].shape[1] - 1  # a whole row, less its last target, fits
     assert metrics["test"]["targets"] == 30 * 6 and metrics["val"]["targets"] == 20 * 6

@@ -7,7 +7,6 @@ import os
 import random
 from collections import Counter
 from dataclasses import asdict
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -192,18 +191,14 @@ def test_a_variant_with_too_few_examples_stops_with_the_fix(tmp_path, monkeypatc
     assert not (tmp_path / "x" / "meta.json").exists()
 
 
-def test_train_builds_a_variant_named_by_its_dataset_and_scores_every_target(tmp_path):
+def test_train_builds_a_variant_named_by_its_dataset_and_scores_every_target(tmp_path, small_indirect_splits):
     """dataset='indirect_indexing_letters8_len4-8_shift3_q4' is built on first use (small splits here)
     and the test accuracy counts all 4 targets of each of the 40 test rows; a misspelt name exits 2."""
-    real = ii.prepare
-
-    def small(out_dir, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1337, **variant):
-        return real(out_dir, n_train=300, n_val=30, n_test=40, seed=seed, **variant)
+    small_indirect_splits(300, 30, 40)
     root = tmp_path / "data"
     name = "indirect_indexing_letters8_len4-8_shift3_q4"
-    with mock.patch.object(ii, "prepare", small):
-        m = train.main(TINY_MODEL + [f"--dataset={name}", f"--data_root={root}", f"--out_dir={tmp_path / 'out'}",
-                                     "--max_iters=2", "--eval_interval=2"])
+    m = train.main(TINY_MODEL + [f"--dataset={name}", f"--data_root={root}", f"--out_dir={tmp_path / 'out'}",
+                                 "--max_iters=2", "--eval_interval=2"])
     meta = json.loads((root / name / "meta.json").read_text())
     assert meta["variant"] == name and Variant.from_meta(meta) == Variant(8, 4, 8, 3, 4)
     assert m["test"]["targets"] == 4 * 40 and m["val"]["targets"] == 4 * 30

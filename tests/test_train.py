@@ -362,17 +362,12 @@ def test_gradient_clipping_bounds_the_update_and_delta_stays_in_its_box(toy_stre
         assert (d - near).abs().max() < 0.05, k  # put back on the nearest wall, not on -pi
 
 
-def test_quick_start_builds_the_indirect_indexing_data(tmp_path):
-    """`python train.py config/train_indirect_cpu.py` on a fresh machine builds data/indirect_indexing
-    itself (here with small splits, so the test is fast) and then trains on it."""
-    from prepare import indirect_indexing
-    real = indirect_indexing.prepare
-
-    def small(out_dir, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1337, **variant):
-        return real(out_dir, n_train=1000, n_val=50, n_test=40, seed=seed, **variant)
+def test_quick_start_builds_the_indirect_indexing_data(tmp_path, small_indirect_splits):
+    """dataset='indirect_indexing' (the paper's task) on a fresh machine: train.py builds
+    data/indirect_indexing itself (here with small splits, so the test is fast) and then trains on it."""
+    small_indirect_splits(1000, 50, 40)
     root = tmp_path / "data"
-    with mock.patch.object(indirect_indexing, "prepare", small):
-        m = run(TINY + INDIRECT + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
+    m = run(TINY + INDIRECT + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
     assert os.path.exists(root / "indirect_indexing" / "meta.json")
     assert m["dataset"] == "indirect_indexing" and m["test"]["targets"] == 40 and m["val"]["targets"] == 50
 
