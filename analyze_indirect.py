@@ -6,7 +6,9 @@
 
 curves     val accuracy (train.py's periodic evaluation on its fixed val batches, logged in each run's
            log.jsonl as val_acc: the share of target tokens predicted right) against the step, one line
-           per run folder, coloured by pos_encoding; a dotted line at chance, 1/K for K letters.
+           per run, coloured by pos_encoding; a dotted line at chance, 1/K for K letters. A RUN is a run
+           folder or a run's record in docs/runs (NAME.json, with its log beside it as NAME.log.jsonl,
+           as docs/runs/lane.sh keeps them), so the curves can be drawn again once out/ is gone.
 attention  the final token's attention (softmax weights over the row's positions) on one test row, one
            heatmap per run side by side: rows are layer x head, columns the row's characters; the last
            query's source letter (blue) and target letter (red) are marked in the string. The row is the
@@ -46,11 +48,20 @@ COLORS = {"pope": "tab:blue", "rope": "tab:red", "rope_half": "tab:orange", "ali
 # --- learning curves ---------------------------------------------------------------------------------
 
 
+def run_files(run):
+    """(log.jsonl path, metrics.json path) of a run folder, or of a run record NAME.json in docs/runs
+    (its log is NAME.log.jsonl beside it, and the record is metrics.json plus lane.sh's times)."""
+    if os.path.isfile(run) and run.endswith(".json"):
+        return run[: -len(".json")] + ".log.jsonl", run
+    return os.path.join(run, "log.jsonl"), os.path.join(run, "metrics.json")
+
+
 def read_curve(run):
-    """(steps, val_acc): int and float64 arrays from run/log.jsonl's evaluation rows (val_acc in [0, 1]).
-    A step logged twice (a resumed run evaluates its first step again) keeps its last row. Raises
-    UserError if the file is missing or holds no evaluation."""
-    path = os.path.join(run, "log.jsonl")
+    """(steps, val_acc): int and float64 arrays from the run's log.jsonl evaluation rows (val_acc in
+    [0, 1]); `run` is a run folder or a docs/runs record (run_files). A step logged twice (a resumed run
+    evaluates its first step again) keeps its last row. Raises UserError if the log is missing or holds
+    no evaluation."""
+    path = run_files(run)[0]
     if not os.path.isfile(path):
         raise UserError(f"no {path}: give run folders written by train.py")
     acc = {}
@@ -66,14 +77,16 @@ def read_curve(run):
 
 
 def run_settings(run, ckpt="best.pt"):
-    """The train.py settings of a run folder: metrics.json's config when the run has finished, else
-    the checkpoint's (ckpt, then ckpt.pt). Raises UserError if neither exists."""
-    path = os.path.join(run, "metrics.json")
+    """The train.py settings of a run: metrics.json's config (or the docs/runs record's) when the run has
+    finished, else the run folder's checkpoint's (ckpt, then ckpt.pt). Raises UserError if neither exists."""
+    path = run_files(run)[1]
     if os.path.isfile(path):
         with open(path) as f:
             config = json.load(f).get("config")
         if config:
             return config
+    if os.path.isfile(run):
+        raise UserError(f"{run} has no 'config': give a run folder or a docs/runs record written by lane.sh")
     name = ckpt if os.path.isfile(os.path.join(run, ckpt)) else "ckpt.pt"
     return load_checkpoint(run, name)["config"]
 
@@ -298,7 +311,8 @@ def main(argv):
     runs = [a for a in rest if not a.startswith("--")]
     cfg = configure(DEFAULTS, [a for a in rest if a.startswith("--")])
     if not runs:
-        raise UserError(f"give one or more run folders: python analyze_indirect.py {command} out-a out-b")
+        raise UserError(f"give one or more run folders (or docs/runs/NAME.json records): "
+                        f"python analyze_indirect.py {command} out-a out-b")
     out = cfg["out"] or OUTPUTS[command]
     if command == "curves":
         path = plot_curves(runs, out, cfg["ckpt"])

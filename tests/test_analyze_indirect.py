@@ -172,3 +172,40 @@ def test_curves_draw_every_run_coloured_by_encoding(tmp_path, monkeypatch):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["pope (2 runs)", "rope (1 run)", "chance (1/8)"]
     with pytest.raises(ai.UserError, match="no .*log.jsonl"):
         ai.read_curve(str(tmp_path))
+
+
+def test_curves_from_docs_runs_records_match_the_run_folders(tmp_path, monkeypatch):
+    """A record as lane.sh keeps it (docs/runs/NAME.json with its config, NAME.log.jsonl beside it) draws
+    the same line, colour and chance as the run folder it was copied from; a record without a config and
+    one without its log are refused with what to give instead."""
+    data_root = str(tmp_path / "data")
+    os.makedirs(os.path.join(data_root, "toy"))
+    with open(os.path.join(data_root, "toy", "meta.json"), "w") as f:
+        json.dump({"tokenizer": {"kind": "char", "itos": list("ABCDEFGHIJ0123456789,+-")}}, f)
+    rows = {"pope": [{"iter": 0, "val_acc": 0.1}, {"iter": 500, "val_acc": 0.4}, {"iter": 1000, "val_acc": 0.95}],
+            "rope": [{"iter": 0, "val_acc": 0.1}, {"iter": 500, "val_acc": 0.3}, {"iter": 1000, "val_acc": 0.2}]}
+    records = tmp_path / "docs_runs"
+    records.mkdir()
+    for enc, r in rows.items():
+        fake_run(str(tmp_path / enc), enc, r, data_root)
+        # the record: metrics.json plus lane.sh's "run" key; the log under the record's name
+        m = json.load(open(tmp_path / enc / "metrics.json"))
+        m["run"] = {"name": f"ii-{enc}", "cpu_s": 1.0}
+        (records / f"ii-{enc}.json").write_text(json.dumps(m))
+        (records / f"ii-{enc}.log.jsonl").write_text((tmp_path / enc / "log.jsonl").read_text())
+    figs = capture_figures(monkeypatch)
+    ai.main(["curves", str(tmp_path / "pope"), str(tmp_path / "rope"), f"--out={tmp_path / 'a.png'}"])
+    ai.main(["curves", str(records / "ii-pope.json"), str(records / "ii-rope.json"), f"--out={tmp_path / 'b.png'}"])
+    from_folders, from_records = (fig.axes[0].get_lines() for fig in figs)
+    assert len(from_records) == 3  # two runs and chance (1/10)
+    for a, b, enc in zip(from_folders, from_records, ("pope", "rope", None)):
+        assert list(a.get_xdata()) == list(b.get_xdata()) and np.allclose(a.get_ydata(), b.get_ydata())
+        assert b.get_color() == (ai.COLORS[enc] if enc else a.get_color())
+    assert np.allclose(from_records[0].get_ydata(), [10, 40, 95]) and np.allclose(from_records[2].get_ydata(), 10)
+    (records / "bare.json").write_text(json.dumps({"val": {}}))
+    (records / "bare.log.jsonl").write_text(json.dumps({"iter": 0, "val_acc": 0.1}) + "\n")
+    with pytest.raises(ai.UserError, match="has no 'config'"):
+        ai.run_settings(str(records / "bare.json"))
+    (records / "ii-rope.log.jsonl").unlink()
+    with pytest.raises(ai.UserError, match="ii-rope.log.jsonl"):
+        ai.read_curve(str(records / "ii-rope.json"))

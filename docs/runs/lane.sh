@@ -8,8 +8,9 @@
 # A run whose OUT_DIR/metrics.json exists is not trained again; one with OUT_DIR/ckpt.pt resumes
 # (--init_from=resume). The after-command runs once (marker OUT_DIR/after.done). Each run gets one
 # core (OMP_NUM_THREADS=1) at low priority; /usr/bin/time -v writes its wall and CPU time to
-# OUT_DIR/time.txt. Results are copied to docs/runs/NAME.json (metrics.json plus wall and CPU time)
-# and, if the after-command wrote OUT_DIR/extrapolate/extrapolation.csv, docs/runs/NAME.extrapolation.csv.
+# OUT_DIR/time.txt. Results are copied to docs/runs/NAME.json (metrics.json plus wall and CPU time),
+# the training log to docs/runs/NAME.log.jsonl (the curve) and, if the after-command wrote
+# OUT_DIR/extrapolate/extrapolation.csv, docs/runs/NAME.extrapolation.csv.
 set -u
 (( $# >= 1 )) || { echo "usage: lane.sh QUEUE.tsv [QUEUE.tsv ...]" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
@@ -45,6 +46,7 @@ sys.path.insert(0, ".")
 from cli import atomic_write_json
 atomic_write_json(f"docs/runs/{name}.json", m)
 PY
+  cp "$out/log.jsonl" "docs/runs/$name.log.jsonl"   # the curve, for analyze_indirect.py curves once out/ is gone
   [[ -f "$out/extrapolate/extrapolation.csv" ]] && cp "$out/extrapolate/extrapolation.csv" "docs/runs/$name.extrapolation.csv"
   echo "$(date -u +%FT%TZ) done $name"
   exec {lock}>&-
