@@ -7,8 +7,8 @@
 #   python prepare/indirect_indexing.py --n_letters=8 --min_len=6 --max_len=8 --max_shift=2 --n_queries=6
 # PoPE (this file): about 14 minutes on one core (OMP_NUM_THREADS=1). RoPE, the same run otherwise:
 #   python train.py config/train_indirect_cpu.py --pos_encoding=rope --out_dir=out-indirect-cpu-rope
-# Measured test accuracy (all query targets, best.pt; PoPE and RoPE 6 seeds each, the baselines 3): see README,
-# "Indirect indexing on a CPU".
+# Measured test accuracy (all query targets, best.pt; PoPE and RoPE 9 runs each, the baselines 3): see README,
+# "Indirect indexing on a CPU". A seed does not fix the outcome: the same seed on another CPU can differ.
 # The paper's own setting (8 x 512, 100k steps on the GPU): config/train_indirect_{pope,rope}.py.
 out_dir = 'out-indirect-cpu'
 dataset = 'indirect_indexing_letters8_len6-8_shift2_q6'
