@@ -63,7 +63,8 @@ def read_curve(run):
     no evaluation."""
     path = run_files(run)[0]
     if not os.path.isfile(path):
-        raise UserError(f"no {path}: give run folders written by train.py")
+        raise UserError(f"no {path}: give run folders written by train.py, or docs/runs records kept with "
+                        f"their NAME.log.jsonl by docs/runs/lane.sh")
     acc = {}
     with open(path) as f:
         for line in f:
