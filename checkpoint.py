@@ -14,6 +14,8 @@ A run folder (train.py's out_dir) holds two checkpoints, both written atomically
                    "pad_id", "tokenizer"}, tokenizer_to_checkpoint), so that a folder copied to another
                    machine samples and evaluates without the dataset folder; older checkpoints fall
                    back to <data_root>/<dataset>/meta.json (tokenizer_from_checkpoint)
+    provenance     where the run came from, one entry per process that trained it, oldest first
+                   (provenance.py: commit, libraries, machine, data fingerprint); absent in older ones
     optimizer, scaler, rng, data_position   ckpt.pt only: AdamW's and the GradScaler's state, every
                    process's torch RNG states, and {"seed", "iter_num"} (batches are drawn from both)
 
@@ -34,22 +36,23 @@ from cli import UserError, atomic_open
 from model import RENAMED_FIELDS, GPT, GPTConfig
 
 TOKENIZER_KEYS = ("dataset", "vocab_size", "pad_id", "tokenizer")
-BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer")
+BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer", "provenance")
 CKPT_KEYS = BEST_KEYS + ("optimizer", "scaler", "rng", "data_position")
 FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "dropout", "attn_backend",
                  "pope_delta_init")  # what a fine-tune may change (delta's init is moot once weights load)
 
 
 def save_checkpoint(out_dir, *, model, optimizer, scaler, model_args, config, iter_num, best_val_loss, rng,
-                    tokenizer, best):
+                    tokenizer, best, provenance=()):
     """Write out_dir/ckpt.pt (CKPT_KEYS) and, if best, out_dir/best.pt (BEST_KEYS) first, each atomically.
 
     model: the GPT (not its compiled or DDP wrapper); optimizer, scaler: their state_dicts are saved;
     model_args: asdict(GPTConfig); config: the run's settings (a dict with 'seed'); rng: every
-    process's RNG states; tokenizer: tokenizer_to_checkpoint of the dataset's meta.json.
+    process's RNG states; tokenizer: tokenizer_to_checkpoint of the dataset's meta.json; provenance:
+    provenance.provenance() of every process that trained the run so far, oldest first.
     """
     state = {"model": model.state_dict(), "model_args": model_args, "config": config, "iter_num": iter_num,
-             "best_val_loss": best_val_loss, "tokenizer": tokenizer, "optimizer": optimizer.state_dict(),
+             "best_val_loss": best_val_loss, "tokenizer": tokenizer, "provenance": list(provenance), "optimizer": optimizer.state_dict(),
              "scaler": scaler.state_dict(), "rng": rng,
              "data_position": {"seed": config["seed"], "iter_num": iter_num}}
     if best:

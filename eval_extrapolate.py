@@ -67,7 +67,9 @@ at evaluation time (no fine-tuning); other encodings ignore it, with a note.
 
 Outputs: markdown tables on stdout, and in --out_dir (written atomically):
   extrapolation.csv   one row per (model, length): run, label, protocol, length, tokens, ppl,
-                      ppl_window_mean, last_loss (empty where a protocol has no such number)
+                      ppl_window_mean, last_loss (empty where a protocol has no such number), and
+                      where the evaluation ran (provenance.flat: commit, libraries, machine,
+                      threads, world_size, data_digest)
   extrapolation.png   perplexity vs context length, log y, one line per model, training length marked
 Labels name the encoding: `rope`, `rope+yarn(s=4)`, `pope`, `none`, ...; the legend adds the run folder.
 Bad input (no best.pt, unknown dataset, a length <= 0, no document long enough for the longest
@@ -93,6 +95,7 @@ from cli import (DTYPES, UserError, atomic_open, atomic_write, autocast_context,
                  resolve_device, resolve_dtype)
 from data import Dataset
 from model import ABSOLUTE_ENCODINGS, GPTConfig
+from provenance import FLAT_COLUMNS, flat, provenance
 
 DEFAULT_LENGTHS = ",".join(str(1024 * i) for i in range(1, 11))
 PROTOCOLS = ("tiled", "sliding", "truncate")
@@ -429,7 +432,7 @@ def markdown_tables(rows, runs, lengths, last_k, protocol="tiled", stride=None):
     return "\n".join(out) + "\n"
 
 
-CSV_COLUMNS = ["run", "label", "protocol", "length", "tokens", "ppl", "ppl_window_mean", "last_loss"]
+CSV_COLUMNS = ["run", "label", "protocol", "length", "tokens", "ppl", "ppl_window_mean", "last_loss", *FLAT_COLUMNS]
 
 
 def write_csv(path, rows):
@@ -585,6 +588,7 @@ def run(argv):
     print(f"{a.dataset}/{a.split}: {len(arr):,} tokens; {a.protocol} windows"
           f"{f' (stride {stride})' if stride else ''}: {summary}; lengths {', '.join(map(str, lengths))}")
     rows, train_lengths = [], []
+    where = flat(provenance(data_dir, device))
     for run, (overrides, args, label, notes) in zip(a.runs, inspected):
         for n in notes:
             print(f"note: {n}")
@@ -605,7 +609,8 @@ def run(argv):
             res = evaluate_truncate(model, arr, units, lengths, device, autocast, skip, desc)
         for L in lengths:
             rows.append(dict(run=run, label=label, protocol=a.protocol, length=L, chunks=len(units),
-                             **{k: (res[L] or {}).get(k) for k in ("tokens", "ppl", "ppl_window_mean", "last_loss")}))
+                             **{k: (res[L] or {}).get(k) for k in ("tokens", "ppl", "ppl_window_mean", "last_loss")},
+                             **where))
         del model
     print(markdown_tables(rows, a.runs, lengths, a.last_k, a.protocol, stride))
     os.makedirs(a.out_dir, exist_ok=True)

@@ -37,6 +37,7 @@ from cli import (UserError, atomic_write_json, autocast_context, exit_on_user_er
 from configurator import configure
 from data import Dataset
 from model import RENAMED_FIELDS, GPT, GPTConfig, device_peak_flops
+from provenance import provenance
 
 # -----------------------------------------------------------------------------
 # defaults: the PoPE run of the CPU length-extrapolation experiment (README, quick start): a 4 x 128
@@ -146,6 +147,8 @@ def main(argv):
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
     tokenizer = tokenizer_to_checkpoint(data.meta, data_dir)
+    prov = provenance(data_dir, dev, world_size)  # the code, libraries, machine and data of this process
+    prov_earlier = []  # a resumed run's earlier processes (from ckpt.pt)
     if master:
         os.makedirs(cfg.out_dir, exist_ok=True)
         print(f"{world_size} process(es) on {dev} in {ptdtype_name}; global batch "
@@ -162,6 +165,7 @@ def main(argv):
         checkpoint = load_checkpoint(cfg.out_dir, "ckpt.pt", dev)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+        prov_earlier = list(checkpoint.get("provenance") or [])
     elif cfg.init_from == "finetune":
         checkpoint = load_finetune_checkpoint(cfg.init_ckpt, model_args, cfg.out_dir, dev, tokenizer)
         if master:
@@ -249,7 +253,7 @@ def main(argv):
                     save_checkpoint(cfg.out_dir, model=raw_model, optimizer=optimizer, scaler=scaler,
                                     model_args=asdict(gptconf), config=config, iter_num=iter_num,
                                     best_val_loss=min(best_val_loss, val["loss"]), rng=rng, tokenizer=tokenizer,
-                                    best=val["loss"] < best_val_loss)
+                                    provenance=prov_earlier + [prov], best=val["loss"] < best_val_loss)
             best_val_loss = min(best_val_loss, val["loss"])
         if iter_num >= cfg.max_iters:
             break
@@ -310,7 +314,9 @@ def main(argv):
         print(f"warning: {best_path} not found; evaluating the current weights")
     metrics = {"dataset": cfg.dataset, "pos_encoding": cfg.pos_encoding, "iter_num": iter_num,
                "best_val_loss_fixed_batches": best_val_loss, "checkpoint": best_path,
-               "wall_time_s": round(time.time() - t_start, 1), "config": config}
+               "wall_time_s": round(time.time() - t_start, 1), "config": config, "provenance": prov}
+    if prov_earlier:
+        metrics["provenance_earlier"] = prov_earlier  # the processes before the last resume, oldest first
     for split in ("val", "test"):
         if data.has_split(split):
             metrics[split] = evaluate(data.full_split_batches(split))

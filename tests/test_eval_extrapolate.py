@@ -3,6 +3,7 @@
 import csv
 import math
 import os
+import subprocess
 from dataclasses import asdict
 
 import numpy as np
@@ -10,9 +11,12 @@ import pytest
 import torch
 
 import eval_extrapolate as ee
+import provenance
 from checkpoint import load_run
 from model import GPT, GPTConfig
 from prepare.common import BinWriter, write_meta
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VOCAB = 16
 LENGTHS = [16, 32, 64]
@@ -132,7 +136,13 @@ def test_same_windows_reference_ppl_table_csv_png(setup, monkeypatch, capsys):
 
     with open(tmp_path / "out" / "extrapolation.csv") as f:
         got = list(csv.DictReader(f))
-    assert list(got[0]) == ["run", "label", "protocol", "length", "tokens", "ppl", "ppl_window_mean", "last_loss"]
+    assert list(got[0]) == ["run", "label", "protocol", "length", "tokens", "ppl", "ppl_window_mean", "last_loss",
+                            "commit", "libraries", "machine", "threads", "world_size", "data_digest"]
+    # every row says where it was scored: this checkout's commit, this torch, this CPU, the data's digest
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert {g["commit"].removesuffix("+dirty") for g in got} == {head[:12]}
+    assert f"torch {torch.__version__}," in got[0]["libraries"]
+    assert got[0]["machine"].startswith(provenance.cpu_model()) and len(got[0]["data_digest"]) == 16
     assert [g["label"] for g in got] == ["rope"] * 3 + ["pope"] * 3
     assert float(got[4]["ppl"]) == pytest.approx(rows[4]["ppl"], rel=1e-5)
     png = (tmp_path / "out" / "extrapolation.png").read_bytes()

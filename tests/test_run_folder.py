@@ -81,12 +81,13 @@ def test_best_pt_and_ckpt_pt_hold_the_keys_of_the_format(trained_once):
     from model import GPTConfig
     best = torch.load(trained_once / "out-x-pope" / "best.pt", weights_only=True)
     last = torch.load(trained_once / "out-x-pope" / "ckpt.pt", weights_only=True)
-    shared = {"model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer"}
+    shared = {"model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer", "provenance"}
     assert set(best) == shared
     assert set(last) == shared | {"optimizer", "scaler", "rng", "data_position"}
     assert last["iter_num"] == 6 and last["data_position"] == {"seed": train.DEFAULTS["seed"], "iter_num": 6}
     assert set(last["model_args"]) == {f.name for f in fields(GPTConfig)}
     assert last["config"]["n_embd"] == last["model_args"]["n_embd"] == 32 and last["tokenizer"]["dataset"] == "toychar"
+    assert len(last["provenance"]) == 1 and last["provenance"][0]["versions"]["torch"] == torch.__version__
 
 
 def test_old_checkpoint_falls_back_to_meta_json_and_else_exits_2_naming_both(trained_run):

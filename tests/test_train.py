@@ -111,10 +111,14 @@ def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
     run(common + ["--max_iters=5", f"--out_dir={part}"])
     ckpt = torch.load(os.path.join(part, "ckpt.pt"), weights_only=True)
     assert ckpt["iter_num"] == 5 and ckpt["data_position"]["iter_num"] == 5
-    run(common + ["--max_iters=12", f"--out_dir={part}", "--init_from=resume"])
+    m = run(common + ["--max_iters=12", f"--out_dir={part}", "--init_from=resume"])
     a, b = losses(full), losses(part)
     assert sorted(a) == sorted(b) == list(range(1, 13))
     assert [a[i] for i in range(6, 13)] == [b[i] for i in range(6, 13)]  # bit-identical
+    # provenance: the last process in "provenance", the one before the resume in "provenance_earlier"
+    assert m["provenance_earlier"] == ckpt["provenance"] and len(ckpt["provenance"]) == 1
+    assert m["provenance"]["data"] == ckpt["provenance"][0]["data"]
+    assert "provenance_earlier" not in json.load(open(os.path.join(full, "metrics.json")))  # one process
 
 
 def _log_rows(out_dir):

@@ -1,0 +1,173 @@
+"""Where a run came from: the code, the libraries, the machine and the data.
+
+At CPU scale a seed is a draw that depends on the machine (the same seed on an AVX2 and an AVX512 CPU
+can leave a plateau or not), so every result records what produced it. train.py stores
+`provenance(...)` in metrics.json and in its checkpoints, eval_extrapolate.py in every CSV row
+(`flat(...)`), and results.py warns when a group of runs mixes machines, commits or libraries.
+
+    {"code":     {"commit": "5e30c42...", "dirty": False},        # "unknown" outside a git checkout
+     "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "triton": "3.7.1", "numpy": "2.4.6"},
+     "device":   {"device": "cpu", "cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2", "threads": 1,
+                  "gpus": {}},                                     # or {"NVIDIA H100 80GB HBM3": 8}
+     "world_size": 1,
+     "data":     {"dir": "data/shakespeare_char", "meta_sha256": "...",
+                  "splits": {"train": {"bytes": 2003214, "sha256_ends": "..."}, ...}, "digest": "1f3a..."}}
+
+Nothing here raises: what cannot be read is "unknown".
+"""
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+
+UNKNOWN = "unknown"
+REPO = os.path.dirname(os.path.abspath(__file__))
+END_BYTES = 1 << 20  # the data fingerprint hashes the first and the last MB of each split
+
+
+def code_version(path=REPO):
+    """{"commit": the HEAD sha of the git checkout holding `path`, "dirty": True if a tracked file differs
+    from it}; both "unknown" outside a git checkout or without git. Untracked files (out/, data/) do not count."""
+    def git(*args):
+        return subprocess.run(["git", "-C", path, *args], capture_output=True, text=True, timeout=20)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"commit": UNKNOWN, "dirty": UNKNOWN}
+        status = git("status", "--porcelain", "--untracked-files=no")
+        return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else UNKNOWN}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": UNKNOWN, "dirty": UNKNOWN}
+
+
+def library_versions():
+    """{"python", "torch", "triton", "numpy"}: version strings, "unknown" for a library that is not installed."""
+    out = {"python": platform.python_version()}
+    for name in ("torch", "triton", "numpy"):
+        try:
+            out[name] = str(__import__(name).__version__)  # plain str: checkpoints load with weights_only
+        except Exception:  # not installed, or broken
+            out[name] = UNKNOWN
+    return out
+
+
+def cpu_model():
+    """The CPU's model name ("AMD EPYC 7B13"), from /proc/cpuinfo on Linux, else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or UNKNOWN
+
+
+def device_info(device="cpu"):
+    """The machine: {"device" (the torch device the run used), "cpu" (model name), "cpu_capability" (the SIMD
+    level torch's CPU kernels use: "AVX2", "AVX512", ...), "threads" (torch's intra-op threads), "gpus"
+    ({name: count} of the visible CUDA GPUs; {} on a CPU run)}."""
+    info = {"device": str(device), "cpu": cpu_model(), "cpu_capability": UNKNOWN, "threads": UNKNOWN, "gpus": {}}
+    try:
+        import torch
+        info["cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
+        info["threads"] = int(torch.get_num_threads())
+        if str(device).startswith("cuda") and torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                name = str(torch.cuda.get_device_name(i))
+                info["gpus"][name] = info["gpus"].get(name, 0) + 1
+    except Exception:
+        pass
+    return info
+
+
+def _sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sha256_ends(path, size):
+    """sha256 of the file's first and last END_BYTES (the whole file if it is smaller than two of them)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(END_BYTES))
+        if size > END_BYTES:
+            f.seek(max(END_BYTES, size - END_BYTES))
+            h.update(f.read(END_BYTES))
+    return h.hexdigest()
+
+
+def dataset_fingerprint(data_dir):
+    """A cheap fingerprint of a prepared dataset folder (meta.json + one .bin per split): the sha256 of
+    meta.json, each split's size in bytes and the sha256 of its first and last MB, and "digest", 16 hex
+    characters over all of it (equal digests: the same data for every practical purpose)."""
+    out = {"dir": str(data_dir), "meta_sha256": UNKNOWN, "splits": {}, "digest": UNKNOWN}
+    meta_path = os.path.join(data_dir, "meta.json")
+    try:
+        out["meta_sha256"] = _sha256_file(meta_path)
+        with open(meta_path) as f:
+            splits = json.load(f).get("splits", {})
+        for name, s in sorted(splits.items()):
+            path = os.path.join(data_dir, s["file"])
+            size = os.path.getsize(path)
+            out["splits"][name] = {"bytes": size, "sha256_ends": _sha256_ends(path, size)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return out
+    summary = json.dumps([out["meta_sha256"], out["splits"]], sort_keys=True)
+    out["digest"] = hashlib.sha256(summary.encode()).hexdigest()[:16]
+    return out
+
+
+def provenance(data_dir=None, device="cpu", world_size=1):
+    """Everything above for one process of a run (module docstring); data_dir None leaves "data" out."""
+    out = {"code": code_version(), "versions": library_versions(), "device": device_info(device),
+           "world_size": world_size}
+    if data_dir is not None:
+        out["data"] = dataset_fingerprint(data_dir)
+    return out
+
+
+def machine(prov):
+    """A one-line name of the machine in a provenance dict: "AMD EPYC 7B13 (AVX2)", or the GPUs,
+    "8 x NVIDIA H100 80GB HBM3"; "unknown" for None (runs from before provenance was recorded)."""
+    if not prov:
+        return UNKNOWN
+    dev = prov.get("device") or {}
+    if dev.get("gpus"):
+        return ", ".join(f"{n} x {name}" for name, n in sorted(dev["gpus"].items()))
+    return f"{dev.get('cpu', UNKNOWN)} ({dev.get('cpu_capability', UNKNOWN)})"
+
+
+def commit(prov):
+    """The code's commit in a provenance dict, with "+dirty" after an uncommitted edit; "unknown" if not known."""
+    code = (prov or {}).get("code") or {}
+    sha = code.get("commit", UNKNOWN)
+    if sha == UNKNOWN:
+        return UNKNOWN
+    return sha[:12] + ("+dirty" if code.get("dirty") is True else "")
+
+
+def libraries(prov):
+    """"torch 2.13.0+cpu, triton 3.7.1, numpy 2.4.6, python 3.11.7" of a provenance dict; "unknown" for None."""
+    v = (prov or {}).get("versions")
+    if not v:
+        return UNKNOWN
+    return ", ".join(f"{k} {v.get(k, UNKNOWN)}" for k in ("torch", "triton", "numpy", "python"))
+
+
+def flat(prov):
+    """The columns eval_extrapolate.py's CSV rows carry (FLAT_COLUMNS): commit, libraries, machine, threads,
+    world size, data digest, as strings."""
+    prov = prov or {}
+    return {"commit": commit(prov), "libraries": libraries(prov), "machine": machine(prov),
+            "threads": str((prov.get("device") or {}).get("threads", UNKNOWN)),
+            "world_size": str(prov.get("world_size", UNKNOWN)),
+            "data_digest": (prov.get("data") or {}).get("digest", UNKNOWN)}
+
+
+FLAT_COLUMNS = ("commit", "libraries", "machine", "threads", "world_size", "data_digest")

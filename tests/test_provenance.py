@@ -1,0 +1,130 @@
+"""Every run says where it came from (provenance.py): the code's commit, the libraries, the machine, the data."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+import provenance
+from prepare.common import BinWriter, write_meta
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--dataset=toy", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
+        "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--attn_backend=torch",
+        "--compile=False", "--device=cpu", "--dtype=float32"]
+
+
+def _git(cwd, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def _code_copy(dest):
+    """The repo's Python code (no tests, docs or data) copied to dest, which is not a git checkout."""
+    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(".git", "tests", "docs", "assets", "data", "out*",
+                                                             "__pycache__", "*.png"))
+    return dest
+
+
+def _toy_data(root):
+    seq = np.array([3, 1, 4, 1, 5, 9, 2, 6] * 40) % 16
+    for split in ("train", "val", "test"):
+        with BinWriter(str(root / "toy" / f"{split}.bin"), np.uint16) as w:
+            w.write(seq)
+    write_meta(str(root / "toy"), {"dataset": "toy", "vocab_size": 16, "dtype": "uint16", "layout": "stream",
+                                   "splits": {s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)}
+                                              for s in ("train", "val", "test")},
+                                   "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+
+
+def _train(code, data_root, out):
+    """python train.py run from the code copy, with the working directory elsewhere; returns metrics.json."""
+    p = subprocess.run([sys.executable, os.path.join(code, "train.py"), *TINY, f"--data_root={data_root}",
+                        f"--out_dir={out}"], cwd=out.parent, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_a_run_records_the_commit_of_its_checkout_dirty_after_an_edit_and_unknown_outside_git(tmp_path):
+    code = _code_copy(tmp_path / "code")
+    _toy_data(tmp_path / "data")
+    _git(code, "init", "-q")
+    _git(code, "add", "-A")
+    _git(code, "commit", "-q", "-m", "the code")
+    head = _git(code, "rev-parse", "HEAD")
+    with open(code / "model.py", "a") as f:
+        f.write("\n# an uncommitted edit\n")
+    m = _train(code, tmp_path / "data", tmp_path / "out-dirty")
+    prov = m["provenance"]
+    assert prov["code"] == {"commit": head, "dirty": True}  # the checkout it ran in, not the working directory's
+    assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["numpy"] == np.__version__
+    assert prov["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout if shutil.which("lscpu") else ""
+    names = [ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")]
+    if names:  # an independent reading of this CPU's model name
+        assert prov["device"]["cpu"] == names[0]
+    assert prov["device"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert prov["device"]["threads"] == 1 and prov["device"]["gpus"] == {} and prov["world_size"] == 1
+    sizes = {s: os.path.getsize(tmp_path / "data" / "toy" / f"{s}.bin") for s in ("test", "train", "val")}
+    assert {s: v["bytes"] for s, v in prov["data"]["splits"].items()} == sizes
+    # the checkpoints carry it too, one entry per process
+    state = torch.load(tmp_path / "out-dirty" / "best.pt", weights_only=True)
+    assert state["provenance"] == [prov]
+
+    subprocess.run(["git", "checkout", "-q", "model.py"], cwd=code, check=True)
+    assert _train(code, tmp_path / "data", tmp_path / "out-clean")["provenance"]["code"] == {"commit": head,
+                                                                                            "dirty": False}
+    shutil.rmtree(code / ".git")  # a tarball of the code: still runs, and says so
+    m = _train(code, tmp_path / "data", tmp_path / "out-nogit")
+    assert m["provenance"]["code"] == {"commit": "unknown", "dirty": "unknown"} and "test" in m
+
+
+def test_untracked_files_do_not_make_the_tree_dirty(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "a.py")
+    _git(tmp_path, "commit", "-q", "-m", "a")
+    (tmp_path / "out-run").mkdir()
+    (tmp_path / "out-run" / "ckpt.pt").write_text("")  # what every run leaves beside the code
+    assert provenance.code_version(str(tmp_path))["dirty"] is False
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert provenance.code_version(str(tmp_path))["dirty"] is True
+
+
+def test_data_fingerprint_sees_a_change_at_either_end_of_a_split_and_nothing_else(tmp_path):
+    seq = np.arange(3 << 19, dtype=np.uint16)  # 3 MB: a first MB, a middle, a last MB
+    path = tmp_path / "d"
+    with BinWriter(str(path / "train.bin"), np.uint16) as w:
+        w.write(seq)
+    write_meta(str(path), {"dataset": "d", "vocab_size": 1 << 16, "dtype": "uint16", "layout": "stream",
+                           "splits": {"train": {"file": "train.bin", "shape": [len(seq)], "tokens": len(seq)}},
+                           "loss": "all", "tokenizer": {"kind": "none"}})
+    base = provenance.dataset_fingerprint(str(path))
+    assert base["splits"]["train"]["bytes"] == seq.nbytes and len(base["digest"]) == 16
+
+    def digest_after(index):
+        s = seq.copy()
+        s[index] += 1
+        s.tofile(path / "train.bin")
+        return provenance.dataset_fingerprint(str(path))["digest"]
+    assert digest_after(0) != base["digest"]
+    assert digest_after(len(seq) - 1) != base["digest"]  # the last MB is hashed too
+    assert digest_after(len(seq) // 2) == base["digest"]  # the middle is not read: cheap at any size
+    assert provenance.dataset_fingerprint(str(tmp_path / "missing"))["digest"] == "unknown"
+
+
+def test_machine_commit_and_libraries_name_what_results_py_compares():
+    prov = {"code": {"commit": "a" * 40, "dirty": True},
+            "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "triton": "3.7.1", "numpy": "2.4.6"},
+            "device": {"cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2", "threads": 1, "gpus": {}}}
+    assert provenance.machine(prov) == "AMD EPYC 7B13 (AVX2)"
+    assert provenance.commit(prov) == "a" * 12 + "+dirty"
+    assert provenance.libraries(prov) == "torch 2.13.0+cpu, triton 3.7.1, numpy 2.4.6, python 3.11.7"
+    prov["device"]["gpus"] = {"NVIDIA H100 80GB HBM3": 8}
+    assert provenance.machine(prov) == "8 x NVIDIA H100 80GB HBM3"
+    assert provenance.machine(None) == provenance.commit(None) == provenance.libraries({}) == "unknown"
