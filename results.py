@@ -3,6 +3,8 @@
     python results.py out/ablation/*/                                  # run folders (train.py out_dir)
     python results.py docs/runs/abl-*.json --extrapolation=4096        # copies of metrics.json, + ppl at 4096
     python results.py docs/runs/jsb-*.json --by=pos_encoding --csv     # choose the grouping; CSV on stdout
+    python results.py docs/runs/s37-jsb-*.json --compare=pos_encoding  # two arms: difference, 95 % CI, p
+    python results.py docs/runs/s37-ii-*.json --compare=pos_encoding --solved=0.9   # solve rates, Fisher
 
 Inputs: run folders, each with the metrics.json that train.py writes at the end of a run, and/or JSON
 files that are copies of one (docs/runs/NAME.json, written by docs/runs/lane.sh: metrics.json plus a
@@ -31,11 +33,27 @@ FOLDER/extrapolate/extrapolation.csv for a run folder, NAME.extrapolation.csv be
 copy. A CSV that holds several runs is matched to this one by its run folder (run.out_dir or the
 folder of "checkpoint"). All runs must have been scored with one protocol.
 
+Provenance: each group whose runs (any process of a resumed run included) mix machines (CPU model and
+SIMD level, or GPUs), code commits or library versions gets one "warning:" line on stderr naming what
+differs; runs from before train.py recorded provenance count as "unknown" and are still read.
+
+--compare=KEY: the runs must fall into exactly two groups by KEY and differ in nothing else (change one
+thing). For each metric (loss, ppl, accuracy, and each --extrapolation length), the difference of the
+means B − A (A: the group of the first run given) with its 95 % confidence interval and p-value from
+Welch's t-test (two-sided; scipy.stats.ttest_ind, equal_var=False); and, when both groups hold the
+same seeds, each once, and every run's provenance names one and the same machine, the paired
+difference over seeds (scipy.stats.ttest_rel) as well. "separated" means p < 0.05 (two-sided).
+--solved=THRESHOLD (test accuracy as a fraction, in [0, 1]): per group, the runs with accuracy >=
+THRESHOLD, k / n with its Wilson 95 % interval (scipy.stats.binomtest), and with --compare Fisher's
+exact test (two-sided) of the two groups' k / n; for bimodal outcomes (a run solves a task or stalls).
+
 Output: a markdown table (a caption line, then the table) or with --csv a CSV with one column per
 number (mean and sd apart, full precision, times in seconds, sd empty for a single run).
 Bad input exits 2 with one line: no runs, a path that does not exist, a folder without metrics.json,
 runs on different datasets, a run without the split, settings found nowhere, the same run given twice,
-an unknown --by key, or with --extrapolation a run without its CSV or without that length.
+an unknown --by key, with --extrapolation a run without its CSV or without that length, with
+--compare a key that does not split the runs into exactly two groups, arms that differ in another
+setting too, a group of one run, and a --solved threshold outside [0, 1].
 """
 
 import argparse
@@ -45,7 +63,9 @@ import json
 import os
 import statistics
 import sys
+import warnings
 
+import provenance as prov
 from cli import UserError, exit_on_user_error
 
 # Settings that name, log or place a run rather than change what it trains: never a reason to split groups.
@@ -127,6 +147,38 @@ def group_runs(runs, by):
     return list(groups.items())
 
 
+PROVENANCE_FIELDS = (("machines", prov.machine), ("commits", prov.commit), ("library versions", prov.libraries))
+
+
+def processes(run):
+    """The provenance dicts of every process that trained a run (earlier ones of a resumed run first); [None]
+    for a run from before train.py recorded provenance."""
+    m = run["metrics"]
+    return list(m.get("provenance_earlier") or []) + [m.get("provenance")]
+
+
+def provenance_counts(runs, name):
+    """{value: number of runs} of one PROVENANCE_FIELDS entry (e.g. "machines") over `runs`; a run trained by
+    processes with different values counts under each."""
+    field = dict(PROVENANCE_FIELDS)[name]
+    counts = {}
+    for r in runs:
+        for v in {field(p) for p in processes(r)}:
+            counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def _counted(counts):
+    return ", ".join(f"{v} x{n}" for v, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def mix_warning(runs):
+    """What the runs' provenance mixes, as one phrase ("machines (A x3, unknown x2); commits (...)"), or ""."""
+    parts = [f"{name} ({_counted(c)})" for name, _ in PROVENANCE_FIELDS
+             if len(c := provenance_counts(runs, name)) > 1]
+    return "; ".join(parts)
+
+
 def mean_sd(xs):
     """(mean, sample sd with n − 1; None for one value) of a non-empty list of floats."""
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
@@ -165,14 +217,9 @@ def extrapolation_ppl(run, length):
     return float(rows[0]["ppl"]), rows[0].get("protocol", "")
 
 
-def summarize(paths, by=None, split="test", extrapolation=()):
-    """Read the runs at `paths` and aggregate them per group.
-
-    Returns (by, rows, info): by, the grouping settings (chosen, or those that differ); rows, one dict per
-    group {"values", "n", "seeds", "loss", "ppl", "acc", "wall_s", "cpu_s", "cpu_n", "ext": {L: ...}},
-    each number a (mean, sd) pair (acc in %, times in seconds, cpu_s None where no run has it);
-    info {"dataset", "split", "protocol", "cpu", "notes"}. Raises UserError for bad input (module docstring).
-    """
+def read_runs(paths, split="test"):
+    """load_run for each path, checked: one dataset, no run twice, each with the split's metrics. UserError
+    otherwise (module docstring)."""
     if not paths:
         raise UserError("no runs: give run folders (train.py out_dir) or copies of their metrics.json, "
                         "e.g. python results.py out/ablation/*/")
@@ -195,6 +242,22 @@ def summarize(paths, by=None, split="test", extrapolation=()):
             raise UserError(f"{r['path']} has no {split!r} metrics (splits: "
                             f"{', '.join(s for s in ('val', 'test') if s in r['metrics']) or 'none'}); "
                             "choose one it has with --split")
+    return runs
+
+
+def summarize(paths, by=None, split="test", extrapolation=(), solved=None):
+    """Read the runs at `paths` and aggregate them per group.
+
+    Returns (by, rows, info): by, the grouping settings (chosen, or those that differ); rows, one dict per
+    group {"values", "n", "seeds", "loss", "ppl", "acc", "wall_s", "cpu_s", "cpu_n", "ext": {L: ...}},
+    each number a (mean, sd) pair (acc in %, times in seconds, cpu_s None where no run has it);
+    info {"dataset", "split", "protocol", "cpu", "notes", "machines"}. With `solved` (an accuracy threshold
+    in [0, 1]) each row also has "solved": (k, n, rate, (low, high)), Wilson's 95 % interval. Raises
+    UserError for bad input (module docstring).
+    """
+    if solved is not None and not 0 <= solved <= 1:
+        raise UserError(f"--solved is a test accuracy as a fraction in [0, 1] (e.g. 0.9 for 90 %), got {solved}")
+    runs = read_runs(paths, split)
     configs = [r["config"] for r in runs]
     notes = []
     if by:
@@ -210,6 +273,9 @@ def summarize(paths, by=None, split="test", extrapolation=()):
         inside = [k for k in differing_keys([r["config"] for r in members]) if k not in by]
         if inside:
             notes.append(f"note: the group {dict(zip(by, values)) or 'all'} also differs in {', '.join(inside)}")
+        mixed = mix_warning(members)
+        if mixed:
+            notes.append(f"warning: the group {dict(zip(by, values)) or 'all'} mixes {mixed}")
         ms = [r["metrics"] for r in members]
         cpu = [m["run"]["cpu_s"] for m in ms if (m.get("run") or {}).get("cpu_s") is not None]
         walls = [wall_s(m) for m in ms if wall_s(m) is not None]
@@ -223,12 +289,206 @@ def summarize(paths, by=None, split="test", extrapolation=()):
                      "acc": mean_sd([100 * m[split]["acc"] for m in ms]),
                      "wall_s": mean_sd(walls) if walls else None, "wall_n": len(walls),
                      "cpu_s": mean_sd(cpu) if cpu else None, "cpu_n": len(cpu), "ext": ext})
+        if solved is not None:
+            k = sum(m[split]["acc"] >= solved for m in ms)
+            rows[-1]["solved"] = (k, len(ms), *wilson(k, len(ms)))
     if len(protocols) > 1:
         raise UserError(f"the runs' extrapolation.csv files use different protocols ({', '.join(sorted(protocols))}); "
                         "compare runs scored with one protocol")
     info = {"dataset": runs[0]["metrics"]["dataset"], "split": split, "protocol": next(iter(protocols), ""),
-            "cpu": any(r["cpu_s"] for r in rows), "notes": notes}
+            "cpu": any(r["cpu_s"] for r in rows), "notes": notes, "machines": provenance_counts(runs, "machines"),
+            "solved": solved}
     return by, rows, info
+
+
+ALPHA = 0.05  # "separated": p < ALPHA, two-sided
+
+
+def metric_values(runs, split, extrapolation=()):
+    """[(metric name, [one value per run])]: loss (nats), ppl, accuracy (%), then ppl at each length."""
+    out = [(f"{split} loss (nats)", [r["metrics"][split]["loss"] for r in runs]),
+           (f"{split} ppl", [r["metrics"][split]["ppl"] for r in runs]),
+           (f"{split} acc (%)", [100 * r["metrics"][split]["acc"] for r in runs])]
+    for L in extrapolation:
+        got = [extrapolation_ppl(r, L) for r in runs]
+        protocols = sorted({p for _, p in got})
+        if len(protocols) > 1:
+            raise UserError(f"the runs' extrapolation.csv files use different protocols ({', '.join(protocols)}); "
+                            "compare runs scored with one protocol")
+        out.append((f"ppl at {L} ({protocols[0]})" if protocols[0] else f"ppl at {L}", [p for p, _ in got]))
+    return out
+
+
+def welch(a, b):
+    """Welch's t-test of mean(b) − mean(a): (difference, (CI low, CI high) at 95 %, two-sided p). Both groups
+    need >= 2 values; with no spread in either group the interval and p are nan."""
+    from scipy import stats
+    with warnings.catch_warnings():  # identical values: scipy warns, the result is still defined or nan
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = stats.ttest_ind(b, a, equal_var=False)
+    ci = res.confidence_interval(1 - ALPHA)
+    return statistics.fmean(b) - statistics.fmean(a), (float(ci.low), float(ci.high)), float(res.pvalue)
+
+
+def paired(a, b):
+    """The paired t-test of b − a (same order, one pair per seed): (mean difference, 95 % CI, two-sided p)."""
+    from scipy import stats
+    with warnings.catch_warnings():  # identical values: scipy warns, the result is still defined or nan
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = stats.ttest_rel(b, a)
+    ci = res.confidence_interval(1 - ALPHA)
+    return statistics.fmean(y - x for x, y in zip(a, b)), (float(ci.low), float(ci.high)), float(res.pvalue)
+
+
+def wilson(k, n):
+    """(k / n, (low, high)): the rate with its Wilson score 95 % interval (scipy.stats.binomtest)."""
+    from scipy import stats
+    ci = stats.binomtest(k, n).proportion_ci(1 - ALPHA, method="wilson")
+    return k / n, (float(ci.low), float(ci.high))
+
+
+def fisher(k_a, n_a, k_b, n_b):
+    """Fisher's exact test (two-sided) of the 2 x 2 table [[k_a, n_a − k_a], [k_b, n_b − k_b]]: (odds ratio, p)."""
+    from scipy import stats
+    res = stats.fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]], alternative="two-sided")
+    return float(res.statistic), float(res.pvalue)
+
+
+def pairing(a_runs, b_runs):
+    """(seeds, "") if the arms hold the same seeds, each once, all run on one known machine; else (None, why)."""
+    seeds_a, seeds_b = [r["config"].get("seed") for r in a_runs], [r["config"].get("seed") for r in b_runs]
+    if len(set(seeds_a)) < len(seeds_a) or sorted(seeds_a, key=repr) != sorted(seeds_b, key=repr):
+        return None, "the arms do not hold the same seeds"
+    machines = provenance_counts(a_runs + b_runs, "machines")
+    if len(machines) > 1 or prov.UNKNOWN in machines:
+        return None, f"not all runs are known to share one machine ({_counted(machines)})"
+    return sorted(seeds_a, key=repr), ""
+
+
+def compare(paths, key, split="test", extrapolation=(), solved=None):
+    """Two arms that differ in the setting `key` only: per metric, Welch's difference B − A (A: the arm of the
+    first run given), its 95 % CI and p; the paired one when pairing() allows; with `solved` (a test accuracy
+    threshold in [0, 1]) the solve counts, Wilson intervals and Fisher's exact test.
+
+    Returns {"key", "arms": [(value, runs), (value, runs)], "rows": [{"metric", "a": (mean, sd, n), "b": ...,
+    "welch": (diff, ci, p), "paired": (diff, ci, p) or None}], "paired_why", "solved": None or {"threshold",
+    "a": (k, n, rate, ci), "b": ..., "fisher": (odds ratio, p)}, "dataset", "split", "notes"}.
+    Raises UserError for the bad input the module docstring lists.
+    """
+    if solved is not None and not 0 <= solved <= 1:
+        raise UserError(f"--solved is a test accuracy as a fraction in [0, 1] (e.g. 0.9 for 90 %), got {solved}")
+    runs = read_runs(paths, split)
+    configs = [r["config"] for r in runs]
+    if key not in set().union(*configs):
+        raise UserError(f"--compare: no run has the setting {key!r}; settings that differ here: "
+                        f"{', '.join(differing_keys(configs)) or 'none'}")
+    groups = group_runs(runs, [key])
+    if len(groups) != 2:
+        raise UserError(f"--compare={key} splits the runs into {len(groups)} group(s) "
+                        f"({', '.join(_value(v[0]) for v, _ in groups)}); give the runs of exactly two values")
+    other = [k for k in differing_keys(configs) if k != key]
+    if other:
+        raise UserError(f"the two arms also differ in {', '.join(other)}; a comparison changes one setting: give "
+                        f"only the runs that differ in {key}")
+    (va, a_runs), (vb, b_runs) = groups
+    seeds, why = pairing(a_runs, b_runs)
+    if solved is None:
+        for v, members in groups:
+            if len(members) < 2:
+                raise UserError(f"the group {key}={_value(v[0])} has 1 run; a t-test needs at least 2 runs per group "
+                                "(3 or more to say much): add seeds")
+    rows = []
+    a_metrics = metric_values(a_runs, split, extrapolation)
+    b_metrics = metric_values(b_runs, split, extrapolation)
+    for (name, a), (_, b) in zip(a_metrics, b_metrics):
+        row = {"metric": name, "a": (*mean_sd(a), len(a)), "b": (*mean_sd(b), len(b)), "welch": None, "paired": None}
+        if len(a) > 1 and len(b) > 1:
+            row["welch"] = welch(a, b)
+        if seeds is not None and len(seeds) > 1:
+            by_seed_a = {r["config"].get("seed"): x for r, x in zip(a_runs, a)}
+            by_seed_b = {r["config"].get("seed"): x for r, x in zip(b_runs, b)}
+            row["paired"] = paired([by_seed_a[s] for s in seeds], [by_seed_b[s] for s in seeds])
+        rows.append(row)
+    out = {"key": key, "arms": [(_value(va[0]), a_runs), (_value(vb[0]), b_runs)], "rows": rows, "paired_why": why,
+           "solved": None, "dataset": runs[0]["metrics"]["dataset"], "split": split, "notes": []}
+    if solved is not None:
+        ks = [sum(r["metrics"][split]["acc"] >= solved for r in members) for members in (a_runs, b_runs)]
+        ns = [len(a_runs), len(b_runs)]
+        out["solved"] = {"threshold": solved, "a": (ks[0], ns[0], *wilson(ks[0], ns[0])),
+                         "b": (ks[1], ns[1], *wilson(ks[1], ns[1])), "fisher": fisher(ks[0], ns[0], ks[1], ns[1])}
+    for label, members in ((out["arms"][0][0], a_runs), (out["arms"][1][0], b_runs)):
+        mixed = mix_warning(members)
+        if mixed:
+            out["notes"].append(f"warning: the group {key}={label} mixes {mixed}")
+    across = {name: set(provenance_counts(a_runs, name)) != set(provenance_counts(b_runs, name))
+              for name, _ in PROVENANCE_FIELDS}
+    if any(across.values()):
+        out["notes"].append("warning: the two arms differ in " + ", ".join(n for n, d in across.items() if d)
+                            + " (see each arm's provenance)")
+    return out
+
+
+def _num(x, digits):
+    return "nan" if x != x else f"{x:+.{digits}f}"
+
+
+def _p(p):
+    return "nan" if p != p else (f"{p:.2g}" if p < 0.001 else f"{p:.3f}")
+
+
+def compare_markdown(c):
+    """compare()'s output as text: a caption, the table of differences, the solve rates and Fisher's test."""
+    (a, a_runs), (b, b_runs) = c["arms"]
+    key = c["key"]
+    digits = {"loss": 4, "acc": 2}
+    lines = [f"{c['dataset']}, {c['split']} split: {key} = {a} (A, n = {len(a_runs)}) vs {b} (B, n = {len(b_runs)}); "
+             f"B − A with its 95 % CI; Welch's t-test, two-sided; separated: p < {ALPHA}",
+             f"machines: A {_counted(provenance_counts(a_runs, 'machines'))}; "
+             f"B {_counted(provenance_counts(b_runs, 'machines'))}", ""]
+    head = ["metric", f"A: {a}", f"B: {b}", "B − A [95 % CI]", "p (Welch)", "separated"]
+    paired_on = any(r["paired"] for r in c["rows"])
+    if paired_on:
+        head += ["paired B − A [95 % CI]", "p (paired)"]
+    lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in c["rows"]:
+        d = next((v for k, v in digits.items() if k in r["metric"]), 3)
+        cells = [r["metric"], _pm(r["a"][:2], d) + f" ({r['a'][2]})", _pm(r["b"][:2], d) + f" ({r['b'][2]})"]
+        if r["welch"]:
+            diff, (lo, hi), p = r["welch"]
+            cells += [f"{_num(diff, d)} [{_num(lo, d)}, {_num(hi, d)}]", _p(p),
+                      "—" if p != p else ("yes" if p < ALPHA else "no")]
+        else:
+            cells += ["—", "—", "—"]
+        if paired_on:
+            diff, (lo, hi), p = r["paired"]
+            cells += [f"{_num(diff, d)} [{_num(lo, d)}, {_num(hi, d)}]", _p(p)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if not paired_on:
+        lines += ["", f"paired: not computed ({c['paired_why'] or 'one seed per arm'})"]
+    if c["solved"]:
+        s = c["solved"]
+        lines += ["", f"solved: {c['split']} accuracy >= {s['threshold']:g}; k / n with its Wilson 95 % interval", "",
+                  "| group | solved | rate [95 % CI] |", "|---|---:|---:|"]
+        for label, (k, n, rate, (lo, hi)) in ((f"A: {a}", s["a"]), (f"B: {b}", s["b"])):
+            lines.append(f"| {label} | {k} / {n} | {100 * rate:.0f} % [{100 * lo:.0f}, {100 * hi:.0f}] |")
+        odds, p = s["fisher"]
+        lines += ["", f"Fisher's exact test (two-sided): p = {_p(p)}, odds ratio {odds:.3g}: "
+                      + ("separated" if p < ALPHA else "not separated") + f" (p < {ALPHA})"]
+    return "\n".join(lines) + "\n"
+
+
+def compare_csv(c):
+    """compare()'s rows as CSV: metric, each arm's mean/sd/n, Welch's difference, CI, p, and the paired ones."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["metric", "a", "a_mean", "a_sd", "a_n", "b", "b_mean", "b_sd", "b_n", "diff", "ci_low", "ci_high", "p",
+                "paired_diff", "paired_ci_low", "paired_ci_high", "paired_p"])
+    (a, _), (b, _) = c["arms"]
+    flat = lambda t: [] if t is None else [t[0], t[1][0], t[1][1], t[2]]  # noqa: E731
+    for r in c["rows"]:
+        cells = [r["metric"], a, *r["a"], b, *r["b"], *(flat(r["welch"]) or [""] * 4), *(flat(r["paired"]) or [""] * 4)]
+        w.writerow(["" if x is None else (repr(x) if isinstance(x, float) else x) for x in cells])
+    return buf.getvalue()
 
 
 def _pm(pair, digits, scale=1.0):
@@ -248,10 +508,14 @@ def markdown(by, rows, info, extrapolation=()):
     head += ["n", "seeds", f"{info['split']} loss (nats)", f"{info['split']} ppl", f"{info['split']} acc (%)",
              "wall per run (min)"] + (["CPU per run (min)"] if info["cpu"] else [])
     head += [f"ppl at {L} ({info['protocol']})" if info["protocol"] else f"ppl at {L}" for L in extrapolation]
+    solved = rows and "solved" in rows[0]
+    if solved:
+        head.append(f"solved, acc >= {info['solved']:g} [Wilson 95 %]")
     n_text = len(by or [0]) + 1  # the grouping columns and seeds are text, left-aligned; numbers right-aligned
     align = ["---"] * (n_text - 1) + ["---:", "---"] + ["---:"] * (len(head) - n_text - 1)
     lines = [f"{info['dataset']}, {info['split']} split: mean ± sd over the runs of each group (sample sd, n − 1; "
-             "— for one run)", "", "| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+             f"— for one run); machines: {_counted(info['machines'])}", "", "| " + " | ".join(head) + " |",
+             "|" + "|".join(align) + "|"]
     for r in rows:
         cells = [_value(v) for v in r["values"]] or ["all"]
         cells += [str(r["n"]), ", ".join(map(str, r["seeds"])), _pm(r["loss"], 4), _pm(r["ppl"], 3), _pm(r["acc"], 2),
@@ -259,6 +523,9 @@ def markdown(by, rows, info, extrapolation=()):
         if info["cpu"]:
             cells.append(_pm(r["cpu_s"], 1, 60) + ("" if r["cpu_n"] in (0, r["n"]) else f" (n={r['cpu_n']})"))
         cells += [_pm(r["ext"][L], 3) for L in extrapolation]
+        if solved:
+            k, n, _, (lo, hi) = r["solved"]
+            cells.append(f"{k} / {n} [{100 * lo:.0f}, {100 * hi:.0f} %]")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -295,10 +562,23 @@ def main(argv):
     p.add_argument("--split", default="test", choices=["val", "test"])
     p.add_argument("--extrapolation", default="", help="comma-separated context lengths: perplexity there per group")
     p.add_argument("--csv", action="store_true", help="print CSV instead of markdown")
+    p.add_argument("--compare", default="", metavar="KEY",
+                   help="two arms that differ in KEY only: differences with 95 %% CI and p (Welch; paired if possible)")
+    p.add_argument("--solved", type=float, default=None, metavar="THRESHOLD",
+                   help="count runs with accuracy >= THRESHOLD (in [0, 1]): k / n, Wilson CI; Fisher with --compare")
     a = p.parse_args(argv)
     lengths = parse_lengths(a.extrapolation)
+    if a.compare:
+        if a.by:
+            raise UserError("--compare=KEY groups by KEY itself; drop --by")
+        c = compare(a.runs, a.compare.strip(), a.split, lengths, a.solved)
+        for note in c["notes"]:
+            print(note, file=sys.stderr)
+        text = (compare_csv if a.csv else compare_markdown)(c)
+        print(text, end="")
+        return text
     by = [k.strip() for k in a.by.split(",") if k.strip()] or None
-    by, rows, info = summarize(a.runs, by, a.split, lengths)
+    by, rows, info = summarize(a.runs, by, a.split, lengths, a.solved)
     for note in info["notes"]:
         print(note, file=sys.stderr)
     text = (to_csv if a.csv else markdown)(by, rows, info, lengths)

@@ -88,7 +88,8 @@ def test_groups_by_the_settings_that_differ_with_mean_and_sample_sd(ablation):
     # 1.70, 1.80 -> 1.75 ± sqrt(2 · 0.05² / 1) = 0.0707
     assert rope["loss"] == pytest.approx((1.75, 0.05 * math.sqrt(2)))
     assert relu["loss"] == (1.55, None) and relu["cpu_s"] is None
-    assert info == {"dataset": "shakespeare_char", "split": "test", "protocol": "", "cpu": False, "notes": []}
+    assert info == {"dataset": "shakespeare_char", "split": "test", "protocol": "", "cpu": False, "notes": [],
+                    "machines": {"unknown": 6}, "solved": None}
 
 
 def test_by_chooses_the_grouping_and_names_what_else_differs(ablation, capsys):
@@ -118,7 +119,8 @@ def test_markdown_table(ablation, capsys):
     code, out, _ = run_main(ablation[:3] + [ablation[5]], capsys)
     assert code == 0
     assert out == (
-        "shakespeare_char, test split: mean ± sd over the runs of each group (sample sd, n − 1; — for one run)\n\n"
+        "shakespeare_char, test split: mean ± sd over the runs of each group (sample sd, n − 1; — for one run); "
+        "machines: unknown x4\n\n"
         "| pope_magnitude | n | seeds | test loss (nats) | test ppl | test acc (%) | wall per run (min) |\n"
         "|---|---:|---|---:|---:|---:|---:|\n"
         "| softplus | 3 | 1, 2, 3 | 1.5000 ± 0.1000 | 4.497 ± 0.449 | 50.00 ± 10.00 | 11.0 ± 1.0 |\n"  # e^1.4.. e^1.6

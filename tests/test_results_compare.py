@@ -1,0 +1,220 @@
+"""results.py --compare and --solved: differences with their 95 % intervals and p-values against scipy and
+against textbook cases worked by hand, solve rates with Wilson intervals and Fisher's test, the provenance
+warnings, and every bad input's exit 2."""
+
+import json
+import math
+
+import pytest
+from scipy import stats
+
+import results
+from test_results import metrics
+
+BASE = {"dataset": "jsb", "pos_encoding": "pope", "n_layer": 4, "learning_rate": 1e-3}
+T_975_DF4 = 2.7764451  # Student's t, 0.975 quantile, 4 degrees of freedom (any printed table)
+
+
+def prov(cpu="AMD EPYC (AVX512)", commit="c" * 40, torch_version="2.13.0+cpu"):
+    name, cap = cpu[:-1].split(" (")
+    return {"code": {"commit": commit, "dirty": False},
+            "versions": {"python": "3.11.7", "torch": torch_version, "triton": "3.7.1", "numpy": "2.4.6"},
+            "device": {"device": "cpu", "cpu": name, "cpu_capability": cap, "threads": 1, "gpus": {}},
+            "world_size": 1}
+
+
+def write_run(tmp_path, name, loss, acc=0.5, seed=1, provenance=None, **settings):
+    """A metrics.json copy tmp_path/name.json; provenance None writes one from before provenance existed."""
+    config = {**BASE, **settings, "seed": seed, "out_dir": f"out/{name}"}
+    m = metrics(config, loss, acc, 600.0)
+    if provenance is not None:
+        m["provenance"] = provenance
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(m))
+    return str(path)
+
+
+def arms(tmp_path, a, b, key="pos_encoding", values=("pope", "rope"), seeds_b=None, provs=None, accs=None):
+    """Runs of two arms with test losses a and b (seeds 1.. unless seeds_b), all on one known machine."""
+    paths = []
+    for arm, losses, seeds in ((values[0], a, range(1, len(a) + 1)), (values[1], b, seeds_b or range(1, len(b) + 1))):
+        for i, (loss, seed) in enumerate(zip(losses, seeds)):
+            p = (provs or {}).get((arm, i), prov())
+            acc = (accs or {}).get(arm, [0.5] * len(losses))[i]
+            paths.append(write_run(tmp_path, f"{arm}-s{seed}", loss, acc, seed, p, **{key: arm}))
+    return paths
+
+
+def row(c, metric_start):
+    return next(r for r in c["rows"] if r["metric"].startswith(metric_start))
+
+
+def test_welch_against_a_textbook_case_worked_by_hand(tmp_path):
+    # A = 1, 2, 3; B = 3, 4, 5: equal n and variances, so Welch's df = 2 (n − 1) = 4 and t = 2 / sqrt(2/3) = sqrt 6.
+    # With 4 df the t distribution's tail is closed-form: p = 1 − (3/2) u (1 − u²/3), u = t / sqrt(4 + t²).
+    c = results.compare(arms(tmp_path, [1.0, 2.0, 3.0], [3.0, 4.0, 5.0], seeds_b=[7, 8, 9]), "pos_encoding")
+    diff, (lo, hi), p = row(c, "test loss")["welch"]
+    u = math.sqrt(6 / 10)
+    assert diff == pytest.approx(2.0)
+    assert p == pytest.approx(1 - 1.5 * u * (1 - u * u / 3), rel=1e-6)  # 0.070484
+    half = T_975_DF4 * math.sqrt(2 / 3)
+    assert (lo, hi) == (pytest.approx(2 - half, rel=1e-6), pytest.approx(2 + half, rel=1e-6))  # [-0.267, 4.267]
+    assert row(c, "test loss")["paired"] is None and "same seeds" in c["paired_why"]
+
+
+def test_paired_against_a_textbook_case_worked_by_hand(tmp_path):
+    # B − A per seed = 1, 2, 3, 4, 5: mean 3, sd sqrt(2.5), t = 3 / sqrt(0.5) = sqrt 18 with 4 df.
+    a = [10.0, 20.0, 30.0, 40.0, 50.0]
+    c = results.compare(arms(tmp_path, a, [x + d for x, d in zip(a, [1, 2, 3, 4, 5])]), "pos_encoding")
+    diff, (lo, hi), p = row(c, "test loss")["paired"]
+    u = math.sqrt(18 / 22)
+    assert diff == pytest.approx(3.0) and p == pytest.approx(1 - 1.5 * u * (1 - u * u / 3), rel=1e-6)  # 0.013236
+    half = T_975_DF4 * math.sqrt(0.5)
+    assert (lo, hi) == (pytest.approx(3 - half, rel=1e-6), pytest.approx(3 + half, rel=1e-6))  # [1.037, 4.963]
+    assert row(c, "test loss")["welch"][2] > 0.5  # unpaired, the seeds' spread hides the shift
+
+
+def test_wilson_and_fisher_against_textbook_cases():
+    # Wilson's interval for 7 / 9, from its formula: (p + z²/2n ± z sqrt(p(1 − p)/n + z²/4n²)) / (1 + z²/n)
+    z, n, phat = 1.959964, 9, 7 / 9
+    centre, half = phat + z * z / (2 * n), z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n))
+    rate, (lo, hi) = results.wilson(7, 9)
+    assert rate == phat
+    assert lo == pytest.approx((centre - half) / (1 + z * z / n), rel=1e-5)  # 0.4526
+    assert hi == pytest.approx((centre + half) / (1 + z * z / n), rel=1e-5)  # 0.9368
+    # Fisher's lady tasting tea: 3 of 4 cups right each way; two-sided p = 17/35 (hypergeometric, by hand)
+    odds, p = results.fisher(3, 4, 1, 4)
+    assert p == pytest.approx(17 / 35) and odds == pytest.approx(9.0)
+    # 7 / 9 vs 1 / 9: the tables at least as extreme, from the hypergeometric C(9,k)C(9,8−k)/C(18,8)
+    probs = [math.comb(9, k) * math.comb(9, 8 - k) / math.comb(18, 8) for k in range(9)]
+    assert results.fisher(7, 9, 1, 9)[1] == pytest.approx(sum(q for q in probs if q <= probs[7] * (1 + 1e-9)))
+
+
+def test_every_number_of_the_comparison_against_scipy(tmp_path):
+    a, b = [0.71, 0.69, 0.73, 0.70], [0.74, 0.72, 0.73, 0.728]
+    accs = {"pope": [0.95, 0.97, 0.2, 0.91], "rope": [0.3, 0.92, 0.25, 0.4]}
+    c = results.compare(arms(tmp_path, a, b, accs=accs), "pos_encoding", solved=0.9)
+    welch, paired = stats.ttest_ind(b, a, equal_var=False), stats.ttest_rel(b, a)
+    r = row(c, "test loss")
+    assert r["a"][:2] == (pytest.approx(sum(a) / 4), pytest.approx(stats.tstd(a))) and r["a"][2] == 4
+    assert r["welch"][1] == pytest.approx(tuple(welch.confidence_interval(0.95)))
+    assert r["welch"][2] == pytest.approx(welch.pvalue)
+    assert r["paired"][1] == pytest.approx(tuple(paired.confidence_interval(0.95)))
+    assert r["paired"][2] == pytest.approx(paired.pvalue)
+    ppl = row(c, "test ppl")["welch"][2]
+    assert ppl == pytest.approx(stats.ttest_ind([math.exp(x) for x in b], [math.exp(x) for x in a],
+                                                equal_var=False).pvalue)
+    acc = row(c, "test acc")["welch"]
+    assert acc[0] == pytest.approx(100 * (sum(accs["rope"]) - sum(accs["pope"])) / 4)
+    s = c["solved"]
+    assert s["a"][:2] == (3, 4) and s["b"][:2] == (1, 4)  # accuracy >= 0.9, the threshold included
+    assert s["fisher"][1] == pytest.approx(stats.fisher_exact([[3, 1], [1, 3]]).pvalue)
+    ci = stats.binomtest(3, 4).proportion_ci(0.95, method="wilson")
+    assert s["a"][3] == (pytest.approx(ci.low), pytest.approx(ci.high))
+
+
+def test_the_printed_comparison(tmp_path, capsys):
+    paths = arms(tmp_path, [1.0, 2.0, 3.0], [3.0, 4.0, 5.0], accs={"pope": [0.95, 0.9, 0.5], "rope": [0.1] * 3})
+    out = results.main([*paths, "--compare=pos_encoding", "--solved=0.9"])
+    assert "pos_encoding = pope (A, n = 3) vs rope (B, n = 3)" in out
+    assert "machines: A AMD EPYC (AVX512) x3; B AMD EPYC (AVX512) x3" in out
+    loss = next(ln for ln in out.splitlines() if ln.startswith("| test loss"))
+    assert "| 2.0000 ± 1.0000 (3) | 4.0000 ± 1.0000 (3) | +2.0000 [-0.2670, +4.2670] | 0.070 | no |" in loss
+    assert "| +2.0000 [+2.0000, +2.0000] |" in loss  # paired: every seed moved by exactly 2
+    assert "| A: pope | 2 / 3 |" in out and "| B: rope | 0 / 3 |" in out
+    assert "Fisher's exact test (two-sided): p = 0.400" in out and "not separated" in out
+    text = results.main([*paths, "--compare=pos_encoding", "--csv"])
+    header, first = text.splitlines()[:2]
+    assert header.startswith("metric,a,a_mean,a_sd,a_n,b,b_mean,b_sd,b_n,diff,ci_low,ci_high,p,paired_diff")
+    assert first.startswith("test loss (nats),pope,2.0,1.0,3,rope,4.0,1.0,3,2.0,")
+
+
+def test_extrapolation_lengths_are_compared_too(tmp_path):
+    paths = arms(tmp_path, [1.5, 1.5, 1.5], [1.5, 1.5, 1.5], key="pope_use_delta", values=(True, False))
+    ppl = {True: [5.6, 5.9, 5.4], False: [5.2, 5.3, 5.4]}
+    for path in paths:
+        m = json.load(open(path))
+        arm, i = m["config"]["pope_use_delta"], m["config"]["seed"] - 1
+        with open(path[:-len(".json")] + ".extrapolation.csv", "w") as f:
+            f.write(f"run,label,protocol,length,tokens,ppl\nout/x,pope,tiled,4096,65536,{ppl[arm][i]}\n")
+    c = results.compare(paths, "pope_use_delta", extrapolation=[4096])
+    r = row(c, "ppl at 4096 (tiled)")
+    assert r["welch"][2] == pytest.approx(stats.ttest_ind(ppl[False], ppl[True], equal_var=False).pvalue)
+    assert r["welch"][0] == pytest.approx(sum(ppl[False]) / 3 - sum(ppl[True]) / 3)
+
+
+def test_mixed_machines_and_commits_warn_and_unknown_runs_are_still_read(tmp_path, capsys):
+    provs = {("pope", 0): prov(cpu="AMD EPYC (AVX2)"), ("rope", 1): prov(commit="d" * 40)}
+    paths = arms(tmp_path, [1.0, 2.0, 3.0], [3.0, 4.0, 5.0], provs=provs)
+    c = results.compare(paths, "pos_encoding")
+    warn = [n for n in c["notes"] if n.startswith("warning: the group")]
+    assert len(warn) == 2
+    assert "pos_encoding=pope mixes machines (AMD EPYC (AVX512) x2, AMD EPYC (AVX2) x1)" in warn[0]
+    assert "commits" not in warn[0]
+    assert "pos_encoding=rope mixes commits (cccccccccccc x2, dddddddddddd x1)" in warn[1]
+    assert "machines" not in warn[1]
+    assert any(n.startswith("warning: the two arms differ in machines, commits") for n in c["notes"])
+    assert c["rows"][0]["paired"] is None and "one machine" in c["paired_why"]
+    # runs from before provenance: "unknown", read all the same; the plain table names the machines
+    old = [write_run(tmp_path, f"old-s{s}", 1.0 + s, seed=s + 10) for s in range(2)]
+    by, rows, info = results.summarize(old + paths[:3], by=["pos_encoding"])
+    assert info["machines"] == {"unknown": 2, "AMD EPYC (AVX512)": 2, "AMD EPYC (AVX2)": 1}
+    assert any("mixes machines (AMD EPYC (AVX512) x2, unknown x2, AMD EPYC (AVX2) x1)" in n for n in info["notes"])
+    out = results.main(old)
+    assert "machines: unknown x2" in out and capsys.readouterr().err == ""  # one machine, if unknown: no warning
+
+
+def test_solved_without_compare_adds_the_rate_per_group(tmp_path):
+    paths = arms(tmp_path, [1.0, 2.0, 3.0], [3.0, 4.0, 5.0], accs={"pope": [0.95, 0.9, 0.5], "rope": [0.1] * 3})
+    out = results.main(paths + ["--solved=0.9"])
+    lo, hi = results.wilson(2, 3)[1]
+    assert f"| 2 / 3 [{100 * lo:.0f}, {100 * hi:.0f} %] |" in out and "| 0 / 3 [0, 56 %] |" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--compare=n_layer"], "splits the runs into 1 group(s) (4); give the runs of exactly two values"),
+    (["--compare=no_such"], "no run has the setting 'no_such'"),
+    (["--compare=pos_encoding", "--solved=90"], "in [0, 1] (e.g. 0.9 for 90 %), got 90.0"),
+    (["--solved=-0.1"], "in [0, 1]"),
+    (["--compare=pos_encoding", "--by=seed"], "drop --by"),
+])
+def test_bad_comparisons_exit_2_with_one_line(tmp_path, capsys, args, message):
+    paths = arms(tmp_path, [1.0, 2.0], [3.0, 4.0])
+    with pytest.raises(SystemExit) as e:
+        results.main(paths + args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_arms_that_differ_in_more_than_one_thing_or_hold_one_run_are_refused(tmp_path, capsys):
+    paths = arms(tmp_path, [1.0, 2.0], [3.0, 4.0])
+    three = paths + [write_run(tmp_path, "alibi", 1.0, provenance=prov(), pos_encoding="alibi_half")]
+    other = paths + [write_run(tmp_path, "lr", 1.0, seed=5, provenance=prov(), learning_rate=3e-3)]
+    one = paths[:2] + paths[3:]
+    for runs, message in ((three, "splits the runs into 3 group(s) (pope, rope, alibi_half)"),
+                          (other, "also differ in learning_rate; a comparison changes one setting"),
+                          (one, "the group pos_encoding=rope has 1 run; a t-test needs at least 2 runs per group")):
+        with pytest.raises(SystemExit) as e:
+            results.main(runs + ["--compare=pos_encoding"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err, err
+    # a group of one is fine for the solve counts alone (Fisher's test needs no spread)
+    c = results.compare(one, "pos_encoding", solved=0.6)
+    assert c["solved"]["b"][:2] == (0, 1) and row(c, "test loss")["welch"] is None
+
+
+def test_pairing_needs_a_known_machine_and_a_resume_on_another_machine_counts(tmp_path):
+    a, b = [1.0, 2.0, 3.0], [3.0, 4.5, 5.0]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    unknown = arms(tmp_path / "old", a, b, provs={(arm, i): None for arm in ("pope", "rope") for i in range(3)})
+    c = results.compare(unknown, "pos_encoding")  # same seeds, but nothing says the machine was the same
+    assert c["rows"][0]["paired"] is None and c["paired_why"] == "not all runs are known to share one machine (unknown x6)"
+    paths = arms(tmp_path / "new", a, b)
+    assert results.compare(paths, "pos_encoding")["rows"][0]["paired"] is not None
+    m = json.load(open(paths[0]))  # pope seed 1 was resumed: its first process ran on an AVX2 machine
+    m["provenance_earlier"] = [prov(cpu="AMD EPYC (AVX2)")]
+    open(paths[0], "w").write(json.dumps(m))
+    c = results.compare(paths, "pos_encoding")
+    assert "pos_encoding=pope mixes machines (AMD EPYC (AVX512) x3, AMD EPYC (AVX2) x1)" in c["notes"][0]
+    assert c["rows"][0]["paired"] is None
