@@ -139,7 +139,9 @@ class Dataset:
 
     def fixed_batches(self, split, n_batches):
         """This rank's share (batches rank, rank + world_size, ...) of n_batches random batches of
-        `split` that are the same on every call (periodic evaluation)."""
+        `split` that are the same on every call (periodic evaluation). They are drawn with (seed, 7919):
+        every run of one seed (RoPE and PoPE alike, a resumed run) is evaluated on the same batches, and
+        another seed draws others, so a spread over seeds includes which batches chose best.pt."""
         rng = np.random.default_rng([self.seed, 7919])
         return [self.random_batch(split, rng) for _ in range(n_batches)][self.rank::self.world_size]
 
