@@ -496,3 +496,19 @@ def test_metrics_json_wall_time_in_seconds_and_written_atomically(tiny_indirect,
         run(common + ["--eval_only=True", "--init_from=resume"])
     assert open(os.path.join(out, "metrics.json")).read() == before
     assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "log.jsonl", "metrics.json"]
+
+
+@pytest.mark.parametrize("name,text", [("best.pt", None), ("notes.txt", "n_layer = 3\n")])
+def test_a_positional_argument_that_is_not_a_py_file_exits_2(name, text, tmp_path, capsys):
+    """Only a .py path is a config file: a checkpoint given by mistake, or any other existing file, is
+    refused with exit 2 (never executed as Python)."""
+    path = tmp_path / name
+    if text is None:
+        torch.save({"model": {}, "iter_num": 3}, path)
+    else:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        run([str(path), f"--out_dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: config file {str(path)!r} not found") and "valid keys" in err
+    assert not os.path.exists(tmp_path / "out")
