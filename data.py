@@ -118,7 +118,8 @@ class Dataset:
 
     def train_batch(self, it, micro_step):
         """Micro-batch `micro_step` (0 .. grad_accum - 1) of this rank at iteration `it` (stateless, see
-        the module docstring): (x, y) int64 CPU tensors (batch_size, <= block_size).
+        the module docstring): (x, y) int64 CPU tensors (batch_size, <= block_size). Raises ValueError if a
+        stream's train split is shorter than block_size + 1 tokens.
 
         The global batch of `it` holds grad_accum * world_size * batch_size examples, identical for any
         world_size at a fixed grad_accum * world_size.
@@ -131,12 +132,16 @@ class Dataset:
         if self.layout == "rows":
             idx = rng.integers(0, len(arr), n_chunks * batch_size).reshape(n_chunks, batch_size)[chunk]
             return self.rows_to_xy(arr[np.sort(idx)])
+        if len(arr) < block_size + 1:
+            raise ValueError(f"split 'train' has {len(arr)} tokens, fewer than block_size + 1 = {block_size + 1}")
         starts = rng.integers(0, len(arr) - block_size, n_chunks * batch_size).reshape(n_chunks, batch_size)
         return self._windows_to_xy(arr, starts[chunk])
 
     def fixed_batches(self, split, n_batches):
         """This rank's share (batches rank, rank + world_size, ...) of n_batches random batches of
-        `split` that are the same on every call (periodic evaluation)."""
+        `split` that are the same on every call (periodic evaluation). They are drawn with (seed, 7919):
+        every run of one seed (RoPE and PoPE alike, a resumed run) is evaluated on the same batches, and
+        another seed draws others, so a spread over seeds includes which batches chose best.pt."""
         rng = np.random.default_rng([self.seed, 7919])
         return [self.random_batch(split, rng) for _ in range(n_batches)][self.rank::self.world_size]
 

@@ -446,7 +446,8 @@ class GPT(nn.Module):
 
         Attention costs 6 * n_layer * n_head * seq_len * (d_qk + d_v) per token, PaLM-style (no
         causal halving): d_qk = d_v = head_dim for RoPE/NoPE, d_qk = 2 * head_dim for PoPE's
-        Cartesian scores. At 6 layers, 384 wide, T=1024 this gives PoPE/RoPE = 1.15 (paper).
+        Cartesian scores. At 6 layers, 384 wide, T=1024 (GPT-2 vocabulary) this gives PoPE/RoPE = 1.068;
+        bench.py's torch path, which pads v to 2 * head_dim too, costs 1.136 (torch_path_flops_per_token).
         """
         cfg = self.config
         hd = cfg.n_embd // cfg.n_head

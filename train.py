@@ -144,6 +144,9 @@ def main(argv):
     try:
         data = Dataset(data_dir, batch_size=cfg.batch_size, block_size=cfg.block_size, grad_accum=grad_accum,
                        seed=cfg.seed, rank=rank, world_size=world_size)
+        val_batches = data.fixed_batches("val", cfg.eval_iters)  # a split too short for block_size: one line
+        if not cfg.eval_only:
+            data.train_batch(0, 0)  # the same for train (stateless: the run still draws iteration 0's batch)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
     tokenizer = tokenizer_to_checkpoint(data.meta, data_dir)
@@ -223,8 +226,6 @@ def main(argv):
         loss = (tot[0] / tot[2]).item()
         return {"loss": loss, "ppl": math.exp(min(loss, 700)), "acc": (tot[1] / tot[2]).item(), "targets": int(tot[2])}
 
-    val_batches = data.fixed_batches("val", cfg.eval_iters)
-
     def log(row):
         with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -239,6 +240,7 @@ def main(argv):
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
     t0, loss_acc, tokens_seen = time.time(), torch.zeros((), device=dev), 0  # this rank's loss sum, input tokens
     t_loop, iter_start = t0, iter_num  # for the ETA: this process's pace, evaluations included
+    last_log = iter_num  # loss_acc sums the steps since: fewer than log_interval after a resume off the grid
     while not cfg.eval_only:
         if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters:
             val = evaluate(val_batches)
@@ -286,15 +288,16 @@ def main(argv):
             if ddp:
                 dist.all_reduce(totals)  # the whole job's: every rank's inputs count, whatever their width
             loss_sum, tokens = totals.tolist()
-            lossf = loss_sum / (grad_accum * world_size * cfg.log_interval)
+            steps = iter_num - last_log
+            lossf = loss_sum / (grad_accum * world_size * steps)
             loss_acc.zero_()
             if not math.isfinite(lossf):
                 raise UserError(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
                                 f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
-            dt = (time.time() - t0) / cfg.log_interval
-            tok_per_iter = tokens / cfg.log_interval
+            dt = (time.time() - t0) / steps
+            tok_per_iter = tokens / steps
             seq_len = tok_per_iter / (cfg.gradient_accumulation_steps * cfg.batch_size)
-            t0, tokens_seen = time.time(), 0
+            t0, tokens_seen, last_log = time.time(), 0, iter_num
             if master:  # tok/s of the whole job; MFU per device (as nanoGPT): one device's tokens over its peak
                 mfu = raw_model.estimate_mfu(tok_per_iter / world_size, seq_len, dt, peak)
                 mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"

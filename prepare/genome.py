@@ -226,9 +226,12 @@ def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, 
     """Tokenize a FASTA into train/val/test rows of 1001 tokens + meta.json (skipped if complete).
     Returns out_dir. input: a FASTA (default: GRCh38, downloaded); source: a key of SOURCES instead
     (its installed FASTA, out_dir, split and block_bp are the defaults). split defaults to
-    'chromosomes', block_bp to 600,000 bp. Raises ValueError on a bad block_bp / split mode / source,
+    'chromosomes', block_bp to 600,000 bp. Raises ValueError on a block_bp that is not a positive
+    multiple of 6000, a bad split mode or source,
     or if no record fits the split (e.g. a non-human FASTA under --split chromosomes: use --split
     fraction); FileNotFoundError if the source's package is not installed."""
+    if block_bp is not None and (block_bp <= 0 or block_bp % CHUNK_BP):  # <= 0: no block would ever fill
+        raise ValueError(f"block_bp must be a positive multiple of {CHUNK_BP}, got {block_bp}")
     if source is not None:
         if input is not None:
             raise ValueError("give --input or --source, not both")
@@ -240,8 +243,6 @@ def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, 
     if is_complete(out_dir):
         print(f"{out_dir} is complete; nothing to do")
         return out_dir
-    if block_bp % CHUNK_BP:
-        raise ValueError(f"block_bp must be a multiple of {CHUNK_BP}, got {block_bp}")
     if split not in ("chromosomes", "fraction"):
         raise ValueError(f"split must be 'chromosomes' or 'fraction', got {split!r}")
     if source is not None:

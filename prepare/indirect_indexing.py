@@ -208,6 +208,9 @@ def prepare(out_dir=None, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1
     parameters that cannot be sampled, a variant with too few distinct examples for the splits, or an
     out_dir that already holds another variant."""
     variant = Variant(n_letters, min_len, max_len, max_shift, n_queries)
+    if Variant.from_name(variant.name) != variant:  # the name is the folder and train.py's dataset=
+        raise ValueError(f"the name {variant.name!r} does not identify the variant {asdict(variant)}: its data would "
+                         "land in another variant's folder (a bug in Variant.name)")
     out_dir = out_dir or os.path.join("data", variant.name)
     if is_complete(out_dir):
         with open(os.path.join(out_dir, "meta.json")) as f:

@@ -127,10 +127,25 @@ def test_attention_command_line(trained, tmp_path, capsys):
     assert os.path.getsize(out) > 0
     for argv, message in ((["attention", *trained["runs"], "--text=ABCDEFGH,C,+2,F"], "not the letter at the shift"),
                           (["attention", *trained["runs"], "--text=ABCXYZ,C,+1,X"], "not in this dataset's vocabulary"),
+                          (["attention", *trained["runs"], "--text=ABCD,A,+1,B,C"], "is not an indirect-indexing row"),
+                          (["attention", *trained["runs"], "--example=20"], "--example must be in 0..19"),
                           (["attention"], "give one or more run folders"), (["frequencies", "x"], "usage")):
         with pytest.raises(SystemExit) as e:
             ai.main(argv)
-        assert e.value.code == 2 and message in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and err.count("\n") == 1, (argv, err)
+
+
+def test_attention_marks_the_source_blue_and_the_target_red(trained, tmp_path, monkeypatch):
+    """The title says "source blue, target red": the last query C,+2,E of ABCDEFGH has its source C at
+    position 2 (blue) and its target E at 4 (red); every other character keeps the default colour."""
+    figs = capture_figures(monkeypatch)
+    ai.plot_attention(trained["runs"][:1], str(tmp_path / "a.png"), text="ABCDEFGH,A,+1,B,C,+2,E")
+    ax = next(ax for ax in figs[0].axes if ax.get_images())
+    colors = {i: t.get_color() for i, t in enumerate(ax.get_xticklabels())}
+    assert colors.pop(2) == "tab:blue" and colors.pop(4) == "tab:red"
+    assert set(colors.values()) == {ax.get_xticklabels()[0].get_color()} != {"tab:blue"}
+    assert "source blue, target red" in figs[0].get_suptitle()
 
 
 def fake_run(folder, enc, rows, data_root, dataset="toy"):
@@ -209,3 +224,20 @@ def test_curves_from_docs_runs_records_match_the_run_folders(tmp_path, monkeypat
     (records / "ii-rope.log.jsonl").unlink()
     with pytest.raises(ai.UserError, match="ii-rope.log.jsonl"):
         ai.read_curve(str(records / "ii-rope.json"))
+
+
+def test_curves_over_different_alphabets_draw_no_chance_line(tmp_path, monkeypatch):
+    """Runs on an 8-letter and a 10-letter variant have no common chance level: no chance line at all."""
+    data_root = str(tmp_path / "data")
+    for name, letters in (("toy8", "ABCDEFGH"), ("toy10", "ABCDEFGHIJ")):
+        os.makedirs(os.path.join(data_root, name))
+        with open(os.path.join(data_root, name, "meta.json"), "w") as f:
+            json.dump({"tokenizer": {"kind": "char", "itos": list(letters + "0123456789,+-")}}, f)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    fake_run(a, "pope", [{"iter": 0, "val_acc": 0.1}, {"iter": 10, "val_acc": 0.5}], data_root, dataset="toy8")
+    fake_run(b, "rope", [{"iter": 0, "val_acc": 0.1}, {"iter": 10, "val_acc": 0.3}], data_root, dataset="toy10")
+    figs = capture_figures(monkeypatch)
+    ai.plot_curves([a, b], str(tmp_path / "c.png"))
+    ax = figs[0].axes[0]
+    assert len(ax.get_lines()) == 2
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["pope (1 run)", "rope (1 run)"]

@@ -30,6 +30,7 @@ def test_torch_path_flops_count_v_padded_to_2d():
             mock.patch.object(torch.nn.Embedding, "reset_parameters", lambda self: None):  # shapes only: no init
         rope, pope = GPT(GPTConfig(pos_encoding="rope", **kw)), GPT(GPTConfig(pos_encoding="pope", **kw))
     assert pope.flops_per_token(1024) / rope.flops_per_token(1024) == pytest.approx(1.068, abs=5e-4)
+    assert "PoPE/RoPE = 1.068" in pope.flops_per_token.__doc__  # the docstring's worked example is this number
     attn = 6 * 6 * 6 * 1024 * 4 * 64  # 6 n_layer n_head T (2d + 2d)
     assert bench.torch_path_flops_per_token(pope, 1024) == 6 * pope.get_num_params() + attn
     assert bench.torch_path_flops_per_token(rope, 1024) == rope.flops_per_token(1024)
@@ -47,3 +48,24 @@ def test_every_section_runs_at_a_tiny_size():
     rows = bench.bench_decode("cpu", prompt_len=8, n_short=2, n_long=6, rounds=5, n_kv_heads=(None, 1), **small)
     assert [(r["pos_encoding"], r["n_kv_head"]) for r in rows] == [("rope", 2), ("pope", 2), ("rope", 1), ("pope", 1)]
     assert all("time_vs_rope" in r for r in rows[1::2])
+
+
+def test_train_step_table_reports_pope_over_rope_and_the_whole_batchs_tokens(monkeypatch):
+    """With PoPE's steps timed at 3, 4, 6, 6, 8 s against RoPE's 2, 2, 3, 3, 4 s: the ratio is the median of
+    the per-round PoPE/RoPE ratios, 2.00 (1.50-2.00); tokens/s counts batch_size x T tokens per step."""
+    monkeypatch.setattr(bench, "interleaved", lambda fns, device, rounds: {
+        "rope": [2.0, 2.0, 3.0, 3.0, 4.0], "pope": [3.0, 4.0, 6.0, 6.0, 8.0]})
+    rows = bench.bench_train_step("cpu", n_layer=1, n_embd=32, n_head=2, T=16, batch_size=2, vocab_size=64, rounds=5)
+    assert rows[1]["time_ratio"] == "2.00 (1.50-2.00)"
+    assert rows[0]["ms_per_iter"] == 3000.0 and rows[0]["tokens_per_s"] == 2 * 16 / 3.0
+    assert rows[1]["ms_per_iter"] == 6000.0 and rows[1]["tokens_per_s"] == 2 * 16 / 6.0
+
+
+def test_five_rounds_are_enough_and_four_are_refused(monkeypatch, capsys):
+    """The docstring says "at least 5": --rounds=5 runs, --rounds=4 exits 2 naming the minimum."""
+    monkeypatch.setattr(bench, "bench_memory", lambda device: [{"T": 1}])
+    bench.main(["--only=memory", "--device=cpu", "--rounds=5"])
+    assert "5 rounds" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--only=memory", "--device=cpu", "--rounds=4"])
+    assert e.value.code == 2 and "--rounds must be at least 5" in capsys.readouterr().err

@@ -413,3 +413,23 @@ def test_stride_equal_to_length_tiles_each_document_from_its_start(tmp_path):
     assert sliding["ppl_window_mean"] == pytest.approx(sliding["ppl"], rel=1e-6)  # all windows score 24 targets
     offset = ee.run([*common, "--lengths=24,64"])[0]  # windows at 16 and 40 of 4 chunks of 65
     assert offset["tokens"] == 4 * 2 * 24 and abs(offset["ppl"] - sliding["ppl"]) > 1e-4 * sliding["ppl"]
+
+
+def test_lengths_in_any_order_score_as_sorted(setup, capsys):
+    """--lengths=64,16,32 is --lengths=16,32,64: chunks cut for the longest, --last_k checked against the
+    shortest (here 16, so --last_k=24 exits 2 even when 32 comes first)."""
+    tmp_path, _, runs, common = setup
+    key = lambda rows: [(r["run"], r["length"], r["tokens"], r["ppl"], r["last_loss"]) for r in rows]  # noqa: E731
+    assert key(ee.run([runs[1], *common, "--lengths=64,16,32"])) == key(ee.run([runs[1], *common]))
+    assert exit_code([runs[1], *common, "--lengths=32,16", "--last_k=24"]) == 2
+    assert "--last_k must lie in 1 .. the shortest length 16, got 24" in capsys.readouterr().err
+
+
+def test_an_empty_document_in_the_offsets_is_accepted_and_changes_nothing(setup):
+    """Offsets may repeat (an empty document: 0 <= off[1] <= ...); the chunks are those of the other documents."""
+    tmp_path, _, runs, common = setup
+    key = lambda rows: [(r["length"], r["chunks"], r["tokens"], r["ppl"]) for r in rows]  # noqa: E731
+    want = key(ee.run([runs[1], *common]))
+    off = np.concatenate([[0], np.cumsum(DOCS)])  # 0 300 340 540 604 734
+    np.r_[off[:2], 300, off[2:]].astype(np.int64).tofile(tmp_path / "data" / "toy" / "test.docs.bin")
+    assert key(ee.run([runs[1], *common])) == want

@@ -136,3 +136,12 @@ def test_learned_embeddings_fine_tune_only_at_their_block_size(char_pretrained, 
     assert "block_size=16" in err and "block_size=32" in err and "learned" in err
     m = train.main(ft)
     assert m["iter_num"] == 0 and os.path.exists(tmp_path / "ft" / "best.pt")
+
+
+def test_finetune_may_change_dropout(char_pretrained, tmp_path):
+    """dropout is free in a fine-tune (README: block_size, rope_scaling, rope_original_block_size, dropout):
+    the run starts, and its checkpoint keeps the fine-tune's dropout with the pretraining's shapes."""
+    ft = str(tmp_path / "ft")
+    m = _finetune(char_pretrained, "--dropout=0.1", "--max_iters=0", f"--out_dir={ft}")
+    best = torch.load(os.path.join(ft, "best.pt"), weights_only=True)
+    assert m["iter_num"] == 0 and best["model_args"]["dropout"] == 0.1 and best["model_args"]["n_embd"] == 32

@@ -191,6 +191,31 @@ def test_a_variant_with_too_few_examples_stops_with_the_fix(tmp_path, monkeypatc
     assert not (tmp_path / "x" / "meta.json").exists()
 
 
+@pytest.mark.parametrize("field,value", [("n_letters", 51), ("min_len", 21), ("max_len", 39), ("max_shift", 14),
+                                         ("n_queries", 2)])
+def test_each_parameter_on_its_own_changes_the_name(field, value, tmp_path, monkeypatch):
+    """A variant that differs from the paper in one parameter has a name of its own that parses back to it,
+    so its data never lands in data/indirect_indexing, the paper's folder."""
+    v = Variant(**{field: value})
+    assert v.name != "indirect_indexing" and Variant.from_name(v.name) == v
+    monkeypatch.setattr(Variant, "name", property(lambda self: "indirect_indexing"))  # a name that forgets a field
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="does not identify the variant"):
+        prepare(n_train=5, n_val=5, n_test=5, **asdict(v))
+    assert not (tmp_path / "data").exists()
+
+
+def test_the_stall_limit_counts_repeats_in_a_row_not_in_all(tmp_path, monkeypatch):
+    """3 letters, strings of 2-3, shifts of 1: 36 distinct examples. Drawing 28 of them repeats an example
+    45 times in all but at most 7 times in a row (seed 0), so a limit of 20 in a row is never reached."""
+    monkeypatch.setattr(ii, "MAX_STALL", 20)
+    out = prepare(str(tmp_path / "x"), n_train=20, n_val=4, n_test=4, seed=0, n_letters=3, min_len=2, max_len=3,
+                  max_shift=1)
+    rows = np.concatenate([np.fromfile(tmp_path / "x" / f"{s}.bin", dtype=np.uint8) for s in ("train", "val", "test")])
+    v = Variant(3, 2, 3, 1, 1)
+    assert len({decode(r, v) for r in rows.reshape(28, v.row_len).tolist()}) == 28 and out == str(tmp_path / "x")
+
+
 def test_train_builds_a_variant_named_by_its_dataset_and_scores_every_target(tmp_path, small_indirect_splits):
     """dataset='indirect_indexing_letters8_len4-8_shift3_q4' is built on first use (small splits here)
     and the test accuracy counts all 4 targets of each of the 40 test rows; a misspelt name exits 2."""

@@ -15,7 +15,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 from prepare import common, genome, jsb, maestro  # noqa: E402
 
 
@@ -321,6 +322,49 @@ def test_genome_unwrapped_fasta_is_cut_into_the_same_blocks_as_a_wrapped_one(tmp
         arrays.append(load(out)[1])
         assert [len(b) for _, _, b in genome.iter_blocks(str(tmp_path / f"w{width}.fa"), 6000)] == [6000] * 12 + [5]
     assert all(np.array_equal(arrays[0][s], arrays[1][s]) for s in ("train", "val", "test"))
+
+
+def test_genome_source_takes_block_bp_and_the_hash_sends_known_blocks_to_val_and_test(tmp_path, monkeypatch):
+    """--source with --block_bp=6000 cuts 6000-bp blocks (not the source's 30,000); the hash of
+    (contig17, block) sends blocks 2 and 6 to val and 10 to test (crc32("contig17:k") / 2^32 is 0.031, 0.002
+    and 0.055 for k = 2, 6, 10, and above 0.10 for the others: below 0.05 val, then up to 0.10 test, as the
+    module docstring says); meta.json counts every row's <cls> among its tokens."""
+    rng = random.Random(4)
+    seq = random_dna(rng, 6000 * 12 + 5)
+    write_fasta(tmp_path / "k.fa", [("contig17 plasmid", seq)])
+    monkeypatch.setitem(genome.SOURCES, "kleborate-examples", (str(tmp_path / "k.fa"), str(tmp_path / "dflt"), "fraction", 30_000))
+    out = str(tmp_path / "out")
+    genome.prepare(out_dir=out, source="kleborate-examples", block_bp=6000, num_proc=1)
+    meta, arr = load(out)
+    assert meta["block_bp"] == 6000 and meta["split"] == "fraction" and meta["package"] == "kleborate-examples"
+    blocks = [seq[i:i + 6000] for i in range(0, len(seq), 6000)]
+    assert genome.decode(arr["val"].ravel()) == blocks[2] + blocks[6]
+    assert genome.decode(arr["test"].ravel()) == blocks[10]
+    assert genome.decode(arr["train"].ravel()) == "".join(b for i, b in enumerate(blocks) if i not in (2, 6, 10))
+    for s, a in arr.items():  # 1000 6-mers per clean block and one <cls> per row: all of them tokens
+        assert meta["splits"][s]["tokens"] == int((a != genome.PAD_ID).sum()) == meta["dna_tokens"][s] + len(a)
+    assert meta["splits"]["val"]["tokens"] == 2 * 1001
+
+
+@pytest.mark.parametrize("block_bp", [0, 9000, 6001])
+def test_genome_block_bp_off_the_6kb_grid_or_not_positive_is_refused(block_bp, tmp_path, monkeypatch):
+    write_fasta(tmp_path / "k.fa", [("contig17", "ACGT" * 3000)])
+    monkeypatch.setitem(genome.SOURCES, "kleborate-examples", (str(tmp_path / "k.fa"), str(tmp_path / "dflt"), "fraction", 30_000))
+    with pytest.raises(ValueError, match=f"block_bp must be a positive multiple of 6000, got {block_bp}"):
+        genome.prepare(out_dir=str(tmp_path / "out"), source="kleborate-examples", block_bp=block_bp, num_proc=1)
+    with pytest.raises(ValueError, match="positive multiple of 6000"):
+        genome.prepare(out_dir=str(tmp_path / "out"), input=str(tmp_path / "k.fa"), block_bp=block_bp, num_proc=1)
+    assert not os.path.exists(tmp_path / "out" / "meta.json")
+
+
+def test_genome_negative_block_bp_exits_2_instead_of_hanging(tmp_path):
+    """-6000 is a multiple of 6000: it used to pass the check, and the block loop then yielded empty blocks forever."""
+    import subprocess
+    write_fasta(tmp_path / "k.fa", [("contig17", "ACGT" * 3000)])
+    p = subprocess.run([sys.executable, os.path.join(REPO, "prepare", "genome.py"), "--input", str(tmp_path / "k.fa"),
+                        "--block_bp=-6000", "--split", "fraction", "--out_dir", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr == "error: block_bp must be a positive multiple of 6000, got -6000\n"
 
 
 def test_maestro_official_split_from_csv(tmp_path):

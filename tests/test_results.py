@@ -238,3 +238,42 @@ def test_the_script_exits_2_on_its_own(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(REPO, "results.py"), str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr == f"error: {tmp_path} holds no metrics.json: the run has not finished " \
         "(train.py writes it at the end; an interrupted run resumes with --init_from=resume)\n"
+
+
+def test_runs_scored_with_two_protocols_are_refused_not_averaged(tmp_path, capsys):
+    """A tiled and a sliding perplexity are different numbers: a group mixing them exits 2 naming both."""
+    a = make_run(tmp_path, "a", 1.5, 0.5)
+    b = make_run(tmp_path, "b", 1.5, 0.5, seed=2)
+    write_extrapolation(os.path.join(a, "extrapolate", "extrapolation.csv"), [(a, "tiled", 4096, 5.0)])
+    write_extrapolation(os.path.join(b, "extrapolate", "extrapolation.csv"), [(b, "sliding", 4096, 7.0)])
+    code, out, err = run_main([a, b, "--extrapolation=4096"], capsys)
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "different protocols (sliding, tiled)" in err
+
+
+def test_an_empty_perplexity_cell_exits_2_with_one_line(tmp_path, capsys):
+    """eval_extrapolate.py leaves ppl empty for an absolute encoding past its block_size: one line, exit 2."""
+    a = make_run(tmp_path, "a", 1.5, 0.5, pos_encoding="learned")
+    write_extrapolation(os.path.join(a, "extrapolate", "extrapolation.csv"), [(a, "tiled", 256, 4.5), (a, "tiled", 4096, "")])
+    code, out, err = run_main([a, "--extrapolation=256,4096"], capsys)
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "has no perplexity at length 4096" in err
+
+
+def test_peak_flops_is_bookkeeping_not_a_group(tmp_path):
+    """Two seeds that differ in seed and peak_flops (the MFU denominator, not what is trained): one group."""
+    a = make_run(tmp_path, "a", 1.0, 0.5, peak_flops=0.0)
+    b = make_run(tmp_path, "b", 2.0, 0.5, seed=2, peak_flops=312e12)
+    by, rows, _ = results.summarize([a, b])
+    assert by == [] and [(r["n"], r["seeds"]) for r in rows] == [(2, [1337, 2])]
+
+
+def test_a_group_without_any_wall_time_shows_a_bare_dash(tmp_path, capsys):
+    """No run of the group has a wall time: "—", not "— (n=0)"; a group where some runs have it: "(n=k)"."""
+    a = make_run(tmp_path, "a", 1.0, 0.5, wall=None)
+    b = make_run(tmp_path, "b", 1.0, 0.5, wall=None, seed=2)
+    c = make_run(tmp_path, "c", 1.0, 0.5, wall=None, pos_encoding="rope")
+    d = make_run(tmp_path, "d", 1.0, 0.5, wall=120.0, seed=2, pos_encoding="rope")
+    code, out, _ = run_main([a, b, c, d], capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines[-2].endswith("| 50.00 ± 0.00 | — |") and lines[-1].endswith("| 50.00 ± 0.00 | 2.0 ± — (n=1) |")

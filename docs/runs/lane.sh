@@ -4,7 +4,9 @@
 # released when its process ends, so a killed lane's run is taken up again by the next lane started):
 #   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv > lane0.log 2>&1 &
 #   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv > lane1.log 2>&1 &
-# A QUEUE line: NAME <tab> OUT_DIR <tab> train.py arguments [<tab> a command run after training].
+# A QUEUE line: NAME <tab> OUT_DIR <tab> train.py arguments [<tab> a command run after training]; one tab
+# between fields, an empty field stays empty (NAME<tab>OUT_DIR<tab><tab>CMD: no train.py arguments).
+# Lines starting with # are comments; a queue file's last line needs no newline.
 # A run whose OUT_DIR/metrics.json exists is not trained again; one with OUT_DIR/ckpt.pt resumes
 # (--init_from=resume). The after-command runs once (marker OUT_DIR/after.done). Each run gets one
 # core (OMP_NUM_THREADS=1) at low priority; /usr/bin/time -v writes its wall and CPU time to
@@ -15,8 +17,12 @@ set -u
 (( $# >= 1 )) || { echo "usage: lane.sh QUEUE.tsv [QUEUE.tsv ...]" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-while IFS=$'\t' read -r name out args after; do
+while IFS= read -r line; do
+  # split at every tab: with IFS=$'\t' two tabs would count as one (tab is IFS whitespace), so an empty
+  # field would shift the after-command into train.py's arguments; \x1f is not whitespace
+  IFS=$'\x1f' read -r name out args after <<< "${line//$'\t'/$'\x1f'}"
   [[ -z "$name" || "$name" == \#* ]] && continue
+  [[ -n "$out" ]] || { echo "$(date -u +%FT%TZ) skipped $name: no OUT_DIR (the second field)"; continue; }
   mkdir -p "$out"
   [[ -f "$out/metrics.json" && -f "docs/runs/$name.json" && ( -z "${after:-}" || -f "$out/after.done" ) ]] && continue
   exec {lock}> "$out/lane.lock"
@@ -50,5 +56,5 @@ PY
   [[ -f "$out/extrapolate/extrapolation.csv" ]] && cp "$out/extrapolate/extrapolation.csv" "docs/runs/$name.extrapolation.csv"
   echo "$(date -u +%FT%TZ) done $name"
   exec {lock}>&-
-done < <(cat "$@")
+done < <(awk 1 "$@")   # awk 1: every line ends with a newline, also a file's last
 echo "$(date -u +%FT%TZ) lane finished"

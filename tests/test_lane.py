@@ -1,0 +1,189 @@
+"""docs/runs/lane.sh, the experiment queue: each line trained once, resumed after a kill, copied to
+docs/runs/NAME.json with the wall and CPU time of every process, the after-command run once, a run that
+another lane holds left to it. The lane runs for real (bash, flock, /usr/bin/time) in a sandbox whose
+train.py is a stub that writes what train.py writes (ckpt.pt, best.pt, log.jsonl, metrics.json) in
+milliseconds and records its arguments, so every test sees exactly what the lane asked of train.py."""
+
+import fcntl
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LANE = os.path.join(REPO, "docs", "runs", "lane.sh")
+STUB = r'''"""train.py's outputs, instantly: --out_dir=D [--seed=S] [--init_from=resume] [--fail=1]."""
+import json, os, sys
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+out = args["out_dir"]
+with open(os.path.join(out, "calls.txt"), "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\n")
+if args.get("init_from") == "resume" and not os.path.exists(os.path.join(out, "ckpt.pt")):
+    sys.exit(f"error: init_from='resume' but {out}/ckpt.pt does not exist")
+if args.get("fail") == "1":
+    sys.exit("error: training diverged")
+for name in ("best.pt", "ckpt.pt"):
+    open(os.path.join(out, name), "w").write("weights")
+with open(os.path.join(out, "log.jsonl"), "a") as f:
+    f.write(json.dumps({"iter": 10, "val_acc": 0.5}) + "\n")
+with open(os.path.join(out, "metrics.json"), "w") as f:
+    json.dump({"dataset": "stub", "wall_time_s": 0.1, "test": {"loss": 1.0}, "config": {"seed": int(args.get("seed", 0))}}, f)
+'''
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A sandbox repository: the real lane.sh and cli.py (linked), a stub train.py, an empty docs/runs."""
+    root = tmp_path / "repo"
+    (root / "docs" / "runs").mkdir(parents=True)
+    os.symlink(LANE, root / "docs" / "runs" / "lane.sh")
+    os.symlink(os.path.join(REPO, "cli.py"), root / "cli.py")
+    (root / "train.py").write_text(STUB)
+    return root
+
+
+def queue(root, name, *lines, newline_at_end=True):
+    """A queue file of tab-separated lines (each a tuple of fields, or a string as is); returns its path."""
+    path = root / name
+    text = "\n".join(line if isinstance(line, str) else "\t".join(line) for line in lines)
+    path.write_text(text + ("\n" if newline_at_end else ""))
+    return str(path)
+
+
+def lane(root, *queues):
+    """Run one lane to its end: (stdout's messages without their timestamps, seconds it took)."""
+    t = time.time()
+    p = subprocess.run(["bash", str(root / "docs" / "runs" / "lane.sh"), *queues], cwd=root, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    return [re.sub(r"^\S+Z ", "", line) for line in p.stdout.splitlines()], time.time() - t
+
+
+def calls(root, out):
+    """train.py's command lines for a run folder, in order ([] if never called)."""
+    path = root / out / "calls.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def record(root, name):
+    return json.loads((root / "docs" / "runs" / f"{name}.json").read_text())
+
+
+def test_a_queue_of_two_runs_is_trained_copied_and_finished_once(repo):
+    # the after-command reads stdin (as ssh does): it must get nothing, not the queue's remaining lines
+    after = ("mkdir -p out/a/extrapolate && echo run,ppl > out/a/extrapolate/extrapolation.csv && echo x >> out/a/after.count"
+             " && cat > out/a/stdin.txt")
+    q = queue(repo, "q.tsv", "# a comment", ("a", "out/a", "--seed=1", after), "", ("b", "out/b", "--seed=2 "))
+    log, seconds = lane(repo, q)
+    assert log == ["start a: python train.py --seed=1 --out_dir=out/a ", f"after a: {after}", "done a",
+                   "start b: python train.py --seed=2  --out_dir=out/b ", "done b", "lane finished"]
+    assert calls(repo, "out/a") == ["--seed=1 --out_dir=out/a"] and calls(repo, "out/b") == ["--seed=2 --out_dir=out/b"]
+    for name, seed in (("a", 1), ("b", 2)):
+        out = repo / "out" / name
+        m = record(repo, name)
+        run = m.pop("run")
+        assert m == json.loads((out / "metrics.json").read_text()) and m["config"]["seed"] == seed
+        assert run["name"] == name and run["out_dir"] == f"out/{name}" and len(run["wall_s_processes"]) == 1
+        assert 0 <= run["wall_s_processes"][0] <= seconds and 0 <= run["cpu_s"] <= seconds
+        assert (repo / "docs" / "runs" / f"{name}.log.jsonl").read_text() == (out / "log.jsonl").read_text()
+    assert (repo / "docs" / "runs" / "a.extrapolation.csv").read_text() == "run,ppl\n"
+    assert not (repo / "docs" / "runs" / "b.extrapolation.csv").exists()
+    assert (repo / "out" / "a" / "after.done").exists() and not (repo / "out" / "b" / "after.done").exists()
+    assert (repo / "out" / "a" / "stdin.txt").read_text() == ""
+    log, _ = lane(repo, q)  # all done: nothing trained, run or copied again
+    assert log == ["lane finished"]
+    assert len(calls(repo, "out/a")) == len(calls(repo, "out/b")) == 1
+    assert (repo / "out" / "a" / "after.count").read_text() == "x\n"
+
+
+def test_a_lane_killed_between_training_and_copy_finishes_the_run_next_time(repo):
+    """a: the lane is killed (SIGKILL) inside a's after-command, after training, before the copy; b (no
+    after-command): trained, then its copy lost, as when a lane dies right after training. The next lane
+    trains neither again, runs a's after-command and writes both records."""
+    kill = "[ -f out/a/killed ] || { touch out/a/killed; kill -9 $PPID; }; echo ok > out/a/after.txt"
+    q = queue(repo, "q.tsv", ("b", "out/b", "--seed=2"), ("a", "out/a", "--seed=1", kill))
+    p = subprocess.run(["bash", str(repo / "docs" / "runs" / "lane.sh"), q], cwd=repo, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == -9 and (repo / "out" / "a" / "metrics.json").exists()
+    assert not (repo / "docs" / "runs" / "a.json").exists() and not (repo / "out" / "a" / "after.done").exists()
+    (repo / "docs" / "runs" / "b.json").unlink()
+    log, _ = lane(repo, q)
+    assert log == ["done b", f"after a: {kill}", "done a", "lane finished"]
+    assert calls(repo, "out/a") == ["--seed=1 --out_dir=out/a"] and calls(repo, "out/b") == ["--seed=2 --out_dir=out/b"]
+    assert record(repo, "a")["run"]["name"] == "a" and record(repo, "b")["run"]["name"] == "b"
+    assert (repo / "out" / "a" / "after.done").exists() and (repo / "out" / "a" / "after.txt").read_text() == "ok\n"
+
+
+def test_empty_fields_stay_in_place_and_every_queue_file_is_read(repo):
+    """NAME<tab>OUT<tab><tab>CMD has no train.py arguments and CMD as its after-command (tab is IFS
+    whitespace: read with IFS=$'\\t' merges the two tabs and hands CMD to train.py); a line without OUT_DIR
+    is skipped with a message; two queue files, the first without a final newline, give all their lines."""
+    q1 = queue(repo, "q1.tsv", ("e", "out/e", "", "echo after-ran > out/e/after.txt"), ("x", "", "--seed=3"),
+               ("f", "out/f", "--seed=4"), newline_at_end=False)
+    q2 = queue(repo, "q2.tsv", ("g", "out/g", "--seed=5"))
+    log, _ = lane(repo, q1, q2)
+    assert calls(repo, "out/e") == ["--out_dir=out/e"] and (repo / "out" / "e" / "after.txt").read_text() == "after-ran\n"
+    assert "skipped x: no OUT_DIR (the second field)" in log
+    assert calls(repo, "out/f") == ["--seed=4 --out_dir=out/f"] and calls(repo, "out/g") == ["--seed=5 --out_dir=out/g"]
+    assert sorted(os.listdir(repo / "docs" / "runs")) == ["e.json", "e.log.jsonl", "f.json", "f.log.jsonl", "g.json",
+                                                          "g.log.jsonl", "lane.sh"]
+
+
+TIME_V = """\tCommand being timed: "python train.py --out_dir=out/r"
+\tUser time (seconds): {user}
+\tSystem time (seconds): {system}
+\tPercent of CPU this job got: 99%
+\tElapsed (wall clock) time (h:mm:ss or m:ss): {wall}
+\tMaximum resident set size (kbytes): 512000
+\tExit status: 0
+"""
+
+
+def test_a_killed_run_resumes_and_its_record_sums_every_process(repo):
+    """r was killed twice (time.txt holds 1:02:03 = 3723 s and 2:05.50 = 125.5 s of wall clock, and
+    102.75 + 10.25 s of CPU) with ckpt.pt written: the lane resumes it, and NAME.json lists the wall clock
+    of all three processes, parsed h:mm:ss / m:ss, and their CPU time summed. s holds best.pt but no
+    ckpt.pt (killed between the two writes): a resume would fail, so it starts afresh, as does n, whose
+    folder is new. A run whose training fails is reported, not copied, and tried again by the next lane;
+    an after-command that fails runs again next time."""
+    out = repo / "out"
+    for name in ("r", "s"):
+        (out / name).mkdir(parents=True)
+    (out / "r" / "ckpt.pt").write_text("weights")
+    (out / "r" / "time.txt").write_text(TIME_V.format(user="100.50", system="2.25", wall="1:02:03")
+                                        + TIME_V.format(user="10.00", system="0.25", wall="2:05.50"))
+    (out / "s" / "best.pt").write_text("weights")
+    flaky = "[ -f out/t/tried ] || { touch out/t/tried; exit 3; }"
+    q = queue(repo, "q.tsv", ("r", "out/r", "--seed=1"), ("n", "out/n", "--seed=2"), ("f", "out/f", "--fail=1", "touch out/f/ran"),
+              ("s", "out/s", "--seed=3"), ("t", "out/t", "--seed=4", flaky))
+    log, seconds = lane(repo, q)
+    assert calls(repo, "out/r") == ["--seed=1 --out_dir=out/r --init_from=resume"]
+    assert calls(repo, "out/n") == ["--seed=2 --out_dir=out/n"] and calls(repo, "out/s") == ["--seed=3 --out_dir=out/s"]
+    run = record(repo, "r")["run"]
+    assert run["wall_s_processes"][:2] == [3723.0, 125.5] and len(run["wall_s_processes"]) == 3
+    assert 0 <= run["wall_s_processes"][2] <= seconds
+    assert 113.0 <= run["cpu_s"] <= 113.0 + seconds
+    assert "FAILED f (see out/f/train.log)" in log and "done f" not in log and "start s: python train.py --seed=3 --out_dir=out/s " in log
+    assert not (repo / "docs" / "runs" / "f.json").exists() and not (out / "f" / "ran").exists()
+    assert "FAILED after-command of t" in log and not (out / "t" / "after.done").exists()
+    log, _ = lane(repo, q)
+    assert log == ["start f: python train.py --fail=1 --out_dir=out/f ", "FAILED f (see out/f/train.log)",
+                   f"after t: {flaky}", "done t", "lane finished"]
+    assert len(calls(repo, "out/f")) == 2 and (out / "t" / "after.done").exists() and len(calls(repo, "out/t")) == 1
+
+
+def test_a_run_another_lane_holds_is_left_to_it(repo):
+    """h's lock is held (as by a lane training it): this lane takes the next line, i, and leaves h; once
+    the lock is free, the next lane trains h."""
+    q = queue(repo, "q.tsv", ("h", "out/h", "--seed=1"), ("i", "out/i", "--seed=2"))
+    (repo / "out" / "h").mkdir(parents=True)
+    with open(repo / "out" / "h" / "lane.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        log, _ = lane(repo, q)
+        assert calls(repo, "out/h") == [] and calls(repo, "out/i") == ["--seed=2 --out_dir=out/i"]
+        assert log == ["start i: python train.py --seed=2 --out_dir=out/i ", "done i", "lane finished"]
+    log, _ = lane(repo, q)
+    assert calls(repo, "out/h") == ["--seed=1 --out_dir=out/h"] and log[-2:] == ["done h", "lane finished"]
