@@ -28,7 +28,7 @@ Public API (imports nothing from this repo):
     attention_forward, attention_backward   the torch.library custom ops pope::attention_forward and
         pope::attention_backward (fake kernels registered, so torch.compile keeps them in its graph)
     unsupported_reason(q, k, v), check_limits(...), dot_precision(dtype)
-    KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, pinned_configs(), pin_configs(spec)
+    KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, COMPILE_OPTIONS, pinned_configs(), pin_configs(spec)
 
 The Triton interpreter (CPU tensors, slow, for tests) is used when TRITON_INTERPRET=1 is set before
 this module is imported (tests/conftest.py sets it on machines without CUDA). Why this split, and what
@@ -120,6 +120,11 @@ def _autotune(role):
 
 
 _NO_SPECIALIZE = ["Tq", "Tk", "q_offset", "TQ_BUCKET", "TK_BUCKET"]  # decoding: no recompile per length
+
+# Compile options passed at every launch (and by bench_kernel.compile_kernel). FP fusion (a * b + c as one
+# fma, in LLVM and ptxas) is on, as in Triton 3.7; Triton 3.9 warns when it is left to its default, and 3.10
+# turns the default off, which would change the kernels' rounding and instruction counts without notice.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
 # ---- device code ----------------------------------------------------------------------------------
@@ -508,7 +513,7 @@ def _forward(q, k, v, causal, q_offset):
     with _device(q):
         _fwd_kernel[lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,)](
             q, k, v, o, lse, *_strides(q, k, v, o), H, Tq, Tk, q_offset, _pow2_bucket(Tq), _pow2_bucket(Tk),
-            **_meta(q, k, v, causal))
+            **_meta(q, k, v, causal), **COMPILE_OPTIONS)
     return o, lse
 
 
@@ -527,11 +532,13 @@ def _backward(do, q, k, v, o, lse, causal, q_offset):
     buckets = (_pow2_bucket(Tq), _pow2_bucket(Tk))
     with _device(q):
         _pre_kernel[(triton.cdiv(Tq, PRE_BLOCK_M) * B * H,)](o, do, di, *_strides(o, do), H, Tq, D_V=v.shape[-1],
-                                                            BLOCK_M=PRE_BLOCK_M)
+                                                            BLOCK_M=PRE_BLOCK_M, **COMPILE_OPTIONS)
         _dkdv_kernel[lambda m: (triton.cdiv(Tk, m["BLOCK_N"]) * B * H_kv,)](
-            q, k, v, do, lse, di, dk, dv, *_strides(q, k, v, do, dk, dv), H_kv, Tq, Tk, q_offset, *buckets, **meta)
+            q, k, v, do, lse, di, dk, dv, *_strides(q, k, v, do, dk, dv), H_kv, Tq, Tk, q_offset, *buckets, **meta,
+            **COMPILE_OPTIONS)
         _dq_kernel[lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,)](
-            q, k, v, do, lse, di, dq, *_strides(q, k, v, do, dq), H, Tq, Tk, q_offset, *buckets, **meta)
+            q, k, v, do, lse, di, dq, *_strides(q, k, v, do, dq), H, Tq, Tk, q_offset, *buckets, **meta,
+            **COMPILE_OPTIONS)
     return dq, dk, dv
 
 

@@ -421,6 +421,22 @@ def test_grid_is_one_dimensional(monkeypatch):
     assert dict(grids) == {"fwd": (2 * 6 * 2,), "dkdv": (2 * 3 * 2,), "dq": (2 * 6 * 2,)}, grids
 
 
+def test_every_kernel_is_launched_with_fp_fusion_set(monkeypatch):
+    """Triton 3.9 warns when FP fusion is left to its default and 3.10 turns the default off: each of the four
+    kernels gets enable_fp_fusion=True at its launch (pope_kernel.COMPILE_OPTIONS), seen here where the
+    autotuner hands the call to the jitted function, which compiles with it on a GPU."""
+    seen = {}
+    for role, fn in (("fwd", pk._fwd_kernel.fn), ("pre", pk._pre_kernel), ("dkdv", pk._dkdv_kernel.fn),
+                     ("dq", pk._dq_kernel.fn)):
+        def record(*args, _run=fn.run, _role=role, **kw):
+            seen[_role] = kw.get("enable_fp_fusion")
+            return _run(*args, **kw)
+        monkeypatch.setattr(fn, "run", record)
+    q, k, v, delta = _inputs(1, 2, 20, 20, 16, 16, True, torch.float32)
+    pope.pope_attention(q, k, v, delta, backend="triton").sum().backward()
+    assert seen == {"fwd": True, "pre": True, "dkdv": True, "dq": True}, seen
+
+
 TF32_PROBE = """
 import sys
 sys.path.insert(0, {repo!r})
@@ -463,6 +479,8 @@ for role, d, cfg, arch in {configs!r}:
     assert "mma" in ptx, (role, arch)  # tensor cores
     rows = cfg[1] if role == "dkdv" else cfg[0]  # the M of the kernel's matmuls: keys in dkdv, queries else
     assert arch < 90 or rows < 64 or "wgmma" in ptx, ("no wgmma", role, d, cfg)
+    # FP fusion under TRITON_DEFAULT_FP_FUSION=0 (Triton 3.10's default): set by the kernels' own options
+    assert kernel.metadata.enable_fp_fusion and (role != "fwd" or "fma.rn.f32" in ptx), ("no FP fusion", role, d)
     regs, st, ld, loop_ops = bk.spill_stats(kernel, arch)
     print(role, d, cfg, arch, regs, st, ld, loop_ops, flush=True)
     assert loop_ops == 0, ("local memory in a loop", role, d, cfg, arch, loop_ops)
@@ -472,6 +490,7 @@ print("ok")
 
 def _compile_check(configs):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "0"  # the default from Triton 3.10 on; the kernels must not depend on it
     res = subprocess.run([sys.executable, "-c", COMPILE.format(repo=str(REPO), configs=configs)], capture_output=True,
                          text=True, timeout=3600, env=env)
     if res.returncode != 0 and ("ptxas" in res.stderr and "not found" in res.stderr.lower()):
@@ -482,8 +501,9 @@ def _compile_check(configs):
 @pytest.mark.skipif(CUDA, reason="on CUDA the other tests compile and run the kernels")
 def test_kernels_compile_for_sm90():
     """The interpreter compiles nothing: build the three kernels (training tile, d = 64) for sm_90 with the
-    ptxas bundled in the triton wheel (no GPU needed), so GPU-only compile errors show up on CPU machines too,
-    and check that their loops use wgmma and no local memory. Runs in a subprocess without TRITON_INTERPRET."""
+    ptxas Triton picks for sm_90 (no GPU needed), so GPU-only compile errors show up on CPU machines too,
+    and check that their loops use wgmma and no local memory, and that FP fusion is on although Triton's default
+    says off. Runs in a subprocess without TRITON_INTERPRET."""
     _compile_check([(role, 64, pk.CONFIGS[role][64][0], 90) for role in ("fwd", "dkdv", "dq")])
 
 
