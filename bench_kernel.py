@@ -275,6 +275,7 @@ def reference_fa_kernels():
         kv_off = base + offs_n[:, None] * stride_m + offs_d[None, :]
         k = tl.load(K + kv_off, mask=offs_n[:, None] < T, other=0.0)
         v = tl.load(V + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        k = tl.where(offs_n[:, None] < T, k, 0.0)  # as in pope_kernel._dkdv_kernel: k reaches the wgmma in registers
         dk = tl.full([BLOCK_N, D], 0.0, tl.float32)
         dv = tl.full([BLOCK_N, D], 0.0, tl.float32)
         lo = n0 // BLOCK_M * BLOCK_M
