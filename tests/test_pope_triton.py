@@ -5,6 +5,7 @@ TRITON_INTERPRET=1 before anything imports triton. With CUDA the same tests run 
 compiled kernels, plus the bf16 test. Keep shapes small: the interpreter is slow. Tile sizes are set per
 test through the kernels' autotune candidate lists (pope_kernel.KERNELS[role].configs).
 """
+import json
 import math
 import os
 import subprocess
@@ -505,6 +506,33 @@ def test_kernels_compile_for_sm90():
     and check that their loops use wgmma and no local memory, and that FP fusion is on although Triton's default
     says off. Runs in a subprocess without TRITON_INTERPRET."""
     _compile_check([(role, 64, pk.CONFIGS[role][64][0], 90) for role in ("fwd", "dkdv", "dq")])
+
+
+MATMUL_BOUND = """
+import sys
+sys.path.insert(0, {repo!r})
+import json
+import bench_kernel as bk, pope_kernel as pk
+cfg = pk.CONFIGS["dkdv"][128][0]
+stats = bk.loop_body_stats(bk.compile_kernel("dkdv", cfg, 128, 90), 90)
+flops = bk.block_flops("dkdv", 256, 128)
+print(json.dumps(dict(stats, cycles=bk.block_cycles(stats, cfg, flops), floor=flops / 4096)))
+"""
+
+
+@pytest.mark.skipif(CUDA, reason="compile-only check for CPU machines")
+def test_dkdv_loop_at_d128_is_bound_by_its_matmuls_on_sm90():
+    """Under Triton 3.9 the dK/dV loop at d = 128 (training tile, sm_90) became instruction-bound: 4,000
+    instructions per warp and 128 x 128 block, 8,000 cycles against its matmuls' 6,144 (docs/kernel.md). The
+    cycle estimate of bench_kernel.py --sass must equal the matmul floor under the installed Triton."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", MATMUL_BOUND.format(repo=str(REPO))], capture_output=True, text=True,
+                         timeout=1800, env=env)
+    if res.returncode != 0 and ("ptxas" in res.stderr and "not found" in res.stderr.lower()):
+        pytest.skip("no ptxas in this triton install")
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["cycles"] == got["floor"] == 6144 and got["loop_local_ops"] == 0, got
 
 
 @pytest.mark.slow
