@@ -18,7 +18,7 @@ FLOP convention (causal, so half of the T x T scores): RoPE fwd = 2 * B*H*T*T*(d
 2 FLOPs per multiply-add); PoPE's QK^T has width 2d, so PoPE fwd = 2 * B*H*T*T*(2d + d) / 2; bwd = 2.5 x fwd.
 'TFLOP/s' is (fwd + bwd FLOPs) / fwd+bwd time, each implementation credited with its own algorithmic FLOPs.
 
---sass compiles (triton's bundled ptxas, sm_90 by default, no GPU) the first autotune candidate of pope_kernel's
+--sass compiles (the ptxas Triton picks per arch, sm_90 by default, no GPU) the first autotune candidate of pope_kernel's
 fwd, dkdv and dq kernels at d = 64 and 128, and the minimal FlashAttention kernels of this file (q/k and v
 width d, same tiles and loop structure), and reads the innermost loop with the fewest instructions (the
 unmasked one) from the SASS: instructions per warp, MUFU per thread, tensor-core instructions, all per
@@ -275,6 +275,7 @@ def reference_fa_kernels():
         kv_off = base + offs_n[:, None] * stride_m + offs_d[None, :]
         k = tl.load(K + kv_off, mask=offs_n[:, None] < T, other=0.0)
         v = tl.load(V + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        k = tl.where(offs_n[:, None] < T, k, 0.0)  # as in pope_kernel._dkdv_kernel: k reaches the wgmma in registers
         dk = tl.full([BLOCK_N, D], 0.0, tl.float32)
         dv = tl.full([BLOCK_N, D], 0.0, tl.float32)
         lo = n0 // BLOCK_M * BLOCK_M
@@ -359,19 +360,20 @@ _RUNTIME_INTS = ("H", "H_KV", "Tq", "Tk", "T", "q_offset", "TQ_BUCKET", "TK_BUCK
 
 
 def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
-    """Compile one kernel (causal) for sm_<arch> with Triton's bundled ptxas; no GPU needed.
+    """Compile one kernel (causal) for sm_<arch> with the ptxas Triton picks for it; no GPU needed.
 
     role: 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); d: head dim.
     impl 'pope': pope_kernel's kernel with D_QK = 2d, D_V = d; 'fa': reference_fa_kernels (width d).
-    dtype 'bf16' | 'fp16' | 'fp32'. Pointers and strides are marked 16-divisible, as the JIT specialises
+    dtype 'bf16' | 'fp16' | 'fp32'. Options as at a launch (num_warps, num_stages, pope_kernel.COMPILE_OPTIONS),
+    for the reference kernels too. Pointers and strides are marked 16-divisible, as the JIT specialises
     them for contiguous tensors. Returns the triton CompiledKernel (asm: ptx, cubin).
     """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    import pope_kernel as pk
     bm, bn, warps, stages = config
     if impl == "pope":
-        import pope_kernel as pk
         fn = pk.KERNELS[role].fn
         consts = dict(GROUP=1, D_QK=2 * d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=bn)
     else:
@@ -389,12 +391,20 @@ def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
             if name not in _RUNTIME_INTS:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=warps, num_stages=stages))
+                          options=dict(num_warps=warps, num_stages=stages, **pk.COMPILE_OPTIONS))
 
 
-def _tool(name):
-    import triton
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+def _ptxas(arch):
+    """Path of the ptxas Triton itself uses for sm_<arch>: Triton 3.7 runs the wheel's bin/ptxas below sm_100,
+    Triton 3.9 bin/ptxas-blackwell from sm_90 up (its sm_90 PTX is version 9.4, newer than bin/ptxas reads).
+    TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH override, as for Triton."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    return get_ptxas(arch).path
+
+
+def _cuobjdump():
+    from triton import knobs
+    return knobs.nvidia.cuobjdump.path
 
 
 def _sass(kernel, arch):
@@ -406,9 +416,9 @@ def _sass(kernel, arch):
         with open(cubin, "wb") as f:
             f.write(kernel.asm["cubin"])
         gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-        info = subprocess.run([_tool("ptxas"), "-v", f"--gpu-name={gpu}", ptx, "-o", os.devnull],
+        info = subprocess.run([_ptxas(arch), "-v", f"--gpu-name={gpu}", ptx, "-o", os.devnull],
                               capture_output=True, text=True, check=True).stderr
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([_cuobjdump(), "-sass", cubin], capture_output=True, text=True, check=True).stdout
     return info, [(int(a, 16), text.strip()) for a, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
 
 

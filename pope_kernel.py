@@ -28,7 +28,7 @@ Public API (imports nothing from this repo):
     attention_forward, attention_backward   the torch.library custom ops pope::attention_forward and
         pope::attention_backward (fake kernels registered, so torch.compile keeps them in its graph)
     unsupported_reason(q, k, v), check_limits(...), dot_precision(dtype)
-    KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, pinned_configs(), pin_configs(spec)
+    KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, COMPILE_OPTIONS, pinned_configs(), pin_configs(spec)
 
 The Triton interpreter (CPU tensors, slow, for tests) is used when TRITON_INTERPRET=1 is set before
 this module is imported (tests/conftest.py sets it on machines without CUDA). Why this split, and what
@@ -120,6 +120,11 @@ def _autotune(role):
 
 
 _NO_SPECIALIZE = ["Tq", "Tk", "q_offset", "TQ_BUCKET", "TK_BUCKET"]  # decoding: no recompile per length
+
+# Compile options passed at every launch (and by bench_kernel.compile_kernel). FP fusion (a * b + c as one
+# fma, in LLVM and ptxas) is on, as in Triton 3.7; Triton 3.9 warns when it is left to its default, and 3.10
+# turns the default off, which would change the kernels' rounding and instruction counts without notice.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
 # ---- device code ----------------------------------------------------------------------------------
@@ -290,6 +295,12 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DI, DK, DV,
                 + (offs_j[:, None] * stride_kn + offs_qk[None, :]), mask=key_ok[:, None], other=0.0)
     v = tl.load(V + (b * stride_vb + h_kv * stride_vh + n0.to(tl.int64) * stride_vn)
                 + (offs_j[:, None] * stride_vn + offs_v[None, :]), mask=key_ok[:, None], other=0.0)
+    # A select that changes no value (the load gave 0 past Tk) but makes k a computed value: the wgmma of
+    # s_t = k q^T in the loop then reads k from registers (ldmatrix), instead of through one shared-memory
+    # descriptor per 16 columns, which Triton 3.9 rebuilds every iteration with vector adds and moves to
+    # uniform registers one at a time. sm_90, d = 128, per 128 x 128 block: 4,000 -> 2,920 instructions per
+    # warp under Triton 3.9, 2,944 -> 2,512 under 3.7 (docs/kernel.md).
+    k = tl.where(key_ok[:, None], k, 0.0)
     dk = tl.full([BLOCK_N, D_QK], 0.0, tl.float32)
     dv = tl.full([BLOCK_N, D_V], 0.0, tl.float32)
 
@@ -508,7 +519,7 @@ def _forward(q, k, v, causal, q_offset):
     with _device(q):
         _fwd_kernel[lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,)](
             q, k, v, o, lse, *_strides(q, k, v, o), H, Tq, Tk, q_offset, _pow2_bucket(Tq), _pow2_bucket(Tk),
-            **_meta(q, k, v, causal))
+            **_meta(q, k, v, causal), **COMPILE_OPTIONS)
     return o, lse
 
 
@@ -527,11 +538,13 @@ def _backward(do, q, k, v, o, lse, causal, q_offset):
     buckets = (_pow2_bucket(Tq), _pow2_bucket(Tk))
     with _device(q):
         _pre_kernel[(triton.cdiv(Tq, PRE_BLOCK_M) * B * H,)](o, do, di, *_strides(o, do), H, Tq, D_V=v.shape[-1],
-                                                            BLOCK_M=PRE_BLOCK_M)
+                                                            BLOCK_M=PRE_BLOCK_M, **COMPILE_OPTIONS)
         _dkdv_kernel[lambda m: (triton.cdiv(Tk, m["BLOCK_N"]) * B * H_kv,)](
-            q, k, v, do, lse, di, dk, dv, *_strides(q, k, v, do, dk, dv), H_kv, Tq, Tk, q_offset, *buckets, **meta)
+            q, k, v, do, lse, di, dk, dv, *_strides(q, k, v, do, dk, dv), H_kv, Tq, Tk, q_offset, *buckets, **meta,
+            **COMPILE_OPTIONS)
         _dq_kernel[lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,)](
-            q, k, v, do, lse, di, dq, *_strides(q, k, v, do, dq), H, Tq, Tk, q_offset, *buckets, **meta)
+            q, k, v, do, lse, di, dq, *_strides(q, k, v, do, dq), H, Tq, Tk, q_offset, *buckets, **meta,
+            **COMPILE_OPTIONS)
     return dq, dk, dv
 
 

@@ -5,6 +5,7 @@ TRITON_INTERPRET=1 before anything imports triton. With CUDA the same tests run 
 compiled kernels, plus the bf16 test. Keep shapes small: the interpreter is slow. Tile sizes are set per
 test through the kernels' autotune candidate lists (pope_kernel.KERNELS[role].configs).
 """
+import json
 import math
 import os
 import subprocess
@@ -421,6 +422,22 @@ def test_grid_is_one_dimensional(monkeypatch):
     assert dict(grids) == {"fwd": (2 * 6 * 2,), "dkdv": (2 * 3 * 2,), "dq": (2 * 6 * 2,)}, grids
 
 
+def test_every_kernel_is_launched_with_fp_fusion_set(monkeypatch):
+    """Triton 3.9 warns when FP fusion is left to its default and 3.10 turns the default off: each of the four
+    kernels gets enable_fp_fusion=True at its launch (pope_kernel.COMPILE_OPTIONS), seen here where the
+    autotuner hands the call to the jitted function, which compiles with it on a GPU."""
+    seen = {}
+    for role, fn in (("fwd", pk._fwd_kernel.fn), ("pre", pk._pre_kernel), ("dkdv", pk._dkdv_kernel.fn),
+                     ("dq", pk._dq_kernel.fn)):
+        def record(*args, _run=fn.run, _role=role, **kw):
+            seen[_role] = kw.get("enable_fp_fusion")
+            return _run(*args, **kw)
+        monkeypatch.setattr(fn, "run", record)
+    q, k, v, delta = _inputs(1, 2, 20, 20, 16, 16, True, torch.float32)
+    pope.pope_attention(q, k, v, delta, backend="triton").sum().backward()
+    assert seen == {"fwd": True, "pre": True, "dkdv": True, "dq": True}, seen
+
+
 TF32_PROBE = """
 import sys
 sys.path.insert(0, {repo!r})
@@ -463,6 +480,8 @@ for role, d, cfg, arch in {configs!r}:
     assert "mma" in ptx, (role, arch)  # tensor cores
     rows = cfg[1] if role == "dkdv" else cfg[0]  # the M of the kernel's matmuls: keys in dkdv, queries else
     assert arch < 90 or rows < 64 or "wgmma" in ptx, ("no wgmma", role, d, cfg)
+    # FP fusion under TRITON_DEFAULT_FP_FUSION=0 (Triton 3.10's default): set by the kernels' own options
+    assert kernel.metadata.enable_fp_fusion and (role != "fwd" or "fma.rn.f32" in ptx), ("no FP fusion", role, d)
     regs, st, ld, loop_ops = bk.spill_stats(kernel, arch)
     print(role, d, cfg, arch, regs, st, ld, loop_ops, flush=True)
     assert loop_ops == 0, ("local memory in a loop", role, d, cfg, arch, loop_ops)
@@ -472,6 +491,7 @@ print("ok")
 
 def _compile_check(configs):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "0"  # the default from Triton 3.10 on; the kernels must not depend on it
     res = subprocess.run([sys.executable, "-c", COMPILE.format(repo=str(REPO), configs=configs)], capture_output=True,
                          text=True, timeout=3600, env=env)
     if res.returncode != 0 and ("ptxas" in res.stderr and "not found" in res.stderr.lower()):
@@ -482,9 +502,37 @@ def _compile_check(configs):
 @pytest.mark.skipif(CUDA, reason="on CUDA the other tests compile and run the kernels")
 def test_kernels_compile_for_sm90():
     """The interpreter compiles nothing: build the three kernels (training tile, d = 64) for sm_90 with the
-    ptxas bundled in the triton wheel (no GPU needed), so GPU-only compile errors show up on CPU machines too,
-    and check that their loops use wgmma and no local memory. Runs in a subprocess without TRITON_INTERPRET."""
+    ptxas Triton picks for sm_90 (no GPU needed), so GPU-only compile errors show up on CPU machines too,
+    and check that their loops use wgmma and no local memory, and that FP fusion is on although Triton's default
+    says off. Runs in a subprocess without TRITON_INTERPRET."""
     _compile_check([(role, 64, pk.CONFIGS[role][64][0], 90) for role in ("fwd", "dkdv", "dq")])
+
+
+MATMUL_BOUND = """
+import sys
+sys.path.insert(0, {repo!r})
+import json
+import bench_kernel as bk, pope_kernel as pk
+cfg = pk.CONFIGS["dkdv"][128][0]
+stats = bk.loop_body_stats(bk.compile_kernel("dkdv", cfg, 128, 90), 90)
+flops = bk.block_flops("dkdv", 256, 128)
+print(json.dumps(dict(stats, cycles=bk.block_cycles(stats, cfg, flops), floor=flops / 4096)))
+"""
+
+
+@pytest.mark.skipif(CUDA, reason="compile-only check for CPU machines")
+def test_dkdv_loop_at_d128_is_bound_by_its_matmuls_on_sm90():
+    """Under Triton 3.9 the dK/dV loop at d = 128 (training tile, sm_90) became instruction-bound: 4,000
+    instructions per warp and 128 x 128 block, 8,000 cycles against its matmuls' 6,144 (docs/kernel.md). The
+    cycle estimate of bench_kernel.py --sass must equal the matmul floor under the installed Triton."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", MATMUL_BOUND.format(repo=str(REPO))], capture_output=True, text=True,
+                         timeout=1800, env=env)
+    if res.returncode != 0 and ("ptxas" in res.stderr and "not found" in res.stderr.lower()):
+        pytest.skip("no ptxas in this triton install")
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["cycles"] == got["floor"] == 6144 and got["loop_local_ops"] == 0, got
 
 
 @pytest.mark.slow
