@@ -182,7 +182,7 @@ def main(argv):
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     if cfg.init_from == "resume":  # a fine-tune starts with a fresh optimizer
         optimizer.load_state_dict(checkpoint["optimizer"])
-        scaler.load_state_dict(checkpoint["scaler"])
+        _load_scaler(scaler, checkpoint["scaler"], master)
         _restore_rng(checkpoint["rng"], rank, world_size, device_type)
     checkpoint = None  # free its memory
     if use_compile:
@@ -419,6 +419,19 @@ def progress(it, it_start, it_max, elapsed_s, loop_s):
 
 def _round_vocab(n, multiple=64):
     return ((n + multiple - 1) // multiple) * multiple
+
+
+def _load_scaler(scaler, state, master):
+    """Restore the GradScaler of a resumed run. A float16 run resumed from a bfloat16 or float32 checkpoint
+    (whose disabled scaler saved {}) starts from a fresh loss scale, with a one-line note; a scaler that is
+    off (bf16 / fp32 now) ignores the state."""
+    if not scaler.is_enabled():
+        return
+    if state:
+        scaler.load_state_dict(state)
+    elif master:
+        print("note: the checkpoint has no GradScaler state (it was trained in bfloat16 or float32); float16 "
+              "training goes on from a fresh loss scale", file=sys.stderr)
 
 
 def _gather_rng(ddp, world_size, device_type):
