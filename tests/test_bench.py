@@ -47,3 +47,20 @@ def test_every_section_runs_at_a_tiny_size():
     rows = bench.bench_decode("cpu", prompt_len=8, n_short=2, n_long=6, rounds=5, n_kv_heads=(None, 1), **small)
     assert [(r["pos_encoding"], r["n_kv_head"]) for r in rows] == [("rope", 2), ("pope", 2), ("rope", 1), ("pope", 1)]
     assert all("time_vs_rope" in r for r in rows[1::2])
+
+
+def test_cuda_device_n_is_synchronized_and_measured(monkeypatch):
+    """--device=cuda:1 times and measures GPU 1: synchronize and the memory statistics name the device
+    (without it they act on the current device, GPU 0). Mocked CUDA calls record the device they are given."""
+    calls = []
+    for name, result in (("synchronize", None), ("reset_peak_memory_stats", None), ("memory_allocated", 100),
+                         ("max_memory_allocated", 100 + 3 * 2**20)):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None, _n=name, _r=result: (calls.append((_n, device)), _r)[1])
+    bench._sync("cuda:1")
+    assert bench._cuda_peak_mb(lambda: calls.append(("fn", None)), "cuda:1") == 3.0
+    one = torch.device("cuda:1")
+    assert calls == [("synchronize", one), ("reset_peak_memory_stats", one), ("memory_allocated", one), ("fn", None),
+                     ("max_memory_allocated", one)]
+    calls.clear()
+    bench._sync("cpu")
+    assert calls == []
