@@ -26,7 +26,7 @@ Public API
     pope_attention_reference(...)   float64 reference straight from the polar formula (tests)
     pope_attention_triton(...), pope_backend(q, k, v, backend), triton_unsupported_reason(q, k, v),
     triton_supported(q, k, v), TRITON_HEAD_DIMS, compute_dtype(q, v)
-    sdpa_attention(q, k, v, *, causal, sm_scale, q_offset), causal_mask(Tq, Tk, q_offset)
+    sdpa_attention(q, k, v, *, causal, sm_scale, q_offset), sdpa_gqa(q, k, v, masked), causal_mask(Tq, Tk, q_offset)
 Grouped-query attention: k, v and delta may have H_kv heads for H query heads (H a multiple of H_kv);
 query head h uses key/value head h // (H / H_kv).
 This module imports without Triton; only backend='triton' needs it.
@@ -154,23 +154,45 @@ def causal_mask(Tq, Tk, q_offset, device=None):
     return j <= i + q_offset
 
 
+def sdpa_gqa(q, k, v, masked):
+    """Grouped-query attention for F.scaled_dot_product_attention -> (k, v, kwargs): k, v as given with
+    {"enable_gqa": True}, or repeated to the query heads with {}.
+
+    q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv); masked: an attn_mask will be passed.
+    On CUDA, enable_gqa works only with SDPA's flash kernel and its O(T^2) math kernel, and flash takes
+    neither a float32 compute dtype (q's, or autocast's) nor an attn_mask; there k and v are expanded
+    (H / H_kv copies of the cache, O(T) memory) so the memory-efficient kernel runs. Elsewhere (CPU's fused
+    kernel takes enable_gqa with masks and fp32; CUDA fp16/bf16 without a mask: flash) enable_gqa stays.
+    """
+    H, H_kv = q.shape[1], k.shape[1]
+    if H == H_kv:
+        return k, v, {}
+    if q.is_cuda and (masked or compute_dtype(q, q) == torch.float32):
+        G = H // H_kv
+        return k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), {}
+    return k, v, {"enable_gqa": True}
+
+
 def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0):
     """Softmax attention through F.scaled_dot_product_attention with PoPE's position convention.
 
     q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv) -> (B, H, Tq, dv); H a multiple of H_kv
-    (grouped-query attention through SDPA's enable_gqa). Query i sits at absolute position q_offset + i,
+    (grouped-query attention: sdpa_gqa). Query i sits at absolute position q_offset + i,
     key j at position j; with causal=True query i sees keys j <= q_offset + i. q_offset = 0 with Tq = Tk
     is ordinary training; q_offset = Tk - Tq is decoding with a KV cache (bottom-right alignment).
     sm_scale defaults to 1/sqrt(dk). The common cases (Tq = Tk and q_offset = 0, or non-causal) keep
     SDPA's O(T) fused kernels; any other q_offset materialises a (Tq, Tk) boolean mask, small when decoding.
     """
     Tq, Tk = q.shape[-2], k.shape[-2]
-    kw = dict(scale=sm_scale, **({"enable_gqa": True} if q.shape[1] != k.shape[1] else {}))
     if not causal or (Tq == 1 and q_offset >= Tk - 1):  # a single new token sees every cached key
-        return F.scaled_dot_product_attention(q, k, v, **kw)
+        k, v, gqa = sdpa_gqa(q, k, v, masked=False)
+        return F.scaled_dot_product_attention(q, k, v, scale=sm_scale, **gqa)
     if q_offset == 0 and Tq == Tk:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, q_offset, device=q.device), **kw)
+        k, v, gqa = sdpa_gqa(q, k, v, masked=False)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=sm_scale, **gqa)
+    k, v, gqa = sdpa_gqa(q, k, v, masked=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, q_offset, device=q.device),
+                                          scale=sm_scale, **gqa)
 
 
 def _check(q, k, v, delta, q_offset, magnitude):
