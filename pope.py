@@ -47,6 +47,7 @@ except Exception as _e:  # pragma: no cover - triton missing (macOS, Windows) or
 
 MAGNITUDES = ("softplus", "relu", "identity")
 TRITON_HEAD_DIMS = (16, 32, 64, 128)  # raw head dims d (and dv) the Triton backend takes
+TENSOR_CORE_CAPABILITY = (8, 0)  # Triton's tl.dot runs on tensor cores (mma) from sm_80; backend='auto' needs it
 LOG2E = 1.4426950408889634
 _THETA_WARNED = []
 
@@ -298,12 +299,17 @@ def pope_backend(q, k, v, backend="auto"):
     """The backend pope_attention runs for these tensors: 'triton' or 'torch' ('auto' resolved).
 
     'auto' picks the Triton kernel for CUDA tensors whose compute dtype (v's dtype, or the autocast dtype)
-    is fp16 or bf16 and that the kernel supports (triton_supported); fp32 goes to the torch path. Other
-    values are returned as given (pope_attention checks them).
+    is fp16 or bf16, that the kernel supports (triton_supported), on a GPU of compute capability >= 8.0
+    (below, V100 / T4, Triton's tl.dot compiles to FMA loops, no tensor cores) whose shared memory fits
+    its tiles (pope_kernel.device_unsupported_reason); each query names q's device. fp32 goes to the torch
+    path. Other values are returned as given (pope_attention checks them).
     """
     if backend != "auto":
         return backend
-    use = q.is_cuda and triton_supported(q, k, v) and compute_dtype(q, v) != torch.float32
+    dtype = compute_dtype(q, v)
+    use = (q.is_cuda and triton_supported(q, k, v) and dtype != torch.float32
+           and torch.cuda.get_device_capability(q.device) >= TENSOR_CORE_CAPABILITY
+           and pope_kernel.device_unsupported_reason(q.device, dtype, 2 * q.shape[-1], v.shape[-1]) is None)
     return "triton" if use else "torch"
 
 
@@ -341,6 +347,10 @@ def _triton_ready(q, k, v):
         raise ValueError(f"backend='triton' needs CUDA tensors, got device {q.device}. Use backend='auto' or "
                          "'torch' on CPU, or set TRITON_INTERPRET=1 before importing pope / pope_kernel to run "
                          "the kernel in the (slow) Triton interpreter, e.g. for tests")
+    if q.is_cuda:
+        reason = pope_kernel.device_unsupported_reason(q.device, compute_dtype(q, v), 2 * q.shape[-1], v.shape[-1])
+        if reason is not None:
+            raise ValueError(reason)
 
 
 class _TritonPoPE(torch.autograd.Function):
