@@ -408,6 +408,64 @@ def test_torch_compile_keeps_custom_op_in_graph():
         torch.testing.assert_close(a, t.grad)
 
 
+def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
+    """(B, H, T, 2d) tensors a 2-layer PoPE GPT keeps for the backward of one fp16-autocast training step, and their
+    bytes. compiled: the whole step under torch.compile (fullgraph) with a backend that runs AOTAutograd with
+    Inductor's decompositions and min-cut partitioner (what the default torch.compile does before code
+    generation): the forward graph's outputs besides the loss. Eager: autograd's saved tensors, each storage once."""
+    from functools import partial
+
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=H, n_embd=H * d, block_size=T, vocab_size=64, attn_backend=backend))
+    x = torch.randint(0, 64, (B, T))
+    saved = []
+
+    def step(x):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return model(x, x)[1]
+
+    def forward_compiler(gm, example_inputs):
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        saved.extend(a.meta["val"] for a in out.args[0] if hasattr(a, "meta") and isinstance(a.meta.get("val"), torch.Tensor))
+        return gm
+
+    def aot_backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler, bw_compiler=lambda gm, _: gm,
+                                     partition_fn=partial(min_cut_rematerialization_partition, compiler="inductor"),
+                                     decompositions=select_decomp_table())
+    if compiled:
+        torch._dynamo.reset()
+        torch.compile(step, backend=aot_backend, fullgraph=True)(x)
+    else:
+        seen = {}
+
+        def pack(t):
+            seen[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step(x)
+        saved = list(seen.values())
+    big = [t for t in saved if tuple(t.shape) == (B, H, T, 2 * d)]
+    return len(big), sum(t.numel() * t.element_size() for t in big)
+
+
+@pytest.mark.parametrize("backend, eager_count", [("triton", 0), ("torch", 8)])
+def test_compiled_training_step_keeps_no_more_cartesian_tensors_than_eager(backend, eager_count):
+    """Traced by Dynamo, an autograd.Function's forward and backward share one joint graph: AOTAutograd's CSE
+    merged the backward's recomputation of q~, k~ with the forward's, and the partitioner then saved both, 4
+    (B, H, T, 2d) tensors for 2 layers. The Triton path keeps none (custom ops pope::triton_forward / backward);
+    the torch path keeps SDPA's inputs and output, as eager autograd does."""
+    n_eager, _ = _saved_cartesian(backend, compiled=False)
+    n_compiled, _ = _saved_cartesian(backend, compiled=True)
+    assert n_eager == eager_count
+    assert n_compiled <= n_eager, (backend, n_compiled, n_eager)
+
+
 def test_opcheck():
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, 2, 12, 32, generator=g).to(DEV).requires_grad_() for _ in range(2))
@@ -417,6 +475,15 @@ def test_opcheck():
     o, lse = pk.attention_forward(q, k, v, True, 0)
     torch.library.opcheck(pk.attention_backward, (torch.randn_like(o), q.detach(), k.detach(), v.detach(),
                                                   o.detach(), lse, True, 0))
+    # pope.py's ops around them: the Cartesian transform, the kernels and the chain rule in one node each
+    rq, rk = (t[..., :16].detach().requires_grad_() for t in (q, k))
+    delta = (-torch.rand(2, 16, generator=g)).to(DEV).requires_grad_()
+    args = (rq, rk, v, delta, True, 10000.0, 0.25, 0, "softplus")
+    torch.library.opcheck(pope._triton_forward, args)
+    o, lse = pope._triton_forward(*args)
+    torch.library.opcheck(pope._triton_backward, (torch.randn_like(o), rq.detach(), rk.detach(), v.detach(),
+                                                  delta.detach(), o.detach(), lse, True, 10000.0, 0.25, 0,
+                                                  "softplus", True))
 
 
 def test_launch_limits_raise_clear_errors():
