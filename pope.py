@@ -309,9 +309,15 @@ def pope_backend(q, k, v, backend="auto"):
         return backend
     dtype = compute_dtype(q, v)
     use = (q.is_cuda and triton_supported(q, k, v) and dtype != torch.float32
-           and torch.cuda.get_device_capability(q.device) >= TENSOR_CORE_CAPABILITY
+           and _tensor_core_dot(q.device)
            and pope_kernel.device_unsupported_reason(q.device, dtype, 2 * q.shape[-1], v.shape[-1]) is None)
     return "triton" if use else "torch"
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, a constant
+def _tensor_core_dot(device):
+    """True if CUDA `device` (that device, not the current one) has compute capability >= 8.0."""
+    return torch.cuda.get_device_capability(device) >= TENSOR_CORE_CAPABILITY
 
 
 def triton_unsupported_reason(q, k, v):

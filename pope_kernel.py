@@ -107,8 +107,8 @@ def shared_memory_bytes(role, config, D_QK, D_V, elem_bytes, arch):
     or 4 (fp32); arch the compute capability as 80, 86, 89, 90. The model: the tiles loaded in the key (fwd,
     dq) or query (dkdv) loop, buffered num_stages times where sm_90 uses wgmma (matmul rows >= 64) and
     num_stages - 1 times else, the tiles loaded once before the loop, layout-conversion tiles of the
-    score shape (BLOCK_M x BLOCK_N; none in a 128-row forward, two in an fp32 backward), for fp32 dQ a
-    transposed V tile, and 1 KB of scratch. It is what the compiled kernels report as
+    score shape (BLOCK_M x BLOCK_N; none in a 16-bit 128-row forward, two in an fp32 backward), for fp32
+    dQ a transposed V tile, and 1 KB of scratch. fp32 covers both tf32 and IEEE (FMA) dots. It is what the compiled kernels report as
     metadata.shared, or more: tests/test_pope_triton.py compiles every candidate for sm_80/86/89/90
     without a GPU and checks it (a fast subset in the default suite).
     """
@@ -117,7 +117,10 @@ def shared_memory_bytes(role, config, D_QK, D_V, elem_bytes, arch):
     buffers = stages if arch >= 90 and rows >= 64 else stages - 1
     width = (D_QK + D_V) * elem_bytes
     fp32 = elem_bytes == 4  # tf32 operands: transposes go through extra shared-memory copies
-    score = bm * bn * elem_bytes * (2 if fp32 and role != "fwd" else 0 if role == "fwd" and bm >= 128 else 1)
+    if fp32:  # one score tile in the forward (IEEE dots: FMA), two in the backward
+        score = bm * bn * elem_bytes * (1 if role == "fwd" else 2)
+    else:  # mma: a 128-row forward keeps its scores in registers
+        score = bm * bn * elem_bytes * (0 if role == "fwd" and bm >= 128 else 1)
     if role == "dkdv":  # queries, dO, lse and Di stream through the loop; the key tile's K, V stay
         return buffers * bm * (width + 8) + bn * width + score + 1024
     resident = bm * (D_QK if role == "fwd" else D_QK + D_V)  # q (and dO for dq)
