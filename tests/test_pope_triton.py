@@ -475,15 +475,17 @@ def test_opcheck():
     o, lse = pk.attention_forward(q, k, v, True, 0)
     torch.library.opcheck(pk.attention_backward, (torch.randn_like(o), q.detach(), k.detach(), v.detach(),
                                                   o.detach(), lse, True, 0))
-    # pope.py's ops around them: the Cartesian transform, the kernels and the chain rule in one node each
+    # pope.py's ops around them: the Cartesian transform, the kernels and the chain rule in one node each (their
+    # AOTAutograd tracing is exercised by test_compiled_training_step_keeps_no_more_cartesian_tensors_than_eager)
     rq, rk = (t[..., :16].detach().requires_grad_() for t in (q, k))
     delta = (-torch.rand(2, 16, generator=g)).to(DEV).requires_grad_()
     args = (rq, rk, v, delta, True, 10000.0, 0.25, 0, "softplus")
-    torch.library.opcheck(pope._triton_forward, args)
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(pope._triton_forward, args, test_utils=checks)
     o, lse = pope._triton_forward(*args)
     torch.library.opcheck(pope._triton_backward, (torch.randn_like(o), rq.detach(), rk.detach(), v.detach(),
                                                   delta.detach(), o.detach(), lse, True, 10000.0, 0.25, 0,
-                                                  "softplus", True))
+                                                  "softplus", True), test_utils=checks)
 
 
 def test_launch_limits_raise_clear_errors():
