@@ -101,24 +101,24 @@ SHARED_MEMORY_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}  # b
 
 
 def shared_memory_bytes(role, config, D_QK, D_V, elem_bytes, arch):
-    """Upper bound on the shared memory (bytes) Triton 3.7-3.9 allocates for one kernel build.
+    """Upper bound on the shared memory (bytes) Triton allocates for one kernel build (metadata.shared).
 
     role 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); elem_bytes 2 (fp16/bf16)
-    or 4 (fp32); arch the compute capability as 80, 86, 89, 90. The model: the tiles loaded in the key (fwd,
-    dq) or query (dkdv) loop, buffered num_stages times where sm_90 uses wgmma (matmul rows >= 64) and
-    num_stages - 1 times else, the tiles loaded once before the loop, layout-conversion tiles of the
-    score shape (BLOCK_M x BLOCK_N; none in a 16-bit 128-row forward, two in an fp32 backward), for fp32
-    dQ a transposed V tile, and 1 KB of scratch. fp32 covers both tf32 and IEEE (FMA) dots. It is what the compiled kernels report as
-    metadata.shared, or more: tests/test_pope_triton.py compiles every candidate for sm_80/86/89/90
-    without a GPU and checks it (a fast subset in the default suite).
+    or 4 (fp32, tf32 or IEEE dots); arch the compute capability as 80, 86, 89, 90. The model: the tiles
+    loaded in the key (fwd, dq) or query (dkdv) loop, buffered num_stages times where sm_90 uses wgmma
+    (matmul rows >= 64) and num_stages - 1 times else; the tiles loaded once before the loop; conversion
+    tiles of the score shape (BLOCK_M x BLOCK_N: none in a 16-bit 128-row forward, two in an fp32
+    backward); for fp32 a transposed V tile in dQ and row-reduction scratch; 1 KB. Against 485 candidate
+    builds compiled with Triton 3.7.1 for sm_80/86/89/90 (no GPU) it is at least the compiled figure, by
+    1 KB or more (tests/test_pope_triton.py: a fast subset by default, every candidate with --runslow).
     """
     bm, bn, _, stages = config
     rows = bn if role == "dkdv" else bm
     buffers = stages if arch >= 90 and rows >= 64 else stages - 1
     width = (D_QK + D_V) * elem_bytes
     fp32 = elem_bytes == 4  # tf32 operands: transposes go through extra shared-memory copies
-    if fp32:  # one score tile in the forward (IEEE dots: FMA), two in the backward
-        score = bm * bn * elem_bytes * (1 if role == "fwd" else 2)
+    if fp32:  # one score tile in the forward (IEEE dots: FMA), two in the backward; row-reduction scratch
+        score = bm * bn * elem_bytes * (1 if role == "fwd" else 2) + 16 * bm
     else:  # mma: a 128-row forward keeps its scores in registers
         score = bm * bn * elem_bytes * (0 if role == "fwd" and bm >= 128 else 1)
     if role == "dkdv":  # queries, dO, lse and Di stream through the loop; the key tile's K, V stay
