@@ -44,8 +44,18 @@ from pope import polar_to_cartesian, pope_attention, pope_frequencies
 
 
 def _sync(device):
+    """Wait for the work queued on `device` ('cuda:N': that GPU, not the current one; CPU: nothing to wait for)."""
     if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(torch.device(device))
+
+
+def _cuda_peak_mb(fn, device):
+    """Peak growth of torch's allocated memory on CUDA `device` ('cuda:N') during fn(), in MB (2^20 bytes)."""
+    device = torch.device(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
 MIN_ROUNDS = 5
@@ -239,11 +249,7 @@ def _peak_forward_memory(T, d, n_head, device):
     q, k, v = (torch.randn(1, n_head, T, d, device=device) for _ in range(3))
     delta = -torch.rand(n_head, d, device=device)
     if str(device).startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        with torch.no_grad():
-            pope_attention(q, k, v, delta)
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+        return _cuda_peak_mb(torch.no_grad()(lambda: pope_attention(q, k, v, delta)), device)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _status_kb("VmRSS")
@@ -288,6 +294,8 @@ def main(argv):
     if a.rounds < MIN_ROUNDS:
         p.error(f"--rounds must be at least {MIN_ROUNDS}: a ratio needs several interleaved rounds, got {a.rounds}")
     a.device = resolve_device(a.device)
+    if a.device.startswith("cuda:"):
+        torch.cuda.set_device(a.device)  # kernels and libraries that default to the current device use it too
     print(f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {a.rounds} rounds"
           + (f", load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}" if hasattr(os, "getloadavg") else ""))
     if a.only in (None, "step"):

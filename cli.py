@@ -118,15 +118,21 @@ def resolve_device(device):
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+BF16_CAPABILITY = (8, 0)  # native bf16 matmuls (tensor cores): Ampere (sm_80) and later
+
+
 def resolve_dtype(dtype, device):
     """The compute dtype a setting names on `device`, one of DTYPES: 'auto' is 'float32' on a CPU, and on
-    a CUDA GPU 'bfloat16' where it supports bf16, else 'float16' (V100, T4). Raises UserError for a
-    name that is neither 'auto' nor in DTYPES."""
+    a CUDA GPU 'bfloat16' where it has native bf16 (compute capability >= 8.0, asked of that device),
+    else 'float16' (V100 sm_70, T4 sm_75: fp16 with a GradScaler). torch.cuda.is_bf16_supported() is not
+    used: it counts emulated bf16 by default and says True on any CUDA GPU. Raises UserError for a name
+    that is neither 'auto' nor in DTYPES."""
     if dtype == "auto":
         if not str(device).startswith("cuda"):  # not CUDA: 'cpu', 'cpu:0', 'mps', ...
             return "float32"
         import torch
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        native = torch.cuda.get_device_capability(torch.device(device)) >= BF16_CAPABILITY
+        return "bfloat16" if native else "float16"
     if dtype not in DTYPES:
         raise UserError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
     return dtype

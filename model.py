@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pope import pope_attention, pope_attention_cached, pope_key_cartesian, sdpa_attention
+from pope import pope_attention, pope_attention_cached, pope_key_cartesian, sdpa_attention, sdpa_gqa
 
 POS_ENCODINGS = ("rope", "pope", "none", "rope_half", "alibi_half", "learned", "sinusoidal")
 ABSOLUTE_ENCODINGS = ("learned", "sinusoidal")  # positions < block_size only
@@ -279,10 +279,10 @@ class CausalSelfAttention(nn.Module):
             bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=q_offset)  # (n_head, T, Tk): per query head
             # 4-D (1, n_head, T, Tk): SDPA's fused CPU kernel takes it (and grouped heads); a 3-D mask sends it
             # to the math path, which also copies k and v over each group
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).unsqueeze(0),
-                                               enable_gqa=self.n_kv_head != self.n_head)
+            k, v, gqa = sdpa_gqa(q, k, v, masked=True)  # on CUDA: k, v expanded (no O(T^2) math kernel)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).unsqueeze(0), **gqa)
         else:
-            y = sdpa_attention(q, k, v, causal=True, q_offset=q_offset)  # enable_gqa when n_kv_head < n_head
+            y = sdpa_attention(q, k, v, causal=True, q_offset=q_offset)  # grouped heads: sdpa_gqa
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

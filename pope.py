@@ -26,7 +26,7 @@ Public API
     pope_attention_reference(...)   float64 reference straight from the polar formula (tests)
     pope_attention_triton(...), pope_backend(q, k, v, backend), triton_unsupported_reason(q, k, v),
     triton_supported(q, k, v), TRITON_HEAD_DIMS, compute_dtype(q, v)
-    sdpa_attention(q, k, v, *, causal, sm_scale, q_offset), causal_mask(Tq, Tk, q_offset)
+    sdpa_attention(q, k, v, *, causal, sm_scale, q_offset), sdpa_gqa(q, k, v, masked), causal_mask(Tq, Tk, q_offset)
 Grouped-query attention: k, v and delta may have H_kv heads for H query heads (H a multiple of H_kv);
 query head h uses key/value head h // (H / H_kv).
 This module imports without Triton; only backend='triton' needs it.
@@ -34,6 +34,7 @@ This module imports without Triton; only backend='triton' needs it.
 
 import math
 import warnings
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,7 @@ except Exception as _e:  # pragma: no cover - triton missing (macOS, Windows) or
 
 MAGNITUDES = ("softplus", "relu", "identity")
 TRITON_HEAD_DIMS = (16, 32, 64, 128)  # raw head dims d (and dv) the Triton backend takes
+TENSOR_CORE_CAPABILITY = (8, 0)  # Triton's tl.dot runs on tensor cores (mma) from sm_80; backend='auto' needs it
 LOG2E = 1.4426950408889634
 _THETA_WARNED = []
 
@@ -154,23 +156,45 @@ def causal_mask(Tq, Tk, q_offset, device=None):
     return j <= i + q_offset
 
 
+def sdpa_gqa(q, k, v, masked):
+    """Grouped-query attention for F.scaled_dot_product_attention -> (k, v, kwargs): k, v as given with
+    {"enable_gqa": True}, or repeated to the query heads with {}.
+
+    q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv); masked: an attn_mask will be passed.
+    On CUDA, enable_gqa works only with SDPA's flash kernel and its O(T^2) math kernel, and flash takes
+    neither a float32 compute dtype (q's, or autocast's) nor an attn_mask; there k and v are expanded
+    (H / H_kv copies of the cache, O(T) memory) so the memory-efficient kernel runs. Elsewhere (CPU's fused
+    kernel takes enable_gqa with masks and fp32; CUDA fp16/bf16 without a mask: flash) enable_gqa stays.
+    """
+    H, H_kv = q.shape[1], k.shape[1]
+    if H == H_kv:
+        return k, v, {}
+    if q.is_cuda and (masked or compute_dtype(q, q) == torch.float32):
+        G = H // H_kv
+        return k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), {}
+    return k, v, {"enable_gqa": True}
+
+
 def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0):
     """Softmax attention through F.scaled_dot_product_attention with PoPE's position convention.
 
     q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv) -> (B, H, Tq, dv); H a multiple of H_kv
-    (grouped-query attention through SDPA's enable_gqa). Query i sits at absolute position q_offset + i,
+    (grouped-query attention: sdpa_gqa). Query i sits at absolute position q_offset + i,
     key j at position j; with causal=True query i sees keys j <= q_offset + i. q_offset = 0 with Tq = Tk
     is ordinary training; q_offset = Tk - Tq is decoding with a KV cache (bottom-right alignment).
     sm_scale defaults to 1/sqrt(dk). The common cases (Tq = Tk and q_offset = 0, or non-causal) keep
     SDPA's O(T) fused kernels; any other q_offset materialises a (Tq, Tk) boolean mask, small when decoding.
     """
     Tq, Tk = q.shape[-2], k.shape[-2]
-    kw = dict(scale=sm_scale, **({"enable_gqa": True} if q.shape[1] != k.shape[1] else {}))
     if not causal or (Tq == 1 and q_offset >= Tk - 1):  # a single new token sees every cached key
-        return F.scaled_dot_product_attention(q, k, v, **kw)
+        k, v, gqa = sdpa_gqa(q, k, v, masked=False)
+        return F.scaled_dot_product_attention(q, k, v, scale=sm_scale, **gqa)
     if q_offset == 0 and Tq == Tk:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, q_offset, device=q.device), **kw)
+        k, v, gqa = sdpa_gqa(q, k, v, masked=False)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=sm_scale, **gqa)
+    k, v, gqa = sdpa_gqa(q, k, v, masked=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, q_offset, device=q.device),
+                                          scale=sm_scale, **gqa)
 
 
 def _check(q, k, v, delta, q_offset, magnitude):
@@ -276,13 +300,24 @@ def pope_backend(q, k, v, backend="auto"):
     """The backend pope_attention runs for these tensors: 'triton' or 'torch' ('auto' resolved).
 
     'auto' picks the Triton kernel for CUDA tensors whose compute dtype (v's dtype, or the autocast dtype)
-    is fp16 or bf16 and that the kernel supports (triton_supported); fp32 goes to the torch path. Other
-    values are returned as given (pope_attention checks them).
+    is fp16 or bf16, that the kernel supports (triton_supported), on a GPU of compute capability >= 8.0
+    (below, V100 / T4, Triton's tl.dot compiles to FMA loops, no tensor cores) whose shared memory fits
+    its tiles (pope_kernel.device_unsupported_reason); each query names q's device. fp32 goes to the torch
+    path. Other values are returned as given (pope_attention checks them).
     """
     if backend != "auto":
         return backend
-    use = q.is_cuda and triton_supported(q, k, v) and compute_dtype(q, v) != torch.float32
+    dtype = compute_dtype(q, v)
+    use = (q.is_cuda and triton_supported(q, k, v) and dtype != torch.float32
+           and _tensor_core_dot(q.device)
+           and pope_kernel.device_unsupported_reason(q.device, dtype, 2 * q.shape[-1], v.shape[-1]) is None)
     return "triton" if use else "torch"
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, a constant
+def _tensor_core_dot(device):
+    """True if CUDA `device` (that device, not the current one) has compute capability >= 8.0."""
+    return torch.cuda.get_device_capability(device) >= TENSOR_CORE_CAPABILITY
 
 
 def triton_unsupported_reason(q, k, v):
@@ -319,55 +354,98 @@ def _triton_ready(q, k, v):
         raise ValueError(f"backend='triton' needs CUDA tensors, got device {q.device}. Use backend='auto' or "
                          "'torch' on CPU, or set TRITON_INTERPRET=1 before importing pope / pope_kernel to run "
                          "the kernel in the (slow) Triton interpreter, e.g. for tests")
+    if q.is_cuda:
+        reason = pope_kernel.device_unsupported_reason(q.device, compute_dtype(q, v), 2 * q.shape[-1], v.shape[-1])
+        if reason is not None:
+            raise ValueError(reason)
 
 
-class _TritonPoPE(torch.autograd.Function):
-    """Cartesian transform (torch) + pope_kernel's FlashAttention-2; the backward recomputes q~, k~.
+# ---- the Triton backend as two custom ops -------------------------------------------------------------------
+# The transform, the kernel and the chain rule live inside pope::triton_forward / pope::triton_backward, so that
+# torch.compile sees two opaque nodes. As an autograd.Function traced by Dynamo, the forward's q~, k~ and the
+# backward's recomputation of them landed in one joint graph; AOTAutograd's CSE merged them and the min-cut
+# partitioner then saved q~ and k~ for the backward: two (B, H, T, 2d) tensors per layer (docs/kernel.md).
 
-    Only the raw q, k (views of the model's qkv projection, alive anyway), v, delta, out and lse are kept
-    for the backward: 2.3 bytes per head channel and token (fp16), against 31 if autograd of the torch
-    transform kept q~, k~ and its float32 intermediates (docs/kernel.md). The backward
-    recomputes q~, k~ (O(T d)), runs the kernel's backward for dq~, dk~, dv and applies the chain rule here:
+def _cartesian_operands(q, k, delta, rope_theta, sm_scale, q_offset, magnitude, dtype):
+    """q~ (pre-scaled by sm_scale * log2(e)) and k~ in `dtype`, and the float32 (mu, (cos, sin)) of each."""
+    freqs = pope_frequencies(q.shape[-1], rope_theta, device=q.device)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q_cs = _phase_cos_sin(torch.arange(q_offset, q_offset + q.shape[-2], device=q.device), freqs, None)
+        k_cs = _phase_cos_sin(torch.arange(k.shape[-2], device=q.device), freqs, delta)
+        mu_q = pope_magnitude(q.float(), magnitude) * (sm_scale * LOG2E)
+        mu_k = pope_magnitude(k.float(), magnitude)
+        qc = torch.cat((mu_q * q_cs[0], mu_q * q_cs[1]), -1).to(dtype)
+        kc = torch.cat((mu_k * k_cs[0], mu_k * k_cs[1]), -1).to(dtype)
+    return qc, kc, (mu_q, q_cs), (mu_k, k_cs)
+
+
+@torch.library.custom_op("pope::triton_forward", mutates_args=())
+def _triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor], causal: bool,
+                    rope_theta: float, sm_scale: float, q_offset: int,
+                    magnitude: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Raw q (B, H, Tq, d), k (B, H_kv, Tk, d), v (B, H_kv, Tk, dv) in the compute dtype, delta (H_kv, d) or None
+    -> (o (B, H, Tq, dv), lse (B, H, Tq) float32): the Cartesian transform, then pope_kernel's forward."""
+    qc, kc, _, _ = _cartesian_operands(q, k, delta, rope_theta, sm_scale, q_offset, magnitude, v.dtype)
+    return pope_kernel.attention_forward(qc, kc, v, causal, q_offset)
+
+
+@_triton_forward.register_fake
+def _(q, k, v, delta, causal, rope_theta, sm_scale, q_offset, magnitude):
+    B, H, Tq, _ = q.shape
+    return q.new_empty((B, H, Tq, v.shape[-1]), dtype=v.dtype), q.new_empty((B, H, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("pope::triton_backward", mutates_args=())
+def _triton_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
+                     o: torch.Tensor, lse: torch.Tensor, causal: bool, rope_theta: float, sm_scale: float,
+                     q_offset: int, magnitude: str,
+                     want_ddelta: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of triton_forward's o -> (dq, dk, dv, ddelta); ddelta is empty (0,) unless want_ddelta.
+
+    Recomputes q~, k~ (O(T d)), runs the kernel's backward for dq~, dk~, dv and applies the chain rule:
         d mu = s (cos dX + sin dY),  d raw = d mu * magnitude'(raw),  d phi = s mu (cos dY - sin dX),
         d delta = sum over batch and key positions of d phi (one deterministic reduction, no atomics).
     """
+    qc, kc, (_, (cq, sq)), (mu_k, (ck, sk)) = _cartesian_operands(q, k, delta, rope_theta, sm_scale, q_offset,
+                                                                  magnitude, v.dtype)
+    dqc, dkc, dv = pope_kernel.attention_backward(do, qc, kc, v, o, lse, causal, q_offset)
+    d = q.shape[-1]
+    gx, gy = dqc.float().split(d, dim=-1)
+    dq = (cq * gx + sq * gy) * (sm_scale * LOG2E) * _magnitude_grad(q.float(), magnitude)
+    gx, gy = dkc.float().split(d, dim=-1)
+    dk = (ck * gx + sk * gy) * _magnitude_grad(k.float(), magnitude)
+    if want_ddelta and delta is not None:
+        ddelta = (mu_k * (ck * gy - sk * gx)).sum(dim=(0, 2)).to(delta.dtype)
+    else:
+        ddelta = q.new_empty(0, dtype=torch.float32)
+    return dq.to(q.dtype), dk.to(k.dtype), dv, ddelta
 
-    @staticmethod
-    def _operands(q, k, delta, rope_theta, sm_scale, q_offset, magnitude, dtype):
-        freqs = pope_frequencies(q.shape[-1], rope_theta, device=q.device)
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            q_cs = _phase_cos_sin(torch.arange(q_offset, q_offset + q.shape[-2], device=q.device), freqs, None)
-            k_cs = _phase_cos_sin(torch.arange(k.shape[-2], device=q.device), freqs, delta)
-            mu_q = pope_magnitude(q.float(), magnitude) * (sm_scale * LOG2E)
-            mu_k = pope_magnitude(k.float(), magnitude)
-            qc = torch.cat((mu_q * q_cs[0], mu_q * q_cs[1]), -1).to(dtype)
-            kc = torch.cat((mu_k * k_cs[0], mu_k * k_cs[1]), -1).to(dtype)
-        return qc, kc, (mu_q, q_cs), (mu_k, k_cs)
 
-    @staticmethod
-    def forward(ctx, q, k, v, delta, causal, rope_theta, sm_scale, q_offset, magnitude):
-        qc, kc, _, _ = _TritonPoPE._operands(q, k, delta, rope_theta, sm_scale, q_offset, magnitude, v.dtype)
-        o, lse = pope_kernel.attention_forward(qc, kc, v, causal, q_offset)
-        ctx.save_for_backward(q, k, v, delta, o, lse)
-        ctx.args = (causal, rope_theta, sm_scale, q_offset, magnitude)
-        return o
+@_triton_backward.register_fake
+def _(do, q, k, v, delta, o, lse, causal, rope_theta, sm_scale, q_offset, magnitude, want_ddelta):
+    ddelta = (torch.empty_like(delta) if want_ddelta and delta is not None else q.new_empty(0, dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), ddelta
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, delta, o, lse = ctx.saved_tensors
-        causal, rope_theta, sm_scale, q_offset, magnitude = ctx.args
-        qc, kc, (mu_q, (cq, sq)), (mu_k, (ck, sk)) = _TritonPoPE._operands(q, k, delta, rope_theta, sm_scale,
-                                                                          q_offset, magnitude, v.dtype)
-        dqc, dkc, dv = pope_kernel.attention_backward(do, qc, kc, v, o, lse, causal, q_offset)
-        d = q.shape[-1]
-        gx, gy = dqc.float().split(d, dim=-1)
-        dq = (cq * gx + sq * gy) * (sm_scale * LOG2E) * _magnitude_grad(q.float(), magnitude)
-        gx, gy = dkc.float().split(d, dim=-1)
-        dk = (ck * gx + sk * gy) * _magnitude_grad(k.float(), magnitude)
-        ddelta = None
-        if delta is not None and ctx.needs_input_grad[3]:
-            ddelta = (mu_k * (ck * gy - sk * gx)).sum(dim=(0, 2)).to(delta.dtype)
-        return dq.to(q.dtype), dk.to(k.dtype), dv, ddelta, None, None, None, None, None
+
+def _triton_setup_context(ctx, inputs, output):
+    """Keep only the raw q, k (views of the model's qkv projection, alive anyway), v, delta, o and lse: 2.3 bytes
+    per head channel and token (fp16), against 31 if autograd of the torch transform kept q~, k~ and its
+    float32 intermediates (docs/kernel.md)."""
+    q, k, v, delta, causal, rope_theta, sm_scale, q_offset, magnitude = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, delta, o, lse)
+    ctx.args = (causal, rope_theta, sm_scale, q_offset, magnitude)
+    ctx.mark_non_differentiable(lse)
+
+
+def _triton_backward_formula(ctx, do, dlse):
+    q, k, v, delta, o, lse = ctx.saved_tensors
+    want_ddelta = delta is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, ddelta = _triton_backward(do, q, k, v, delta, o, lse, *ctx.args, want_ddelta)
+    return dq, dk, dv, (ddelta if want_ddelta else None), None, None, None, None, None
+
+
+_triton_forward.register_autograd(_triton_backward_formula, setup_context=_triton_setup_context)
 
 
 def pope_attention_triton(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
@@ -377,7 +455,7 @@ def pope_attention_triton(q, k, v, delta=None, *, causal=True, rope_theta=10000.
     Arguments, result and errors as pope_attention. The Cartesian q~ (pre-scaled by sm_scale * log2(e))
     and k~ are formed here once per call, in float32 from float64 phases, then cast to the compute dtype
     (v's dtype, or the autocast dtype); the kernel never sees positions or delta. Differentiable in q, k,
-    v and delta (the backward recomputes q~, k~: see _TritonPoPE). Supported: d, dv in TRITON_HEAD_DIMS;
+    v and delta (the backward recomputes q~, k~: the custom ops pope::triton_forward / triton_backward). Supported: d, dv in TRITON_HEAD_DIMS;
     float16 / bfloat16 / float32 (backend='auto' sends fp32 to the torch path); any Tq, Tk >= 1; CUDA
     tensors, or CPU under TRITON_INTERPRET=1. Determinism and limits: pope_kernel.attention.
     """
@@ -391,7 +469,7 @@ def pope_attention_triton(q, k, v, delta=None, *, causal=True, rope_theta=10000.
     v = v if v.stride(-1) == 1 else v.contiguous()
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     pope_kernel.check_limits(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q_offset, (v.stride(2),))
-    return _TritonPoPE.apply(q, k, v, delta, bool(causal), float(rope_theta), sm_scale, int(q_offset), magnitude)
+    return _triton_forward(q, k, v, delta, bool(causal), float(rope_theta), sm_scale, int(q_offset), magnitude)[0]
 
 
 def pope_attention_reference(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,

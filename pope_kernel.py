@@ -27,7 +27,8 @@ Public API (imports nothing from this repo):
     attention(q, k, v, *, causal=True, q_offset=0) -> (o, lse), differentiable in q, k, v
     attention_forward, attention_backward   the torch.library custom ops pope::attention_forward and
         pope::attention_backward (fake kernels registered, so torch.compile keeps them in its graph)
-    unsupported_reason(q, k, v), check_limits(...), dot_precision(dtype)
+    unsupported_reason(q, k, v), device_unsupported_reason(device, dtype, D_QK, D_V), check_limits(...),
+    dot_precision(dtype), shared_memory_bytes(...), select_configs(...), SHARED_MEMORY_LIMITS
     KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, COMPILE_OPTIONS, pinned_configs(), pin_configs(spec)
 
 The Triton interpreter (CPU tensors, slow, for tests) is used when TRITON_INTERPRET=1 is set before
@@ -91,26 +92,110 @@ def _config(bm, bn, warps=4, stages=2):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
 
 
+# ---- shared memory per architecture ----------------------------------------------------------------------
+# Triton's launcher refuses a kernel whose shared memory exceeds the device's opt-in maximum per block
+# (OutOfResources); when every autotune candidate does, the autotuner scores them all inf and the launch
+# fails. So candidates are pruned by shared_memory_bytes against the live device's limit, and a case no
+# candidate fits is refused up front (device_unsupported_reason). The limits of the parts the tests model:
+SHARED_MEMORY_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}  # bytes; A100, A10/3090, L4/L40, H100
+
+
+def shared_memory_bytes(role, config, D_QK, D_V, elem_bytes, arch):
+    """Upper bound on the shared memory (bytes) Triton allocates for one kernel build (metadata.shared).
+
+    role 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); elem_bytes 2 (fp16/bf16)
+    or 4 (fp32, tf32 or IEEE dots); arch the compute capability as 80, 86, 89, 90. The model: the tiles
+    loaded in the key (fwd, dq) or query (dkdv) loop, buffered num_stages times where sm_90 uses wgmma
+    (matmul rows >= 64) and num_stages - 1 times else; the tiles loaded once before the loop; conversion
+    tiles of the score shape (BLOCK_M x BLOCK_N: none in a 16-bit 128-row forward, two in an fp32
+    backward); for fp32 a transposed V tile in dQ and row-reduction scratch; 1 KB. Against 485 candidate
+    builds compiled with Triton 3.7.1 for sm_80/86/89/90 (no GPU) it is at least the compiled figure, by
+    1 KB or more (tests/test_pope_triton.py: a fast subset by default, every candidate with --runslow).
+    """
+    bm, bn, _, stages = config
+    rows = bn if role == "dkdv" else bm
+    buffers = stages if arch >= 90 and rows >= 64 else stages - 1
+    width = (D_QK + D_V) * elem_bytes
+    fp32 = elem_bytes == 4  # tf32 operands: transposes go through extra shared-memory copies
+    if fp32:  # one score tile in the forward (IEEE dots: FMA), two in the backward; row-reduction scratch
+        score = bm * bn * elem_bytes * (1 if role == "fwd" else 2) + 16 * bm
+    else:  # mma: a 128-row forward keeps its scores in registers
+        score = bm * bn * elem_bytes * (0 if role == "fwd" and bm >= 128 else 1)
+    if role == "dkdv":  # queries, dO, lse and Di stream through the loop; the key tile's K, V stay
+        return buffers * bm * (width + 8) + bn * width + score + 1024
+    resident = bm * (D_QK if role == "fwd" else D_QK + D_V)  # q (and dO for dq)
+    v_t = bn * D_V * elem_bytes if fp32 and role == "dq" else 0  # V^T of dO V^T
+    return buffers * bn * width + resident * elem_bytes + score + v_t + 1024
+
+
+def device_shared_memory(device):
+    """(compute capability as 80 / 86 / 89 / 90 ..., opt-in shared memory per block in bytes) of CUDA `device`
+    (a torch.device or 'cuda:N': that device, not the current one)."""
+    props = torch.cuda.get_device_properties(device)
+    arch = props.major * 10 + props.minor
+    limit = getattr(props, "shared_memory_per_block_optin", None) or SHARED_MEMORY_LIMITS.get(arch, 101_376)
+    return arch, int(limit)
+
+
+def select_configs(role, configs, tq_bucket, tk_bucket, D_QK, D_V, elem_bytes=2, arch=None, limit=None):
+    """The autotune candidates kept for one problem (the autotuner's early_config_prune).
+
+    configs: triton.Config list; tq_bucket, tk_bucket: the query and key counts rounded up to powers of
+    two. Keeps the head-dim class's candidates (hand-set lists, as in tests, whatever their class), drops
+    those whose shared_memory_bytes exceeds `limit` on `arch` (None: no limit known, e.g. the interpreter),
+    then tiles much larger than the problem, and for Tq >= 512 (training, long prefill) the 16/32-row
+    decoding tiles, unless nothing else fits. Returns [] only if no candidate fits the limit.
+    """
+    def key(c):
+        return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages
+    allowed = set(CONFIGS[role][_head_class(D_QK, D_V)])
+    keep = [c for c in configs if key(c) in allowed] or list(configs)
+    if limit is not None:
+        keep = [c for c in keep if shared_memory_bytes(role, key(c), D_QK, D_V, elem_bytes, arch) <= limit]
+    fit = [c for c in keep if c.kwargs["BLOCK_M"] <= max(16, tq_bucket) and c.kwargs["BLOCK_N"] <= max(16, tk_bucket)]
+    if role != "dkdv" and tq_bucket >= 512:  # long prefill / training: no decoding tiles
+        fit = [c for c in fit if c.kwargs["BLOCK_M"] >= 64] or fit
+    return fit or keep[-1:]
+
+
 def _prune(role):
-    """Autotune pre-filter: the head-dim class's candidates, minus tiles much larger than the problem."""
+    """Autotune pre-filter (select_configs) with the shared-memory limit of the tensors' device."""
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
-        tq, tk = args["TQ_BUCKET"], args["TK_BUCKET"]
-        allowed = set(CONFIGS[role][_head_class(args["D_QK"], args["D_V"])])
-        keep = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-                in allowed] or list(configs)  # candidates set by hand (tests) are kept whatever their class
-        fit = [c for c in keep if c.kwargs["BLOCK_M"] <= max(16, tq) and c.kwargs["BLOCK_N"] <= max(16, tk)]
-        if role != "dkdv" and tq >= 512:  # long prefill / training: no decoding tiles
-            fit = [c for c in fit if c.kwargs["BLOCK_M"] >= 64] or fit
-        return fit or keep[-1:]
+        q = args["Q"]
+        arch, limit = device_shared_memory(q.device) if q.is_cuda else (None, None)
+        return select_configs(role, configs, args["TQ_BUCKET"], args["TK_BUCKET"], args["D_QK"], args["D_V"],
+                              q.element_size(), arch, limit) or configs[-1:]
     return prune
 
 
+def shared_memory_reason(arch, limit, dtype, D_QK, D_V):
+    """None if every kernel (fwd, dkdv, dq) has a candidate whose shared_memory_bytes fits `limit` bytes on
+    sm_<arch> for `dtype` operands of widths D_QK, D_V; else a sentence naming the kernel that has none."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    for role in KERNELS:
+        need = min(shared_memory_bytes(role, c, D_QK, D_V, elem, arch) for c in CONFIGS[role][_head_class(D_QK, D_V)])
+        if need > limit:
+            return (f"no {role} tile of the Triton attention kernel fits sm_{arch}'s {limit:,} bytes of shared memory "
+                    f"per block for {str(dtype).replace('torch.', '')} at widths {D_QK}/{D_V} (the smallest needs "
+                    f"{need:,}); use backend='torch' or a 2-byte dtype")
+    return None
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, a constant
+def device_unsupported_reason(device, dtype, D_QK, D_V):
+    """None if the kernels can run on CUDA `device` (a torch.device; that device, not the current one) for
+    `dtype` operands of widths D_QK, D_V; else why not (shared_memory_reason with its capability and limit)."""
+    return shared_memory_reason(*device_shared_memory(device), dtype, D_QK, D_V)
+
+
+def gpu_configs(role):
+    """The autotune candidates of `role` on a GPU: both head-dim classes' CONFIGS, as triton.Config, largest first."""
+    return [_config(*c) for c in sorted(set(CONFIGS[role][64]) | set(CONFIGS[role][128]), reverse=True)]
+
+
 def _autotune_configs(role):
-    if INTERPRETING:
-        return [_config(*INTERPRET_BLOCKS[role])]
-    table = sorted(set(CONFIGS[role][64]) | set(CONFIGS[role][128]), reverse=True)
-    return [_config(*c) for c in table]
+    return [_config(*INTERPRET_BLOCKS[role])] if INTERPRETING else gpu_configs(role)
 
 
 def _autotune(role):
@@ -642,7 +727,8 @@ def attention(q, k, v, *, causal=True, q_offset=0):
 
     Raises:
         ValueError: unsupported shapes or dtypes (unsupported_reason), q_offset < 0, CPU tensors without
-            the interpreter, tensors on different devices, or the limits of check_limits.
+            the interpreter, tensors on different devices, a GPU whose shared memory no tile fits
+            (device_unsupported_reason), or the limits of check_limits.
     """
     reason = unsupported_reason(q, k, v)
     if reason is not None:
@@ -655,5 +741,8 @@ def attention(q, k, v, *, causal=True, q_offset=0):
         raise ValueError(f"the Triton kernel needs CUDA tensors, got device {q.device}. Use backend='auto' or "
                          "'torch' on CPU, or set TRITON_INTERPRET=1 before importing pope_kernel to run the kernel "
                          "in the (slow) Triton interpreter, e.g. for tests")
+    reason = device_unsupported_reason(q.device, q.dtype, q.shape[-1], v.shape[-1]) if q.is_cuda else None
+    if reason is not None:
+        raise ValueError(reason)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return attention_forward(q, k, v, bool(causal), int(q_offset))

@@ -109,16 +109,7 @@ def main(argv):
     t_start = time.time()
 
     # --- processes, device, precision
-    ddp = int(os.environ.get("RANK", -1)) != -1
-    dev = resolve_device(cfg.device)
-    if ddp:
-        dist.init_process_group(backend="nccl" if dev.startswith("cuda") else "gloo")
-        rank, local_rank, world_size = dist.get_rank(), int(os.environ["LOCAL_RANK"]), dist.get_world_size()
-        if dev.startswith("cuda"):
-            dev = f"cuda:{local_rank}"
-            torch.cuda.set_device(dev)
-    else:
-        rank, world_size = 0, 1
+    ddp, dev, rank, local_rank, world_size = _processes(resolve_device(cfg.device))
     master = rank == 0
     if cfg.gradient_accumulation_steps % world_size:
         raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by the "
@@ -189,8 +180,8 @@ def main(argv):
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     if cfg.init_from == "resume":  # a fine-tune starts with a fresh optimizer
         optimizer.load_state_dict(checkpoint["optimizer"])
-        scaler.load_state_dict(checkpoint["scaler"])
-        _restore_rng(checkpoint["rng"], rank, world_size, device_type)
+        _load_scaler(scaler, checkpoint["scaler"], master)
+        _restore_rng(checkpoint["rng"], rank, world_size, dev)
     checkpoint = None  # free its memory
     if use_compile:
         model = torch.compile(model)
@@ -247,7 +238,7 @@ def main(argv):
             if not math.isfinite(val["loss"]):
                 raise UserError(f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
                                 f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
-            rng = _gather_rng(ddp, world_size, device_type)
+            rng = _gather_rng(ddp, world_size, dev)
             if master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
                 log({"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
@@ -430,9 +421,43 @@ def _round_vocab(n, multiple=64):
     return ((n + multiple - 1) // multiple) * multiple
 
 
-def _gather_rng(ddp, world_size, device_type):
-    """Every process's torch RNG states (dropout), gathered so a resumed run continues them exactly."""
-    state = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
+def _processes(dev):
+    """Join the torchrun process group if there is one (RANK set) -> (ddp, dev, rank, local_rank, world_size).
+
+    Under DDP each process takes GPU LOCAL_RANK. A CUDA device, 'cuda:N' or one per rank, becomes this
+    process's current device, so that whatever defaults to the current device (CUDA contexts, the RNG calls,
+    library handles) uses GPU N and opens no context on GPU 0.
+    """
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    rank, local_rank, world_size = 0, 0, 1
+    if ddp:
+        dist.init_process_group(backend="nccl" if dev.startswith("cuda") else "gloo")
+        rank, local_rank, world_size = dist.get_rank(), int(os.environ["LOCAL_RANK"]), dist.get_world_size()
+        if dev.startswith("cuda"):
+            dev = f"cuda:{local_rank}"
+    if dev.startswith("cuda:"):  # plain 'cuda' is the current device already
+        torch.cuda.set_device(dev)
+    return ddp, dev, rank, local_rank, world_size
+
+
+def _load_scaler(scaler, state, master):
+    """Restore the GradScaler of a resumed run. A float16 run resumed from a bfloat16 or float32 checkpoint
+    (whose disabled scaler saved {}) starts from a fresh loss scale, with a one-line note; a scaler that is
+    off (bf16 / fp32 now) ignores the state."""
+    if not scaler.is_enabled():
+        return
+    if state:
+        scaler.load_state_dict(state)
+    elif master:
+        print("note: the checkpoint has no GradScaler state (it was trained in bfloat16 or float32); float16 "
+              "training goes on from a fresh loss scale", file=sys.stderr)
+
+
+def _gather_rng(ddp, world_size, dev):
+    """Every process's torch RNG states (dropout), gathered so a resumed run continues them exactly: the CPU
+    generator's and, on CUDA, the generator of this process's device `dev` ('cuda:N')."""
+    cuda = torch.cuda.get_rng_state(torch.device(dev)) if dev.startswith("cuda") else None
+    state = {"torch": torch.get_rng_state(), "cuda": cuda}
     if not ddp:
         return [state]
     states = [None] * world_size
@@ -440,14 +465,15 @@ def _gather_rng(ddp, world_size, device_type):
     return states
 
 
-def _restore_rng(states, rank, world_size, device_type):
+def _restore_rng(states, rank, world_size, dev):
+    """Set this process's RNG states (CPU, and device `dev`'s on CUDA) from a checkpoint's _gather_rng list."""
     if len(states) != world_size:
         print(f"warning: checkpoint has RNG states of {len(states)} processes, this run has {world_size}; "
               "dropout masks will differ from an uninterrupted run")
         return
     torch.set_rng_state(states[rank]["torch"].cpu())
-    if device_type == "cuda" and states[rank]["cuda"] is not None:
-        torch.cuda.set_rng_state(states[rank]["cuda"].cpu())
+    if dev.startswith("cuda") and states[rank]["cuda"] is not None:
+        torch.cuda.set_rng_state(states[rank]["cuda"].cpu(), torch.device(dev))
 
 
 if __name__ == "__main__":

@@ -69,3 +69,20 @@ def test_five_rounds_are_enough_and_four_are_refused(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--only=memory", "--device=cpu", "--rounds=4"])
     assert e.value.code == 2 and "--rounds must be at least 5" in capsys.readouterr().err
+
+
+def test_cuda_device_n_is_synchronized_and_measured(monkeypatch):
+    """--device=cuda:1 times and measures GPU 1: synchronize and the memory statistics name the device
+    (without it they act on the current device, GPU 0). Mocked CUDA calls record the device they are given."""
+    calls = []
+    for name, result in (("synchronize", None), ("reset_peak_memory_stats", None), ("memory_allocated", 100),
+                         ("max_memory_allocated", 100 + 3 * 2**20)):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None, _n=name, _r=result: (calls.append((_n, device)), _r)[1])
+    bench._sync("cuda:1")
+    assert bench._cuda_peak_mb(lambda: calls.append(("fn", None)), "cuda:1") == 3.0
+    one = torch.device("cuda:1")
+    assert calls == [("synchronize", one), ("reset_peak_memory_stats", one), ("memory_allocated", one), ("fn", None),
+                     ("max_memory_allocated", one)]
+    calls.clear()
+    bench._sync("cpu")
+    assert calls == []

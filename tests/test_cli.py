@@ -92,24 +92,36 @@ def test_every_atomic_write_fsyncs_the_file_before_its_rename_and_then_the_folde
 def test_dtype_auto_is_float32_on_every_device_but_cuda(monkeypatch):
     """Not CUDA means float32, whatever the spelling: 'cpu:0' and 'mps' too, even where torch reports bf16."""
     import torch
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     got = {d: resolve_dtype("auto", d) for d in ("cpu", "cpu:0", "mps", "mps:0", "cuda", "cuda:1")}
     assert got == {"cpu": "float32", "cpu:0": "float32", "mps": "float32", "mps:0": "float32",
                    "cuda": "bfloat16", "cuda:1": "bfloat16"}
 
 
 def test_device_and_dtype_auto(monkeypatch):
-    """'auto' picks CUDA when torch sees it; dtype 'auto' is fp32 on a CPU, bf16 on a GPU that has it and
-    fp16 on one that does not (V100, T4); explicit names pass through, unknown ones are refused."""
+    """'auto' picks CUDA when torch sees it; dtype 'auto' is fp32 on a CPU, bf16 on a GPU of compute capability
+    >= 8.0 (asked of the device named) and fp16 below (V100 sm_70, T4 sm_75); explicit names pass through,
+    unknown ones are refused."""
     import torch
     for cuda, want in ((False, "cpu"), (True, "cuda")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
         assert resolve_device("auto") == want
     assert resolve_device("cuda:1") == "cuda:1" and resolve_device("cpu") == "cpu"
     assert resolve_dtype("auto", "cpu") == "float32"
-    for bf16, want in ((True, "bfloat16"), (False, "float16")):
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
-        assert resolve_dtype("auto", "cuda") == resolve_dtype("auto", "cuda:1") == want
+    asked = []
+
+    def capability(device=None):
+        asked.append(device)
+        return cap
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    # torch 2.13's is_bf16_supported() counts emulation: True on a V100 / T4 too, so it must not decide
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    for cap, want in (((9, 0), "bfloat16"), ((8, 0), "bfloat16"), ((8, 6), "bfloat16"), ((7, 5), "float16"),
+                      ((7, 0), "float16")):
+        asked.clear()
+        assert resolve_dtype("auto", "cuda") == resolve_dtype("auto", "cuda:1") == want, cap
+        assert asked == [torch.device("cuda"), torch.device("cuda:1")]  # the device named, not the current one
     assert resolve_dtype("bfloat16", "cpu") == "bfloat16" and resolve_dtype("float32", "cuda") == "float32"
     with pytest.raises(UserError, match=r"dtype must be 'auto' or one of \['bfloat16', 'float16', 'float32'\], got 'fp16'"):
         resolve_dtype("fp16", "cpu")

@@ -217,3 +217,60 @@ def test_train_resume_sample_and_evaluate_with_n_kv_head_2(toy_stream, tmp_path,
     run(common[:-1] + ["--max_iters=2", "--eval_interval=2", f"--out_dir={plain}"])
     ft[ft.index(f"--init_ckpt={out}/best.pt")] = f"--init_ckpt={plain}/best.pt"
     assert run(ft + ["--n_kv_head=4", f"--out_dir={tmp_path / 'ft_plain'}"])["iter_num"] == 1
+
+
+def test_sdpa_gqa_expands_keys_and_values_where_cuda_sdpa_would_take_its_math_kernel(monkeypatch):
+    """On CUDA, SDPA's enable_gqa runs only in its flash kernel and its O(T^2) math kernel, and flash takes
+    neither fp32 nor an attn_mask: pope.sdpa_gqa repeats k and v to the query heads there (the memory-efficient
+    kernel then runs), keeps enable_gqa for CUDA fp16 / bf16 without a mask and for CPU tensors, and does
+    nothing without grouping. CUDA is mocked (Tensor.is_cuda)."""
+    import pope
+    q = torch.randn(1, 4, 5, 8)
+    k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    for masked in (False, True):  # CPU: SDPA's fused CPU kernel takes grouped heads in fp32 and with a mask
+        assert pope.sdpa_gqa(q, k, v, masked)[2] == {"enable_gqa": True}
+    assert pope.sdpa_gqa(q, q, q, True) == (q, q, {})
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    for dtype, masked, expand in ((torch.float32, False, True), (torch.float32, True, True),
+                                  (torch.bfloat16, True, True), (torch.float16, True, True),
+                                  (torch.bfloat16, False, False), (torch.float16, False, False)):
+        kk, vv, kw = pope.sdpa_gqa(q.to(dtype), k.to(dtype), v.to(dtype), masked)
+        if expand:
+            assert kw == {} and torch.equal(kk, k.to(dtype).repeat_interleave(2, 1)), (dtype, masked)
+            assert torch.equal(vv, v.to(dtype).repeat_interleave(2, 1))
+        else:
+            assert kw == {"enable_gqa": True} and kk.shape[1] == 2, (dtype, masked)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pos_encoding", ["rope", "alibi_half", "pope"])
+def test_cuda_gqa_calls_sdpa_without_enable_gqa_where_flash_cannot_run(monkeypatch, pos_encoding, dtype):
+    """A model with 2 key/value heads for 4 query heads, on (mocked) CUDA: every SDPA call of a training forward,
+    a masked chunk at q_offset 7 and a decoding step that is float32 or has an attn_mask gets n_head key/value
+    heads and no enable_gqa (which would send it to the O(T^2) math kernel); bf16 calls without a mask keep
+    n_kv_head heads and enable_gqa (flash). The logits equal the unmocked CPU run's."""
+    import torch.nn.functional as F
+    idx = torch.randint(0, 16, (1, 12), generator=torch.Generator().manual_seed(0))
+    model = gqa_sharp(pos_encoding, 2).to(dtype)
+    model.config.attn_backend = "torch"
+
+    def outputs():
+        cache = KVCache(model.config.n_layer, 12)
+        with torch.no_grad():
+            return [model(idx)[0], model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:11], kv_cache=cache)[0],
+                    model(idx[:, 11:], kv_cache=cache)[0]]
+    want = outputs()
+    calls, real = [], F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, *args, **kw):
+        masked = kw.get("attn_mask") is not None
+        expand = masked or q.dtype == torch.float32
+        calls.append(((q.shape[1], k.shape[1], v.shape[1], kw.get("enable_gqa", False)),
+                      (H, H, H, False) if expand else (H, 2, 2, True)))
+        return real(q, k, v, *args, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    got = outputs()
+    assert calls and all(c == w for c, w in calls), calls
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

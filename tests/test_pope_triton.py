@@ -324,14 +324,39 @@ def test_auto_backend_on_cpu_uses_torch(monkeypatch):
     torch.testing.assert_close(out, pope.pope_attention(q, k, v, delta, backend="torch"), rtol=0, atol=0)
 
 
+def _mock_gpu(monkeypatch, arch, limit=None):
+    """Tensors claim to be on CUDA, and the device reports compute capability `arch` (e.g. 86) and `limit`
+    bytes of opt-in shared memory per block (default: the part's, pope_kernel.SHARED_MEMORY_LIMITS).
+    Returns the list of the devices the capability queries were asked about."""
+    from types import SimpleNamespace
+    asked = []
+    props = SimpleNamespace(major=arch // 10, minor=arch % 10,
+                            shared_memory_per_block_optin=limit or pk.SHARED_MEMORY_LIMITS[arch])
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: (asked.append(device), props)[1])
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: (asked.append(device), (props.major, props.minor))[1])
+    return asked
+
+
 def test_auto_backend_sends_fp32_to_torch_path(monkeypatch):
     """On CUDA, backend='auto' uses the kernel for fp16/bf16 only; checked with tensors that claim to be on CUDA."""
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    _mock_gpu(monkeypatch, 90)
     for dtype, want in ((torch.float32, "torch"), (torch.float16, "triton"), (torch.bfloat16, "triton")):
         q, k, v = (torch.randn(1, 1, 4, 16, dtype=dtype) for _ in range(3))
         assert pope.pope_backend(q, k, v) == want
     q = torch.randn(1, 1, 4, 24, dtype=torch.float16)
     assert pope.pope_backend(q, q, q) == "torch"  # unsupported head dim
+
+
+def test_auto_backend_needs_tensor_core_dot(monkeypatch):
+    """Below compute capability 8.0 (V100 sm_70, T4 sm_75) Triton's tl.dot compiles to FMA loops, not mma:
+    backend='auto' takes SDPA there, and asks the capability of q's own device, not the current one."""
+    q, k, v = (torch.randn(1, 2, 4, 16, dtype=torch.float16) for _ in range(3))
+    for arch, want in ((70, "torch"), (75, "torch"), (80, "triton"), (86, "triton"), (90, "triton")):
+        asked = _mock_gpu(monkeypatch, arch, limit=101_376)
+        assert pope.pope_backend(q, k, v) == want, arch
+        assert asked and all(dev == q.device for dev in asked), asked
 
 
 @pytest.mark.parametrize("d", [8, 24, 256])
@@ -384,6 +409,64 @@ def test_torch_compile_keeps_custom_op_in_graph():
         torch.testing.assert_close(a, t.grad)
 
 
+def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
+    """(B, H, T, 2d) tensors a 2-layer PoPE GPT keeps for the backward of one fp16-autocast training step, and their
+    bytes. compiled: the whole step under torch.compile (fullgraph) with a backend that runs AOTAutograd with
+    Inductor's decompositions and min-cut partitioner (what the default torch.compile does before code
+    generation): the forward graph's outputs besides the loss. Eager: autograd's saved tensors, each storage once."""
+    from functools import partial
+
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=H, n_embd=H * d, block_size=T, vocab_size=64, attn_backend=backend))
+    x = torch.randint(0, 64, (B, T))
+    saved = []
+
+    def step(x):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return model(x, x)[1]
+
+    def forward_compiler(gm, example_inputs):
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        saved.extend(a.meta["val"] for a in out.args[0] if hasattr(a, "meta") and isinstance(a.meta.get("val"), torch.Tensor))
+        return gm
+
+    def aot_backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler, bw_compiler=lambda gm, _: gm,
+                                     partition_fn=partial(min_cut_rematerialization_partition, compiler="inductor"),
+                                     decompositions=select_decomp_table())
+    if compiled:
+        torch._dynamo.reset()
+        torch.compile(step, backend=aot_backend, fullgraph=True)(x)
+    else:
+        seen = {}
+
+        def pack(t):
+            seen[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step(x)
+        saved = list(seen.values())
+    big = [t for t in saved if tuple(t.shape) == (B, H, T, 2 * d)]
+    return len(big), sum(t.numel() * t.element_size() for t in big)
+
+
+@pytest.mark.parametrize("backend, eager_count", [("triton", 0), ("torch", 8)])
+def test_compiled_training_step_keeps_no_more_cartesian_tensors_than_eager(backend, eager_count):
+    """Traced by Dynamo, an autograd.Function's forward and backward share one joint graph: AOTAutograd's CSE
+    merged the backward's recomputation of q~, k~ with the forward's, and the partitioner then saved both, 4
+    (B, H, T, 2d) tensors for 2 layers. The Triton path keeps none (custom ops pope::triton_forward / backward);
+    the torch path keeps SDPA's inputs and output, as eager autograd does."""
+    n_eager, _ = _saved_cartesian(backend, compiled=False)
+    n_compiled, _ = _saved_cartesian(backend, compiled=True)
+    assert n_eager == eager_count
+    assert n_compiled <= n_eager, (backend, n_compiled, n_eager)
+
+
 def test_opcheck():
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, 2, 12, 32, generator=g).to(DEV).requires_grad_() for _ in range(2))
@@ -393,6 +476,17 @@ def test_opcheck():
     o, lse = pk.attention_forward(q, k, v, True, 0)
     torch.library.opcheck(pk.attention_backward, (torch.randn_like(o), q.detach(), k.detach(), v.detach(),
                                                   o.detach(), lse, True, 0))
+    # pope.py's ops around them: the Cartesian transform, the kernels and the chain rule in one node each (their
+    # AOTAutograd tracing is exercised by test_compiled_training_step_keeps_no_more_cartesian_tensors_than_eager)
+    rq, rk = (t[..., :16].detach().requires_grad_() for t in (q, k))
+    delta = (-torch.rand(2, 16, generator=g)).to(DEV).requires_grad_()
+    args = (rq, rk, v, delta, True, 10000.0, 0.25, 0, "softplus")
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(pope._triton_forward, args, test_utils=checks)
+    o, lse = pope._triton_forward(*args)
+    torch.library.opcheck(pope._triton_backward, (torch.randn_like(o), rq.detach(), rk.detach(), v.detach(),
+                                                  delta.detach(), o.detach(), lse, True, 10000.0, 0.25, 0,
+                                                  "softplus", True), test_utils=checks)
 
 
 def test_launch_limits_raise_clear_errors():
@@ -466,6 +560,136 @@ def test_dot_precision_reads_both_tf32_apis():
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, (setup, err[-2000:])
         assert out.split() == [TF32_CASES[setup], "tf32"], setup
+
+
+# ---- shared memory per architecture (no GPU) ----------------------------------------------------------------
+# Triton refuses a launch whose shared memory exceeds the part's opt-in limit; when every candidate the
+# autotuner keeps does, the first backward (or forward) dies. For every part, dtype and head dim the kernel
+# takes, the kept candidates of each kernel must fit, by the model pope_kernel.shared_memory_bytes, which the
+# compile-only tests below check against Triton's own metadata.shared; cases nothing fits are refused.
+
+PROBLEMS = {"training": (1024, 1024, ("fwd", "dq", "dkdv")), "decoding": (1, 4096, ("fwd",))}
+REFUSED = [(86, torch.float32, 128), (89, torch.float32, 128)]  # fp32 at d = 128 on the 101,376-byte parts
+
+
+def _kept(role, tq, tk, d, dtype, arch):
+    """[(config tuple, model bytes)] the autotuner keeps for PoPE at raw head dim d (D_QK = 2d, D_V = d) on sm_<arch>."""
+    e = torch.empty((), dtype=dtype).element_size()
+    cfgs = pk.select_configs(role, pk.gpu_configs(role), pk._pow2_bucket(tq), pk._pow2_bucket(tk), 2 * d, d, e, arch,
+                             pk.SHARED_MEMORY_LIMITS[arch])
+    keys = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in cfgs]
+    return [(key, pk.shared_memory_bytes(role, key, 2 * d, d, e, arch)) for key in keys]
+
+
+def test_every_part_dtype_and_head_dim_keeps_tiles_that_fit_or_is_refused():
+    """sm_80 (A100, 166,912 B), sm_86 / sm_89 (A10, 3090, L4, L40: 101,376 B), sm_90 (H100, 232,448 B); fp16, bf16,
+    fp32; d in 16..128; the forward, dQ and dK/dV kernels of a training step (Tq = Tk = 1024) and the forward of
+    decoding (Tq = 1, Tk = 4096): every candidate kept fits the part, and training keeps >= 64-row tiles where
+    one fits. Only fp32 at d = 128 on the 101,376-byte parts fits nowhere: refused with a reason."""
+    refused = []
+    for arch, limit in pk.SHARED_MEMORY_LIMITS.items():
+        for dtype in pk.DTYPES:
+            for d in pope.TRITON_HEAD_DIMS:
+                if pk.shared_memory_reason(arch, limit, dtype, 2 * d, d) is not None:
+                    refused.append((arch, dtype, d))
+                    continue
+                for problem, (tq, tk, roles) in PROBLEMS.items():
+                    for role in roles:
+                        kept = _kept(role, tq, tk, d, dtype, arch)
+                        case = (arch, dtype, d, problem, role, kept)
+                        assert kept and all(b <= limit for _, b in kept), case
+                        big = [c for c in pk.CONFIGS[role][pk._head_class(2 * d, d)] if c[0] >= 64]
+                        if problem == "training" and role != "dkdv" and any(
+                                pk.shared_memory_bytes(role, c, 2 * d, d, 2 if dtype != torch.float32 else 4, arch)
+                                <= limit for c in big):
+                            assert all(c[0] >= 64 for c, _ in kept), case
+    assert refused == REFUSED
+
+
+def test_backend_refuses_a_case_no_tile_fits_and_auto_takes_torch(monkeypatch):
+    """fp32 at d = 128 on an sm_86 part: backend='triton' (and pope_kernel.attention) raise a ValueError that says
+    why, up front; a bf16 case on a (made-up) part with 48 KB per block: backend='auto' takes the torch path.
+    The shared-memory query names q's device."""
+    asked = _mock_gpu(monkeypatch, 86)
+    q, k, v = (torch.randn(1, 1, 4, 128) for _ in range(3))
+    with pytest.raises(ValueError, match="shared memory"):
+        pope.pope_attention(q, k, v, backend="triton")
+    with pytest.raises(ValueError, match="no fwd tile .* sm_86's 101,376 bytes"):
+        pk.attention(torch.randn(1, 1, 4, 256), torch.randn(1, 1, 4, 256), v)
+    assert asked and all(dev == q.device for dev in asked)
+    qh, kh, vh = (t.half() for t in (q, k, v))
+    assert pope.pope_backend(qh, kh, vh) == "triton"
+    _mock_gpu(monkeypatch, 86, limit=48 * 1024)
+    assert pope.pope_backend(qh, kh, vh) == "torch"
+    with pytest.raises(ValueError, match="shared memory"):
+        pope.pope_attention(qh, kh, vh, backend="triton")
+
+
+SHARED = """
+import json, sys
+sys.path.insert(0, {repo!r})
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import bench_kernel as bk, pope_kernel as pk
+for role, d, cfg, arch, dtype, prec in {cases!r}:
+    fn = pk.KERNELS[role].fn
+    consts = dict(GROUP=1, D_QK=2 * d, D_V=d, CAUSAL=True, DOT_PREC=prec, BLOCK_M=cfg[0], BLOCK_N=cfg[1])
+    sig, attrs = {{}}, {{}}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in bk._POINTERS:
+            sig[name] = "*fp32" if name in bk._FP32_ARGS else "*" + dtype
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "i32"
+            if name not in bk._RUNTIME_INTS:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", arch, 32),
+                            options=dict(num_warps=cfg[2], num_stages=cfg[3]))
+    print(json.dumps([role, d, cfg, arch, dtype, prec, kernel.metadata.shared]), flush=True)
+"""
+
+
+def _compiled_shared(cases):
+    """Triton's metadata.shared (bytes) of each (role, d, config, arch, 'bf16' | 'fp16' | 'fp32', 'tf32' | 'ieee')
+    case, compiled in a subprocess without TRITON_INTERPRET (no GPU needed)."""
+    import json
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", SHARED.format(repo=str(REPO), cases=cases)], capture_output=True,
+                         text=True, timeout=7200, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def _check_model_bounds_compiled(cases):
+    for role, d, cfg, arch, dtype, prec, shared in _compiled_shared(cases):
+        model = pk.shared_memory_bytes(role, tuple(cfg), 2 * d, d, 4 if dtype == "fp32" else 2, arch)
+        assert shared <= model, (role, d, cfg, arch, dtype, prec, shared, model)
+
+
+@pytest.mark.skipif(CUDA, reason="compile-only check for CPU machines")
+def test_shared_memory_model_bounds_the_compiled_kernels_of_the_tight_cases():
+    """The first candidate kept for the tightest cases of the test above (d = 128, training: bf16 on sm_86, the
+    wgmma forward on sm_90, fp32 on sm_80), compiled: Triton's metadata.shared is at most the model's bytes."""
+    cases = [(role, 128, _kept(role, 1024, 1024, 128, dtype, arch)[0][0], arch, name, "tf32")
+             for arch, dtype, name, roles in ((86, torch.bfloat16, "bf16", ("fwd", "dq", "dkdv")),
+                                              (90, torch.bfloat16, "bf16", ("fwd",)),
+                                              (80, torch.float32, "fp32", ("fwd", "dq")))
+             for role in roles]
+    _check_model_bounds_compiled(cases)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CUDA, reason="compile-only check for CPU machines")
+def test_shared_memory_model_bounds_every_compiled_candidate():
+    """Every autotune candidate of its head-dim class, d in 16..128, sm_80 / 86 / 89 / 90, bf16, fp16 and fp32
+    (tf32 and IEEE dots): compiled shared memory <= pope_kernel.shared_memory_bytes (about 1,000 compiles)."""
+    _check_model_bounds_compiled([
+        (role, d, cfg, arch, dtype, prec) for arch in pk.SHARED_MEMORY_LIMITS
+        for dtype, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "tf32"), ("fp32", "ieee"))
+        for d in pope.TRITON_HEAD_DIMS for role in ("fwd", "dkdv", "dq") for cfg in pk.CONFIGS[role][pk._head_class(2 * d, d)]])
 
 
 # ---- compile-only checks (no GPU): the kernels build for sm_80 / sm_90 without spilling in their loops ----

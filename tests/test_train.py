@@ -96,6 +96,44 @@ def test_checkpoint_with_the_old_key_pope_delta_loads_and_resumes(toy_stream, tm
     assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["iter_num"] == 4
 
 
+def test_resume_in_float16_from_a_run_without_grad_scaler(toy_stream, tmp_path, capsys):
+    """A bf16 / fp32 run's disabled GradScaler saves {}: resumed with --dtype=float16 it goes on from a fresh
+    loss scale with a one-line note (not GradScaler.load_state_dict's RuntimeError), and the float16 run's own
+    scaler state is saved and restored on the next resume."""
+    out = str(tmp_path / "out")
+    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2",
+                     f"--out_dir={out}", "--device=cpu"]
+    run(common + ["--max_iters=2", "--dtype=float32"])
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["scaler"] == {}
+    capsys.readouterr()
+    run(common + ["--max_iters=4", "--init_from=resume", "--dtype=float16"])
+    assert "note: the checkpoint has no GradScaler state" in capsys.readouterr().err
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] == 4 and ckpt["scaler"]["scale"] > 0
+    run(common + ["--max_iters=6", "--init_from=resume", "--dtype=float16"])
+    assert "GradScaler" not in capsys.readouterr().err
+
+
+def test_single_process_on_cuda_n_uses_device_n(monkeypatch):
+    """One process on --device=cuda:1 (no torchrun): GPU 1 becomes the current device, and the checkpoint's CUDA
+    RNG state is GPU 1's, saved and restored (torch.cuda.get/set_rng_state default to the current device, which
+    is GPU 0 unless set). CUDA is mocked: each call records the device it is given."""
+    calls = []
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(torch.cuda, "get_rng_state",
+                        lambda device="cuda": (calls.append(("get_rng_state", device)), torch.zeros(4, dtype=torch.uint8))[1])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": calls.append(("set_rng_state", device)))
+    assert train._processes("cuda:1") == (False, "cuda:1", 0, 0, 1)
+    states = train._gather_rng(False, 1, "cuda:1")
+    train._restore_rng(states, 0, 1, "cuda:1")
+    one = torch.device("cuda:1")
+    assert calls == [("set_device", "cuda:1"), ("get_rng_state", one), ("set_rng_state", one)]
+    calls.clear()
+    assert train._processes("cpu") == (False, "cpu", 0, 0, 1) and train._gather_rng(False, 1, "cpu")[0]["cuda"] is None
+    assert calls == []
+
+
 def test_text_settings_keep_the_text_as_typed():
     """A str setting takes its text even when it parses as a Python literal (sample.py --start="[1, 2, 3]",
     whose quotes the shell removes); quoted strings still lose their quotes."""
