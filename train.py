@@ -16,6 +16,7 @@ PROMPT from best.pt (sample.py's code) and, on the default dataset, the next com
 length-extrapolation experiment.
 """
 
+import gc
 import json
 import math
 import os
@@ -325,6 +326,12 @@ def main(argv):
         if data.meta.get("layout") == "stream" and (data.meta.get("tokenizer") or {}).get("kind") in ("char", "gpt2"):
             text_run_summary(metrics, cfg, argv, dev)
     if ddp:
+        # Free the DDP wrapper (its reducer holds the process group) while the group is alive: freed after
+        # destroy_process_group, its gloo group's destructor joins a worker thread that waits for the GIL
+        # the destructor holds, and one rank hangs at exit (seen under load with torch 2.13).
+        del model
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
     return metrics
 
