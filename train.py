@@ -173,6 +173,9 @@ def main(argv):
         gptconf = GPTConfig(**model_args)
     except ValueError as e:
         raise UserError(str(e)) from None
+    if cfg.init_from == "resume":  # the model is the checkpoint's: record and feed it as that, not as the command line says
+        config.update({k: v for k, v in asdict(gptconf).items() if k in config})
+        cfg, data.block_size = SimpleNamespace(**config), gptconf.block_size
     model = GPT(gptconf)
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])

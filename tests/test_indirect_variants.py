@@ -143,6 +143,18 @@ def test_multi_query_rows_targets_and_loss_mask(small_variant):
     assert ((y != -1).sum(1) == 3).all()
 
 
+@pytest.mark.parametrize("q", [1, 2])
+def test_the_loss_falls_on_every_querys_target_for_any_number_of_queries(tmp_path, q):
+    """Q queries per row: Q targets per row, each the letter at its shift (decoded from the row's text)."""
+    v = Variant(n_letters=8, min_len=4, max_len=8, max_shift=3, n_queries=q)
+    ds = Dataset(prepare(str(tmp_path / "d"), n_train=20, n_val=5, n_test=5, seed=0, **asdict(v)), block_size=64)
+    rows = np.asarray(ds.array("val"))
+    _, y = ds.rows_to_xy(rows)
+    for r in range(len(rows)):
+        s, queries = parse(decode(rows[r], v), v)
+        assert decode(y[r][y[r] != -1].tolist(), v) == "".join(s[j] for _, _, j in queries)
+
+
 def test_after_sep_on_one_query_rows_equals_last(tiny_indirect):
     """The two loss modes agree on the paper's rows: the final token follows the third ','."""
     ds = Dataset(os.path.join(tiny_indirect, "indirect_indexing"))
@@ -168,8 +180,9 @@ def test_meta_and_name_round_trip_the_variant(tmp_path, monkeypatch):
     for w in (v, Variant(), Variant(n_queries=2), Variant(max_shift=4), Variant(30, 10, 30), Variant(52, 2, 40, 1, 2)):
         assert Variant.from_name(w.name) == w
     assert prepare(out, n_train=50, n_val=5, n_test=5, seed=0, **asdict(v)) == out  # complete: nothing to do
-    with pytest.raises(ValueError, match="holds the variant indirect_indexing_letters8_len4-8_shift3_q4"):
-        prepare(out, n_train=50, n_val=5, n_test=5, **{**asdict(v), "n_queries": 2})
+    for field, value in {"n_letters": 9, "min_len": 5, "max_len": 7, "max_shift": 2, "n_queries": 2}.items():
+        with pytest.raises(ValueError, match="holds the variant indirect_indexing_letters8_len4-8_shift3_q4"):
+            prepare(out, n_train=50, n_val=5, n_test=5, **{**asdict(v), field: value})
 
 
 @pytest.mark.parametrize("name,message", [
