@@ -126,6 +126,7 @@ def test_multi_query_rows_targets_and_loss_mask(small_variant):
         assert rows.shape[1] == v.row_len == 10 + 3 * 7
         texts[split] = [decode(r, v) for r in rows]
         assert len(set(texts[split])) == len(rows)
+        assert ds.meta["splits"][split]["tokens"] == sum(map(len, texts[split]))  # real tokens, padding not counted
         x, y = ds.rows_to_xy(rows)
         for r, text in enumerate(texts[split]):
             s, queries = parse(text, v)

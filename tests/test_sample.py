@@ -95,3 +95,12 @@ def test_sample_runs_in_the_dtype_it_is_given(run_dir, monkeypatch, capsys):
         sample_mod.main(common + ["--dtype=fp16"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "dtype must be 'auto' or one of" in err
+
+
+def test_a_prompt_outside_the_vocabulary_exits_2_naming_the_characters(run_dir, capsys):
+    import sample as sample_mod
+    with pytest.raises(SystemExit) as e:
+        sample_mod.main([f"--out_dir={run_dir}", "--start=AB#C", "--max_new_tokens=2", "--device=cpu",
+                         "--attn_backend=torch"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "characters ['#'] are not in" in err, err
