@@ -178,7 +178,8 @@ def test_meta_and_name_round_trip_the_variant(tmp_path, monkeypatch):
     assert meta["tokenizer"]["itos"] == list("ABCDEFGH0123456789,+-") + ["<pad>"] and meta["pad_id"] == 21
     assert meta["loss_sep"] == {"id": 18, "every": 3}
     assert Variant.from_meta({"sampling": {"seed": 1, "min_len": 20, "max_len": 40, "max_shift": 15}}) == Variant()
-    for w in (v, Variant(), Variant(n_queries=2), Variant(max_shift=4), Variant(30, 10, 30), Variant(52, 2, 40, 1, 2)):
+    for w in (v, Variant(), Variant(n_queries=2), Variant(max_shift=4), Variant(30, 10, 30), Variant(52, 2, 40, 1, 2),
+              Variant(max_shift=20), Variant(n_letters=45), Variant(min_len=25), Variant(max_len=30)):  # above and below
         assert Variant.from_name(w.name) == w
     assert prepare(out, n_train=50, n_val=5, n_test=5, seed=0, **asdict(v)) == out  # complete: nothing to do
     for field, value in {"n_letters": 9, "min_len": 5, "max_len": 7, "max_shift": 2, "n_queries": 2}.items():
@@ -196,6 +197,15 @@ def test_meta_and_name_round_trip_the_variant(tmp_path, monkeypatch):
 def test_bad_variant_names_are_refused(name, message):
     with pytest.raises(ValueError, match=message):
         Variant.from_name(name)
+
+
+def test_splits_of_a_variant_with_few_examples_are_disjoint_and_use_them_all(tmp_path):
+    """Test, val and train never share an example, even where the variant has so few (here 12: 3 x 2
+    two-letter strings x 2 sources) that independent draws would repeat them across splits."""
+    v = Variant(n_letters=3, min_len=2, max_len=2, max_shift=1)
+    ds = Dataset(prepare(str(tmp_path / "d"), n_train=6, n_val=3, n_test=3, seed=0, **asdict(v)))
+    texts = {s: {decode(r, v) for r in ds.array(s)} for s in ("train", "val", "test")}
+    assert [len(t) for t in texts.values()] == [6, 3, 3] and len(set().union(*texts.values())) == 12
 
 
 def test_a_variant_with_too_few_examples_stops_with_the_fix(tmp_path, monkeypatch):
