@@ -405,16 +405,6 @@ def test_truncate_budget_below_the_longest_length_scores_one_document_the_seed_p
     assert len(picked) > 1
 
 
-def test_sliding_stride_defaults_to_yarns_256(setup, capsys):
-    """Without --stride the sliding protocol uses YaRN's and Position Interpolation's stride, 256 (the
-    module docstring), so its numbers compare with theirs: the same as --stride=256."""
-    tmp_path, tokens, runs, common = setup
-    argv = [runs[0], *common, "--protocol=sliding", "--lengths=256"]
-    default = ee.run(argv)[0]
-    assert "sliding window (stride 256)" in capsys.readouterr().out
-    assert default == ee.run(argv + ["--stride=256"])[0]
-
-
 def test_stride_equal_to_length_tiles_each_document_from_its_start(tmp_path):
     """Sliding with stride L = tiled with --lengths=L alone (chunks of L + 1 from each document's start)
     where every document holds a whole number of windows; tiled with a longer L_max that L does not

@@ -150,6 +150,9 @@ def test_wall_and_cpu_time_from_the_run_entry(tmp_path, capsys):
     assert rows[0]["cpu_s"] == (1500.0, None) and rows[0]["cpu_n"] == 1 and info["cpu"]
     code, out, _ = run_main([a, b], capsys)
     assert out.splitlines()[-1] == "| all | 2 | 1337, 2 | 1.0000 ± 0.0000 | 2.718 ± 0.000 | 50.00 ± 0.00 | 13.5 ± 2.1 | 25.0 ± — (n=1) |"
+    c = make_run(tmp_path, "c", 1.0, 0.5, wall=None, seed=3)  # no wall time (a metrics.json without it)
+    _, rows, _ = results.summarize([a, b, c])
+    assert rows[0]["wall_s"] == pytest.approx((810.0, math.sqrt(2) * 90.0)) and rows[0]["wall_n"] == 2  # not a 0 s run
 
 
 def test_json_copies_and_settings_from_best_pt(tmp_path):
