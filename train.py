@@ -161,6 +161,9 @@ def main(argv):
             raise UserError(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
         checkpoint = load_checkpoint(cfg.out_dir, "ckpt.pt", dev)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
+        saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
+        config.update({k: saved[k] for k in model_args if k in saved and k in config and k != "attn_backend"})
+        cfg, data.block_size = SimpleNamespace(**config), model_args["block_size"]
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     elif cfg.init_from == "finetune":
         checkpoint = load_finetune_checkpoint(cfg.init_ckpt, model_args, cfg.out_dir, dev, tokenizer)
@@ -173,9 +176,6 @@ def main(argv):
         gptconf = GPTConfig(**model_args)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if cfg.init_from == "resume":  # the model is the checkpoint's: record and feed it as that, not as the command line says
-        config.update({k: v for k, v in asdict(gptconf).items() if k in config})
-        cfg, data.block_size = SimpleNamespace(**config), gptconf.block_size
     model = GPT(gptconf)
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
