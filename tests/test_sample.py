@@ -97,15 +97,6 @@ def test_sample_runs_in_the_dtype_it_is_given(run_dir, monkeypatch, capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and "dtype must be 'auto' or one of" in err
 
 
-def test_a_prompt_outside_the_vocabulary_exits_2_naming_the_characters(run_dir, capsys):
-    import sample as sample_mod
-    with pytest.raises(SystemExit) as e:
-        sample_mod.main([f"--out_dir={run_dir}", "--start=AB#C", "--max_new_tokens=2", "--device=cpu",
-                         "--attn_backend=torch"])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1 and "characters ['#'] are not in" in err, err
-
-
 @pytest.mark.parametrize("arg,words", [("--top_k=-2", "top_k >= 0"), ("--num_samples=0", "num_samples >= 1"),
                                        ("--max_new_tokens=-3", "max_new_tokens >= 0"), ("--start=", "prompt is empty"),
                                        ("--start=FILE:no/such/prompt.txt", "cannot read the prompt file 'no/such/prompt.txt'")])
