@@ -41,9 +41,14 @@ def complete(model, encode, decode, prompt, max_new_tokens=DEFAULTS["max_new_tok
     strings: encode -> model.generate (KV cache) -> decode, under `autocast` (a context manager; default:
     cli.autocast_context with the device's automatic dtype, bf16 on CUDA where supported, fp32 on CPU). torch's RNG is seeded
     with `seed`; temperature 0 is greedy, top_k 0 or None keeps every token. Used by main and by
-    train.py's end-of-run sample. Raises ValueError for a prompt outside the vocabulary or an absolute
-    encoding asked past block_size."""
+    train.py's end-of-run sample. Raises ValueError for a prompt outside the vocabulary or empty, an
+    absolute encoding asked past block_size, num_samples < 1, max_new_tokens < 0 or top_k < 0."""
+    if num_samples < 1 or max_new_tokens < 0 or (top_k or 0) < 0:
+        raise ValueError(f"need num_samples >= 1, max_new_tokens >= 0 and top_k >= 0 (0: every token), got "
+                         f"{num_samples}, {max_new_tokens} and {top_k}")
     ids = encode(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty: give --start at least one token")
     torch.manual_seed(seed)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None].repeat(num_samples, 1)
     ctx = autocast if autocast is not None else autocast_context(device, resolve_dtype("auto", device))
@@ -62,8 +67,11 @@ def main(argv):
     encode, decode = load_codec(tokenizer)
     start = cfg["start"]
     if start.startswith("FILE:"):
-        with open(start[5:], encoding="utf-8") as f:
-            start = f.read()
+        try:
+            with open(start[5:], encoding="utf-8") as f:
+                start = f.read()
+        except OSError as e:
+            raise UserError(f"cannot read the prompt file {start[5:]!r} ({e.strerror or e})") from None
     try:
         outputs = complete(model, encode, decode, start, cfg["max_new_tokens"], cfg["temperature"], cfg["top_k"],
                            cfg["num_samples"], cfg["seed"], dev, ctx)

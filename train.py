@@ -159,6 +159,9 @@ def main(argv):
             raise UserError(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
         checkpoint = load_checkpoint(cfg.out_dir, "ckpt.pt", dev)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
+        saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
+        config.update({k: saved[k] for k in model_args if k in saved and k in config and k != "attn_backend"})
+        cfg, data.block_size = SimpleNamespace(**config), model_args["block_size"]
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
         prov_earlier = list(checkpoint.get("provenance") or [])
     elif cfg.init_from == "finetune":

@@ -2,6 +2,7 @@
 
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -113,6 +114,10 @@ def test_full_split_predicts_every_token_once(tmp_path, world_size):
 def test_missing_dataset_names_the_prepare_command(tmp_path):
     with pytest.raises(FileNotFoundError, match="python prepare/openwebtext.py"):
         Dataset(str(tmp_path / "openwebtext"))
+    variant = str(tmp_path / "indirect_indexing_letters16_len8-16_shift4_q8")  # a variant: its flags, from its name
+    with pytest.raises(FileNotFoundError, match=re.escape("Run: python prepare/indirect_indexing.py --n_letters=16 "
+                                                          f"--min_len=8 --max_len=16 --max_shift=4 --n_queries=8 --out_dir={variant}")):
+        Dataset(variant)
 
 
 def test_interrupted_write_leaves_no_file(tmp_path):
@@ -165,6 +170,16 @@ def test_stream_batches_are_windows_of_the_file_and_y_is_x_shifted(tmp_path):
     assert all(t.dtype == torch.int64 for t in xs + ys)
     assert torch.equal(torch.cat([x.flatten() for x in xs]), torch.from_numpy(tokens[:-1]).long())
     assert torch.equal(torch.cat([y.flatten() for y in ys]), torch.from_numpy(tokens[1:]).long())
+
+
+def test_the_data_seed_draws_the_training_batches(tmp_path):
+    """Seeds of one setting train on other batches (the spread over seeds that the README's tables
+    report includes the data order); one seed draws the same batch of an iteration every time."""
+    path, _ = _stream_ds(str(tmp_path))
+    a, again, other = (Dataset(path, batch_size=4, block_size=32, seed=s) for s in (0, 0, 1))
+    for it in (0, 5):
+        assert torch.equal(a.train_batch(it, 0)[0], again.train_batch(it, 0)[0])
+        assert not torch.equal(a.train_batch(it, 0)[0], other.train_batch(it, 0)[0])
 
 
 def _rows_ds(path, rows, pad):

@@ -398,6 +398,23 @@ def test_truncate_is_one_forward_on_each_documents_first_tokens(setup, capsys):
     assert flat[0]["tokens"] == 7 * 64 and flat[0]["ppl"] == pytest.approx(math.exp(total / (7 * 64)), rel=1e-5)
 
 
+def test_truncate_budget_below_the_longest_length_scores_one_document_the_seed_picks(setup):
+    """--max_tokens smaller than the longest length still scores one document (its first L + 1 tokens),
+    and --seed picks which: each seed's perplexity is that of one of the 3 documents of >= 65 tokens,
+    computed here by hand, and the seeds do not all pick the same one."""
+    tmp_path, tokens, runs, common = setup
+    model, _ = load_run(runs[0])
+    t = torch.from_numpy(tokens.astype(np.int64))
+    with torch.no_grad():
+        by_doc = {s: math.exp(model(t[s:s + 16][None], t[s + 1:s + 17][None])[1].item()) for s in (0, 340, 604)}
+    picked = set()
+    for seed in (1, 2, 3, 4):
+        row = ee.run([runs[0], *common, "--protocol=truncate", "--max_tokens=10", f"--seed={seed}"])[0]
+        assert row["length"] == 16 and row["tokens"] == 16
+        picked |= {s for s, ppl in by_doc.items() if ppl == pytest.approx(row["ppl"], rel=1e-5)}
+    assert len(picked) > 1
+
+
 def test_stride_equal_to_length_tiles_each_document_from_its_start(tmp_path):
     """Sliding with stride L = tiled with --lengths=L alone (chunks of L + 1 from each document's start)
     where every document holds a whole number of windows; tiled with a longer L_max that L does not

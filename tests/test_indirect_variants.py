@@ -126,6 +126,7 @@ def test_multi_query_rows_targets_and_loss_mask(small_variant):
         assert rows.shape[1] == v.row_len == 10 + 3 * 7
         texts[split] = [decode(r, v) for r in rows]
         assert len(set(texts[split])) == len(rows)
+        assert ds.meta["splits"][split]["tokens"] == sum(map(len, texts[split]))  # real tokens, padding not counted
         x, y = ds.rows_to_xy(rows)
         for r, text in enumerate(texts[split]):
             s, queries = parse(text, v)
@@ -141,6 +142,18 @@ def test_multi_query_rows_targets_and_loss_mask(small_variant):
     assert not set(texts["val"]) & set(texts["test"])
     x, y = ds.train_batch(0, 0)
     assert ((y != -1).sum(1) == 3).all()
+
+
+@pytest.mark.parametrize("q", [1, 2])
+def test_the_loss_falls_on_every_querys_target_for_any_number_of_queries(tmp_path, q):
+    """Q queries per row: Q targets per row, each the letter at its shift (decoded from the row's text)."""
+    v = Variant(n_letters=8, min_len=4, max_len=8, max_shift=3, n_queries=q)
+    ds = Dataset(prepare(str(tmp_path / "d"), n_train=20, n_val=5, n_test=5, seed=0, **asdict(v)), block_size=64)
+    rows = np.asarray(ds.array("val"))
+    _, y = ds.rows_to_xy(rows)
+    for r in range(len(rows)):
+        s, queries = parse(decode(rows[r], v), v)
+        assert decode(y[r][y[r] != -1].tolist(), v) == "".join(s[j] for _, _, j in queries)
 
 
 def test_after_sep_on_one_query_rows_equals_last(tiny_indirect):
@@ -165,11 +178,13 @@ def test_meta_and_name_round_trip_the_variant(tmp_path, monkeypatch):
     assert meta["tokenizer"]["itos"] == list("ABCDEFGH0123456789,+-") + ["<pad>"] and meta["pad_id"] == 21
     assert meta["loss_sep"] == {"id": 18, "every": 3}
     assert Variant.from_meta({"sampling": {"seed": 1, "min_len": 20, "max_len": 40, "max_shift": 15}}) == Variant()
-    for w in (v, Variant(), Variant(n_queries=2), Variant(max_shift=4), Variant(30, 10, 30), Variant(52, 2, 40, 1, 2)):
+    for w in (v, Variant(), Variant(n_queries=2), Variant(max_shift=4), Variant(30, 10, 30), Variant(52, 2, 40, 1, 2),
+              Variant(max_shift=20), Variant(n_letters=45), Variant(min_len=25), Variant(max_len=30)):  # above and below
         assert Variant.from_name(w.name) == w
     assert prepare(out, n_train=50, n_val=5, n_test=5, seed=0, **asdict(v)) == out  # complete: nothing to do
-    with pytest.raises(ValueError, match="holds the variant indirect_indexing_letters8_len4-8_shift3_q4"):
-        prepare(out, n_train=50, n_val=5, n_test=5, **{**asdict(v), "n_queries": 2})
+    for field, value in {"n_letters": 9, "min_len": 5, "max_len": 7, "max_shift": 2, "n_queries": 2}.items():
+        with pytest.raises(ValueError, match="holds the variant indirect_indexing_letters8_len4-8_shift3_q4"):
+            prepare(out, n_train=50, n_val=5, n_test=5, **{**asdict(v), field: value})
 
 
 @pytest.mark.parametrize("name,message", [
@@ -182,6 +197,15 @@ def test_meta_and_name_round_trip_the_variant(tmp_path, monkeypatch):
 def test_bad_variant_names_are_refused(name, message):
     with pytest.raises(ValueError, match=message):
         Variant.from_name(name)
+
+
+def test_splits_of_a_variant_with_few_examples_are_disjoint_and_use_them_all(tmp_path):
+    """Test, val and train never share an example, even where the variant has so few (here 12: 3 x 2
+    two-letter strings x 2 sources) that independent draws would repeat them across splits."""
+    v = Variant(n_letters=3, min_len=2, max_len=2, max_shift=1)
+    ds = Dataset(prepare(str(tmp_path / "d"), n_train=6, n_val=3, n_test=3, seed=0, **asdict(v)))
+    texts = {s: {decode(r, v) for r in ds.array(s)} for s in ("train", "val", "test")}
+    assert [len(t) for t in texts.values()] == [6, 3, 3] and len(set().union(*texts.values())) == 12
 
 
 def test_a_variant_with_too_few_examples_stops_with_the_fix(tmp_path, monkeypatch):

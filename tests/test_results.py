@@ -106,12 +106,13 @@ def test_a_setting_missing_from_older_runs_and_the_split_option(tmp_path):
     b = make_run(tmp_path, "b", 2.0, 0.5, seed=2)
     m = json.loads(open(os.path.join(b, "metrics.json")).read())
     del m["config"]["pope_magnitude"]  # a train.py from before the setting existed
-    m["val"]["loss"] = 3.0
+    m["val"]["loss"], m["val"]["ppl"] = 3.0, math.exp(3.0)
     open(os.path.join(b, "metrics.json"), "w").write(json.dumps(m))
     by, rows, _ = results.summarize([a, b])
     assert by == ["pope_magnitude"] and [r["values"] for r in rows] == [("softplus",), (results.NOT_SET,)]
     _, rows, info = results.summarize([a, b], by=["pos_encoding"], split="val")
     assert rows[0]["loss"] == pytest.approx((2.0, math.sqrt(2)))  # val: 1.0 and 3.0
+    assert rows[0]["ppl"][0] == pytest.approx((math.exp(1.0) + math.exp(3.0)) / 2)  # the val perplexities too
     assert info["split"] == "val"
 
 
@@ -151,6 +152,9 @@ def test_wall_and_cpu_time_from_the_run_entry(tmp_path, capsys):
     assert rows[0]["cpu_s"] == (1500.0, None) and rows[0]["cpu_n"] == 1 and info["cpu"]
     code, out, _ = run_main([a, b], capsys)
     assert out.splitlines()[-1] == "| all | 2 | 1337, 2 | 1.0000 ± 0.0000 | 2.718 ± 0.000 | 50.00 ± 0.00 | 13.5 ± 2.1 | 25.0 ± — (n=1) |"
+    c = make_run(tmp_path, "c", 1.0, 0.5, wall=None, seed=3)  # no wall time (a metrics.json without it)
+    _, rows, _ = results.summarize([a, b, c])
+    assert rows[0]["wall_s"] == pytest.approx((810.0, math.sqrt(2) * 90.0)) and rows[0]["wall_n"] == 2  # not a 0 s run
 
 
 def test_json_copies_and_settings_from_best_pt(tmp_path):
@@ -180,6 +184,7 @@ def test_extrapolation_column(tmp_path, capsys):
                         [("elsewhere/pope", "tiled", 4096, 1.0), (c, "tiled", 4096, 14.0)])
     by, rows, info = results.summarize([a, str(tmp_path / "b.json"), c], extrapolation=[4096])
     assert rows[0]["ext"] == {4096: pytest.approx((5.5, math.sqrt(0.5)))} and rows[1]["ext"] == {4096: (14.0, None)}
+    assert results.summarize([c + "/"], extrapolation=[4096])[1][0]["ext"] == {4096: (14.0, None)}  # as out/*/ gives it
     assert info["protocol"] == "tiled"
     code, out, _ = run_main([a, str(tmp_path / "b.json"), c, "--extrapolation=4096"], capsys)
     lines = out.splitlines()

@@ -1,9 +1,12 @@
 """A run folder is self-contained: sampling needs no dataset folder (checkpoint.py, sample.py)."""
 
+import itertools
+import json
 import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -167,3 +170,34 @@ def test_a_maestro_run_stores_its_tokenizer_json_in_best_pt(tmp_path):
     entry = torch.load(os.path.join(out, "best.pt"), weights_only=True)["tokenizer"]
     assert entry["tokenizer"]["file_text"] == text and entry["vocab_size"] == 328 and entry["pad_id"] == 0
     assert miditok_tokenizer(entry).vocab == maestro.make_tokenizer().vocab
+
+
+def test_metrics_json_holds_the_runs_settings_and_its_whole_wall_time(tmp_path, monkeypatch):
+    """metrics.json, which results.py groups and times runs by: "config" is every train.py setting as
+    this run used it (DEFAULTS, then the command line), and wall_time_s (seconds) spans the whole run,
+    each logged training step included. train.py reads a fake clock here that ticks 1 s per reading."""
+    char_dataset(str(tmp_path / "data" / "toychar"))
+    clock = itertools.count()
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: float(next(clock))))
+    out = str(tmp_path / "out")
+    m = train.main(TINY + ["--dataset=toychar", f"--data_root={tmp_path / 'data'}", "--max_iters=4",
+                           "--eval_interval=4", "--seed=7", f"--out_dir={out}"])
+    on_disk = json.load(open(os.path.join(out, "metrics.json")))
+    given = {"n_layer": 2, "n_head": 2, "n_embd": 32, "batch_size": 8, "eval_iters": 2, "log_interval": 2,
+             "warmup_iters": 2, "attn_backend": "torch", "compile": False, "block_size": 32, "dataset": "toychar",
+             "data_root": str(tmp_path / "data"), "max_iters": 4, "eval_interval": 4, "seed": 7, "out_dir": out}
+    assert on_disk["config"] == m["config"] == {**train.DEFAULTS, **given}
+    with open(os.path.join(out, "log.jsonl")) as f:
+        steps_s = sum(r["ms_per_iter"] * 2 / 1000 for r in map(json.loads, f) if "loss" in r)  # log_interval 2
+    assert steps_s >= 4 and on_disk["wall_time_s"] > steps_s
+
+
+def test_eval_only_resume_with_the_out_dir_alone_scores_and_records_the_checkpoints_model(trained_run):
+    """`--eval_only=True --init_from=resume` without the run's model flags (here 2 x 32 at block_size 32,
+    where the defaults say 4 x 128 at 256): metrics.json names the checkpoint's model, whose settings
+    results.py groups by, and scores it at its own block_size: the numbers the run itself wrote."""
+    first = json.load(open("out-x-pope/metrics.json"))
+    again = train.main(["--eval_only=True", "--init_from=resume", "--out_dir=out-x-pope", "--dataset=toychar",
+                        "--data_root=data", "--attn_backend=torch", "--compile=False", "--device=cpu"])
+    assert {k: again["config"][k] for k in ("n_layer", "n_embd", "block_size")} == {"n_layer": 2, "n_embd": 32, "block_size": 32}
+    assert again["test"] == first["test"] and again["val"] == first["val"]

@@ -95,3 +95,15 @@ def test_sample_runs_in_the_dtype_it_is_given(run_dir, monkeypatch, capsys):
         sample_mod.main(common + ["--dtype=fp16"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "dtype must be 'auto' or one of" in err
+
+
+@pytest.mark.parametrize("arg,words", [("--top_k=-2", "top_k >= 0"), ("--num_samples=0", "num_samples >= 1"),
+                                       ("--max_new_tokens=-3", "max_new_tokens >= 0"), ("--start=", "prompt is empty"),
+                                       ("--start=FILE:no/such/prompt.txt", "cannot read the prompt file 'no/such/prompt.txt'")])
+def test_bad_sampling_settings_exit_2_with_one_line(run_dir, capsys, arg, words):
+    import sample as sample_mod
+    with pytest.raises(SystemExit) as e:
+        sample_mod.main([f"--out_dir={run_dir}", f"--start={PROMPT}", "--max_new_tokens=2", "--device=cpu",
+                         "--attn_backend=torch", arg])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and words in err, err

@@ -299,6 +299,7 @@ def test_eval_only_recomputes_metrics(tiny_indirect, tmp_path):
     os.remove(os.path.join(out, "metrics.json"))
     again = run(common + ["--eval_only=True", "--init_from=resume"])
     assert again["test"] == first["test"] and os.path.exists(os.path.join(out, "metrics.json"))
+    assert again["iter_num"] == first["iter_num"] == 4  # the checkpoint's iteration, not max_iters (3000)
 
 
 def test_progress_eta_is_the_remaining_iterations_at_the_mean_pace():
