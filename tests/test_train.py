@@ -40,12 +40,21 @@ def losses(out_dir):
     ("n_layer=2", "not found"),
     ("--dtype=fp16", "dtype must be 'auto' or one of"),
 ])
-def test_config_errors_exit_2_with_the_valid_keys(arg, message):
-    p = subprocess.run([sys.executable, "train.py", arg], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2, p.stderr
-    assert message in p.stderr
+def test_config_errors_exit_2_with_the_valid_keys(arg, message, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)  # in-process (the script's own exit code: test_the_script_exits_2_on_a_bad_key)
+    with pytest.raises(SystemExit) as e:
+        train.main([arg])
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert message in err
     if "dtype" not in arg:  # errors found while parsing list the valid keys
-        assert "valid keys" in p.stderr and "learning_rate" in p.stderr
+        assert "valid keys" in err and "learning_rate" in err
+
+
+def test_the_script_exits_2_on_a_bad_key():
+    p = subprocess.run([sys.executable, "train.py", "--no_such_key=1"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "unknown config key 'no_such_key'" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_config_file_then_overrides(tmp_path):
