@@ -187,3 +187,19 @@ def test_a_run_another_lane_holds_is_left_to_it(repo):
         assert log == ["start i: python train.py --seed=2 --out_dir=out/i ", "done i", "lane finished"]
     log, _ = lane(repo, q)
     assert calls(repo, "out/h") == ["--seed=1 --out_dir=out/h"] and log[-2:] == ["done h", "lane finished"]
+
+
+def test_a_committed_record_is_done_in_a_fresh_checkout_without_out(repo):
+    """A study spans sessions: the next checkout has docs/runs/NAME.json but no out/. Its runs are not trained
+    again (that would redraw them, on another machine, and overwrite the record); the others are."""
+    import shutil
+    after = "mkdir -p out/b/extrapolate && echo run,ppl > out/b/extrapolate/extrapolation.csv"
+    q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1"), ("b", "out/b", "--seed=2", after), ("c", "out/c", "--seed=3"))
+    lane(repo, q)
+    shutil.rmtree(repo / "out")
+    (repo / "docs" / "runs" / "c.json").unlink()  # c's record was never committed
+    before = (repo / "docs" / "runs" / "a.json").read_text()
+    log, _ = lane(repo, q)
+    assert [line for line in log if line.startswith("start")] == ["start c: python train.py --seed=3 --out_dir=out/c "]
+    assert calls(repo, "out/a") == calls(repo, "out/b") == []
+    assert (repo / "docs" / "runs" / "a.json").read_text() == before

@@ -7,8 +7,10 @@
 # A QUEUE line: NAME <tab> OUT_DIR <tab> train.py arguments [<tab> a command run after training]; one tab
 # between fields, an empty field stays empty (NAME<tab>OUT_DIR<tab><tab>CMD: no train.py arguments).
 # Lines starting with # are comments; a queue file's last line needs no newline.
-# A run whose OUT_DIR/metrics.json exists is not trained again; one with OUT_DIR/ckpt.pt resumes
-# (--init_from=resume). The after-command runs once (marker OUT_DIR/after.done). Each run gets one
+# A run whose record docs/runs/NAME.json is there (with NAME.extrapolation.csv where an after-command
+# writes one) is done, also in a fresh checkout without out/ (a study that spans sessions); delete the
+# record to run it again. A run whose OUT_DIR/metrics.json exists is not trained again; one with
+# OUT_DIR/ckpt.pt resumes (--init_from=resume). The after-command runs once (marker OUT_DIR/after.done). Each run gets one
 # core (OMP_NUM_THREADS=1) at low priority; /usr/bin/time -v writes its wall and CPU time to
 # OUT_DIR/time.txt. Results are copied to docs/runs/NAME.json (metrics.json plus wall and CPU time),
 # the training log to docs/runs/NAME.log.jsonl (the curve) and, if the after-command wrote
@@ -23,6 +25,9 @@ while IFS= read -r line; do
   IFS=$'\x1f' read -r name out args after <<< "${line//$'\t'/$'\x1f'}"
   [[ -z "$name" || "$name" == \#* ]] && continue
   [[ -n "$out" ]] || { echo "$(date -u +%FT%TZ) skipped $name: no OUT_DIR (the second field)"; continue; }
+  # done: its record is committed (docs/runs/NAME.json, and NAME.extrapolation.csv if an after-command makes
+  # one), even in a fresh checkout without out/; or its folder says so
+  [[ -f "docs/runs/$name.json" && ( -z "${after:-}" || -f "docs/runs/$name.extrapolation.csv" ) ]] && continue
   mkdir -p "$out"
   [[ -f "$out/metrics.json" && -f "docs/runs/$name.json" && ( -z "${after:-}" || -f "$out/after.done" ) ]] && continue
   exec {lock}> "$out/lane.lock"
