@@ -38,7 +38,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from cli import resolve_device
+from cli import UserError, resolve_device
 from model import GPT, GPTConfig, KVCache, apply_rope
 from pope import polar_to_cartesian, pope_attention, pope_frequencies
 
@@ -293,7 +293,10 @@ def main(argv):
     a = p.parse_args(argv)
     if a.rounds < MIN_ROUNDS:
         p.error(f"--rounds must be at least {MIN_ROUNDS}: a ratio needs several interleaved rounds, got {a.rounds}")
-    a.device = resolve_device(a.device)
+    try:
+        a.device = resolve_device(a.device)
+    except UserError as e:
+        p.error(str(e))  # one line and exit 2, as for the other bad arguments
     if a.device.startswith("cuda:"):
         torch.cuda.set_device(a.device)  # kernels and libraries that default to the current device use it too
     print(f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {a.rounds} rounds"

@@ -111,11 +111,23 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def resolve_device(device):
     """'auto' -> 'cuda' when torch sees a CUDA GPU, else 'cpu'; any other device ('cpu', 'cuda:1', ...)
-    is returned as given."""
-    if device != "auto":
+    is returned as given. Raises UserError for a CUDA device torch cannot see ('cuda' on a machine
+    without a GPU, 'cuda:2' where there are two), instead of a traceback at its first use."""
+    if device != "auto" and not device.startswith("cuda"):
         return device
     import torch  # here, so that prepare/ scripts import this module without torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise UserError(f"device {device!r}: torch sees no CUDA GPU on this machine; use --device=cpu (or auto)")
+    try:
+        index = torch.device(device).index
+    except RuntimeError:
+        raise UserError(f"device {device!r} is not a device name; use cuda, cuda:N, cpu or auto") from None
+    if index is not None and index >= torch.cuda.device_count():
+        raise UserError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return device
 
 
 BF16_CAPABILITY = (8, 0)  # native bf16 matmuls (tensor cores): Ampere (sm_80) and later

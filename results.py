@@ -398,9 +398,9 @@ def compare(paths, key, split="test", extrapolation=(), solved=None):
                 raise UserError(f"the group {key}={_value(v[0])} has 1 run; a t-test needs at least 2 runs per group "
                                 "(3 or more to say much): add seeds")
     rows = []
-    a_metrics = metric_values(a_runs, split, extrapolation)
-    b_metrics = metric_values(b_runs, split, extrapolation)
-    for (name, a), (_, b) in zip(a_metrics, b_metrics):
+    n_a = len(a_runs)
+    for name, values in metric_values(a_runs + b_runs, split, extrapolation):  # one protocol for both arms
+        a, b = values[:n_a], values[n_a:]
         row = {"metric": name, "a": (*mean_sd(a), len(a)), "b": (*mean_sd(b), len(b)), "welch": None, "paired": None}
         if len(a) > 1 and len(b) > 1:
             row["welch"] = welch(a, b)
@@ -478,7 +478,9 @@ def compare_markdown(c):
 
 
 def compare_csv(c):
-    """compare()'s rows as CSV: metric, each arm's mean/sd/n, Welch's difference, CI, p, and the paired ones."""
+    """compare()'s rows as CSV: metric, each arm's mean/sd/n, Welch's difference, CI, p, and the paired ones; with
+    --solved a last row "solved (acc >= T), Fisher": each arm's rate k / n as its mean, n, the difference of
+    the rates and Fisher's exact p."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["metric", "a", "a_mean", "a_sd", "a_n", "b", "b_mean", "b_sd", "b_n", "diff", "ci_low", "ci_high", "p",
@@ -488,6 +490,10 @@ def compare_csv(c):
     for r in c["rows"]:
         cells = [r["metric"], a, *r["a"], b, *r["b"], *(flat(r["welch"]) or [""] * 4), *(flat(r["paired"]) or [""] * 4)]
         w.writerow(["" if x is None else (repr(x) if isinstance(x, float) else x) for x in cells])
+    if c["solved"]:  # one more row: the solve rates (mean = k / n, sd empty), their difference, Fisher's p
+        sa, sb = c["solved"]["a"], c["solved"]["b"]
+        w.writerow([f"solved (acc >= {c['solved']['threshold']:g}), Fisher", a, repr(sa[2]), "", sa[1], b, repr(sb[2]), "",
+                    sb[1], repr(sb[2] - sa[2]), "", "", repr(c["solved"]["fisher"][1]), "", "", "", ""])
     return buf.getvalue()
 
 
@@ -532,14 +538,18 @@ def markdown(by, rows, info, extrapolation=()):
 
 def to_csv(by, rows, info, extrapolation=()):
     """summarize's output as CSV text: the grouping settings, n, seeds (space-separated), then *_mean and *_sd
-    per number (acc in %, times in seconds; sd empty for one run, a time empty where no run has it)."""
+    per number (acc in %, times in seconds; sd empty for one run, a time empty where no run has it); with
+    --solved, solved_k, solved_n and Wilson's 95 % interval of k / n."""
     nums = ["loss", "ppl", "acc_pct", "wall_s", "cpu_s"] + [f"ppl_at_{L}" for L in extrapolation]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*by, "n", "seeds", *(f"{k}_{s}" for k in nums for s in ("mean", "sd"))])
+    solved = ["solved_k", "solved_n", "solved_ci_low", "solved_ci_high"] if rows and "solved" in rows[0] else []
+    w.writerow([*by, "n", "seeds", *(f"{k}_{s}" for k in nums for s in ("mean", "sd")), *solved])
     for r in rows:
         pairs = [r["loss"], r["ppl"], r["acc"], r["wall_s"], r["cpu_s"]] + [r["ext"][L] for L in extrapolation]
         cells = [repr(x) if isinstance(x, float) else "" for p in pairs for x in (p or (None, None))]
+        if solved:  # k, n, Wilson's 95 % interval of k / n
+            cells += [r["solved"][0], r["solved"][1], repr(r["solved"][3][0]), repr(r["solved"][3][1])]
         w.writerow([*map(_value, r["values"]), r["n"], " ".join(map(str, r["seeds"])), *cells])
     return buf.getvalue()
 

@@ -70,8 +70,9 @@ def main(argv):
         try:
             with open(start[5:], encoding="utf-8") as f:
                 start = f.read()
-        except OSError as e:
-            raise UserError(f"cannot read the prompt file {start[5:]!r} ({e.strerror or e})") from None
+        except (OSError, UnicodeDecodeError) as e:  # missing, unreadable, or not UTF-8 text
+            raise UserError(f"cannot read the prompt file {start[5:]!r} as UTF-8 text "
+                            f"({getattr(e, 'strerror', None) or e})") from None
     try:
         outputs = complete(model, encode, decode, start, cfg["max_new_tokens"], cfg["temperature"], cfg["top_k"],
                            cfg["num_samples"], cfg["seed"], dev, ctx)

@@ -133,21 +133,25 @@ def main(argv):
             auto_prepare(cfg.dataset, data_dir)
         if ddp:
             dist.barrier()
-    try:
-        data = Dataset(data_dir, batch_size=cfg.batch_size, block_size=cfg.block_size, grad_accum=grad_accum,
-                       seed=cfg.seed, rank=rank, world_size=world_size)
-        val_batches = data.fixed_batches("val", cfg.eval_iters)  # a split too short for block_size: one line
-        if not cfg.eval_only:
-            data.train_batch(0, 0)  # the same for train (stateless: the run still draws iteration 0's batch)
-    except (FileNotFoundError, ValueError) as e:
-        raise UserError(str(e)) from None
+    def open_data(block_size):  # the dataset and its fixed val batches; a split too short for block_size: one line
+        try:
+            data = Dataset(data_dir, batch_size=cfg.batch_size, block_size=block_size, grad_accum=grad_accum,
+                           seed=cfg.seed, rank=rank, world_size=world_size)
+            if block_size is None:
+                return data, None
+            val_batches = data.fixed_batches("val", cfg.eval_iters)
+            if not cfg.eval_only:
+                data.train_batch(0, 0)  # the same check for train (stateless: the run still draws this batch)
+            return data, val_batches
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(str(e)) from None
+
+    data, _ = open_data(None)  # meta.json only: the block_size is the checkpoint's for a resumed run (below)
     tokenizer = tokenizer_to_checkpoint(data.meta, data_dir)
     prov = provenance(data_dir, dev, world_size)  # the code, libraries, machine and data of this process
     prov_earlier = []  # a resumed run's earlier processes (from ckpt.pt)
     if master:
         os.makedirs(cfg.out_dir, exist_ok=True)
-        print(f"{world_size} process(es) on {dev} in {ptdtype_name}; global batch "
-              f"{cfg.gradient_accumulation_steps * cfg.batch_size} sequences of <= {cfg.block_size} tokens per step")
 
     # --- model and optimizer: GPTConfig's fields are settings of this script, but vocab_size (the data's)
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
@@ -161,7 +165,7 @@ def main(argv):
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
         config.update({k: saved[k] for k in model_args if k in saved and k in config and k != "attn_backend"})
-        cfg, data.block_size = SimpleNamespace(**config), model_args["block_size"]
+        cfg = SimpleNamespace(**config)
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
         prov_earlier = list(checkpoint.get("provenance") or [])
     elif cfg.init_from == "finetune":
@@ -171,6 +175,11 @@ def main(argv):
                   f"{model_args['block_size']}, rope_scaling {model_args['rope_scaling']}; fresh optimizer and schedule")
     elif cfg.init_from != "scratch":
         raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
+    data, val_batches = open_data(model_args["block_size"])
+    if master:
+        print(f"{world_size} process(es) on {dev} in {ptdtype_name}; global batch "
+              f"{cfg.gradient_accumulation_steps * cfg.batch_size} sequences of <= {model_args['block_size']} tokens "
+              "per step")
     try:
         gptconf = GPTConfig(**model_args)
     except ValueError as e:

@@ -107,7 +107,15 @@ def test_device_and_dtype_auto(monkeypatch):
     for cuda, want in ((False, "cpu"), (True, "cuda")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
         assert resolve_device("auto") == want
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_device("cuda:1") == "cuda:1" and resolve_device("cpu") == "cpu"
+    # a CUDA device that is not there: one line (exit 2 in the scripts), not a traceback at first use
+    with pytest.raises(UserError, match=r"has 2 CUDA GPU\(s\), cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(UserError, match="torch sees no CUDA GPU on this machine; use --device=cpu"):
+            resolve_device(device)
     assert resolve_dtype("auto", "cpu") == "float32"
     asked = []
 

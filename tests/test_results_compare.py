@@ -2,6 +2,8 @@
 against textbook cases worked by hand, solve rates with Wilson intervals and Fisher's test, the provenance
 warnings, and every bad input's exit 2."""
 
+import csv
+import io
 import json
 import math
 
@@ -123,8 +125,14 @@ def test_the_printed_comparison(tmp_path, capsys):
     assert "| +2.0000 [+2.0000, +2.0000] |" in loss  # paired: every seed moved by exactly 2
     assert "| A: pope | 2 / 3 |" in out and "| B: rope | 0 / 3 |" in out
     assert "Fisher's exact test (two-sided): p = 0.400" in out and "not separated" in out
-    text = results.main([*paths, "--compare=pos_encoding", "--csv"])
+    text = results.main([*paths, "--compare=pos_encoding", "--csv", "--solved=0.9"])
     header, first = text.splitlines()[:2]
+    solved = list(csv.reader(io.StringIO(text)))[-1]
+    assert solved[0] == "solved (acc >= 0.9), Fisher" and float(solved[2]) == 2 / 3 and solved[4] == "3"
+    assert float(solved[6]) == 0.0 and float(solved[12]) == pytest.approx(0.4)
+    table = list(csv.reader(io.StringIO(results.main([*paths, "--solved=0.9", "--csv"]))))
+    assert table[0][-4:] == ["solved_k", "solved_n", "solved_ci_low", "solved_ci_high"]
+    assert table[1][-4:-2] == ["2", "3"] and float(table[1][-2]) == pytest.approx(results.wilson(2, 3)[1][0])
     assert header.startswith("metric,a,a_mean,a_sd,a_n,b,b_mean,b_sd,b_n,diff,ci_low,ci_high,p,paired_diff")
     assert first.startswith("test loss (nats),pope,2.0,1.0,3,rope,4.0,1.0,3,2.0,")
 
@@ -218,3 +226,14 @@ def test_pairing_needs_a_known_machine_and_a_resume_on_another_machine_counts(tm
     c = results.compare(paths, "pos_encoding")
     assert "pos_encoding=pope mixes machines (AMD EPYC (AVX512) x3, AMD EPYC (AVX2) x1)" in c["notes"][0]
     assert c["rows"][0]["paired"] is None
+
+
+def test_arms_scored_with_different_protocols_are_refused(tmp_path, capsys):
+    paths = arms(tmp_path, [1.5, 1.5], [1.5, 1.5])
+    for i, path in enumerate(paths):  # arm A tiled, arm B sliding: the same length, another measurement
+        protocol = "tiled" if i < 2 else "sliding"
+        with open(path[:-len(".json")] + ".extrapolation.csv", "w") as f:
+            f.write(f"run,label,protocol,length,tokens,ppl\nout/x,pope,{protocol},4096,65536,{5 + i}\n")
+    with pytest.raises(SystemExit) as e:
+        results.main(paths + ["--compare=pos_encoding", "--extrapolation=4096"])
+    assert e.value.code == 2 and "different protocols (sliding, tiled)" in capsys.readouterr().err

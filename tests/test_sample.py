@@ -99,9 +99,12 @@ def test_sample_runs_in_the_dtype_it_is_given(run_dir, monkeypatch, capsys):
 
 @pytest.mark.parametrize("arg,words", [("--top_k=-2", "top_k >= 0"), ("--num_samples=0", "num_samples >= 1"),
                                        ("--max_new_tokens=-3", "max_new_tokens >= 0"), ("--start=", "prompt is empty"),
-                                       ("--start=FILE:no/such/prompt.txt", "cannot read the prompt file 'no/such/prompt.txt'")])
-def test_bad_sampling_settings_exit_2_with_one_line(run_dir, capsys, arg, words):
+                                       ("--start=FILE:no/such/prompt.txt", "cannot read the prompt file 'no/such/prompt.txt'"),
+                                       ("--start=FILE:binary.bin", "cannot read the prompt file 'binary.bin' as UTF-8")])
+def test_bad_sampling_settings_exit_2_with_one_line(run_dir, capsys, arg, words, tmp_path, monkeypatch):
     import sample as sample_mod
+    (tmp_path / "binary.bin").write_bytes(b"\xff\xfe\x00 not text")
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         sample_mod.main([f"--out_dir={run_dir}", f"--start={PROMPT}", "--max_new_tokens=2", "--device=cpu",
                          "--attn_backend=torch", arg])

@@ -168,6 +168,24 @@ def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
     assert "provenance_earlier" not in json.load(open(os.path.join(full, "metrics.json")))  # one process
 
 
+
+def test_a_resume_trains_and_validates_at_the_checkpoints_block_size(toy_stream, tmp_path):
+    """The model of a resumed run is the checkpoint's, and so is its context: a --block_size on the resume
+    command line (or none, the default 256, longer than this data allows) changes neither the training nor
+    the val batches that choose best.pt. Losses and val losses equal the uninterrupted run's."""
+    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--eval_interval=4", "--lr_decay_iters=8"]
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    run(common + ["--block_size=16", "--max_iters=8", f"--out_dir={full}"])
+    run(common + ["--block_size=16", "--max_iters=4", f"--out_dir={part}"])
+    m = run(common + ["--block_size=32", "--max_iters=8", f"--out_dir={part}", "--init_from=resume"])
+    assert losses(full) == losses(part)
+    def val(out_dir):
+        with open(os.path.join(out_dir, "log.jsonl")) as f:
+            return {r["iter"]: r["val_loss"] for r in map(json.loads, f) if "val_loss" in r}
+    assert val(full) == val(part) and sorted(val(part)) == [0, 4, 8]
+    assert m["config"]["block_size"] == 16 and m["test"] == json.load(open(os.path.join(full, "metrics.json")))["test"]
+
+
 def _log_rows(out_dir):
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         return {r["iter"]: r for r in map(json.loads, f) if "loss" in r}

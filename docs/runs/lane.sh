@@ -43,6 +43,13 @@ while IFS= read -r line; do
     nice -n 19 bash -c "$after" < /dev/null >> "$out/after.log" 2>&1 && touch "$out/after.done" \
       || echo "$(date -u +%FT%TZ) FAILED after-command of $name"
   fi
+  # the curve (for analyze_indirect.py curves once out/ is gone) and the extrapolation scores, each copied
+  # atomically, then the record NAME.json last: it marks the run done, so a kill leaves nothing half-copied
+  cp "$out/log.jsonl" "docs/runs/$name.log.jsonl.tmp" && mv "docs/runs/$name.log.jsonl.tmp" "docs/runs/$name.log.jsonl"
+  if [[ -f "$out/extrapolate/extrapolation.csv" ]]; then
+    cp "$out/extrapolate/extrapolation.csv" "docs/runs/$name.extrapolation.csv.tmp" \
+      && mv "docs/runs/$name.extrapolation.csv.tmp" "docs/runs/$name.extrapolation.csv"
+  fi
   python - "$name" "$out" <<'PY'
 import json, re, sys
 name, out = sys.argv[1:]
@@ -57,8 +64,6 @@ sys.path.insert(0, ".")
 from cli import atomic_write_json
 atomic_write_json(f"docs/runs/{name}.json", m)
 PY
-  cp "$out/log.jsonl" "docs/runs/$name.log.jsonl"   # the curve, for analyze_indirect.py curves once out/ is gone
-  [[ -f "$out/extrapolate/extrapolation.csv" ]] && cp "$out/extrapolate/extrapolation.csv" "docs/runs/$name.extrapolation.csv"
   echo "$(date -u +%FT%TZ) done $name"
   exec {lock}>&-
 done < <(awk 1 "$@")   # awk 1: every line ends with a newline, also a file's last
