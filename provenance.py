@@ -22,6 +22,8 @@ import os
 import platform
 import subprocess
 
+from prepare.common import sha256_file
+
 UNKNOWN = "unknown"
 REPO = os.path.dirname(os.path.abspath(__file__))
 END_BYTES = 1 << 20  # the data fingerprint hashes the first and the last MB of each split
@@ -83,14 +85,6 @@ def device_info(device="cpu"):
     return info
 
 
-def _sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _sha256_ends(path, size):
     """sha256 of the file's first and last END_BYTES (the whole file if it is smaller than two of them)."""
     h = hashlib.sha256()
@@ -109,7 +103,7 @@ def dataset_fingerprint(data_dir):
     out = {"dir": str(data_dir), "meta_sha256": UNKNOWN, "splits": {}, "digest": UNKNOWN}
     meta_path = os.path.join(data_dir, "meta.json")
     try:
-        out["meta_sha256"] = _sha256_file(meta_path)
+        out["meta_sha256"] = sha256_file(meta_path)
         with open(meta_path) as f:
             splits = json.load(f).get("splits", {})
         for name, s in sorted(splits.items()):

@@ -34,6 +34,7 @@ run_cli (the command line: flags named like prepare()'s parameters; bad input ex
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -42,6 +43,15 @@ import urllib.request
 import numpy as np
 
 from cli import UserError, atomic_open, atomic_write_json, exit_on_user_error
+
+def sha256_file(path):
+    """Hex sha256 of the file at `path`, read in 1 MB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
 
 FORMAT = 1
 

