@@ -1,0 +1,155 @@
+"""How many runs per arm a comparison needs before it is run, or what power a given number has: the
+calculation behind a pre-registered study (docs/cpu_scale.md, section 5). results.py reads the runs
+afterwards, with the same tests.
+
+    python power.py welch 0.0165 0.0153 0.0058        # difference B − A, sd of A, sd of B: power by n
+    python power.py welch 0.374 0.243 0.132 --n=4       # the power 4 runs per arm have
+    python power.py fisher 7/9 1/9                       # solve rates of A and B (k/n or a fraction)
+
+Welch: the two-sided Welch t-test at level alpha of two normal arms with n runs each and the given
+sds; power from the noncentral t with the Welch-Satterthwaite degrees of freedom of those sds (the
+usual approximation: the test itself uses the sample sds). Fisher: the two-sided Fisher exact test of
+the 2 x 2 table of solved / not solved with n runs per arm, each run of arm X solving with probability
+p_X; power exact, summed over all (n + 1)² outcomes. "Separated" is p < alpha, as in results.py.
+
+Fisher's power is not monotone in n at these sizes (the test is discrete): the n required is the
+smallest n from which on every n up to --max_n reaches the target power. Output: a markdown table of
+the power by n (2 to two past the n required), then the n required; with --n, the power at that n.
+Bad input (an sd <= 0, a rate outside [0, 1], n < 2, alpha or power outside (0, 1)) exits 2 with one line.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+from cli import UserError, exit_on_user_error
+
+ALPHA, POWER = 0.05, 0.8
+
+
+def welch_power(diff, sd_a, sd_b, n, alpha=ALPHA):
+    """Power of the two-sided Welch t-test at level `alpha` for a true difference of means `diff` (B − A,
+    any unit) between two normal arms with standard deviations `sd_a`, `sd_b` (same unit), `n` runs each.
+
+    Noncentral t: ncp = diff / sqrt((sd_a² + sd_b²) / n), df = Welch-Satterthwaite of the true sds;
+    power = P(|T| > t_{1 − alpha/2, df}). Raises ValueError for n < 2, an sd < 0, both sds 0, or alpha
+    outside (0, 1)."""
+    from scipy import stats
+    _check(n=n, alpha=alpha)
+    if sd_a < 0 or sd_b < 0 or sd_a == sd_b == 0:
+        raise ValueError(f"the sds must be >= 0 and not both 0, got {sd_a} and {sd_b}")
+    va, vb = sd_a ** 2 / n, sd_b ** 2 / n
+    df = (va + vb) ** 2 / ((va ** 2 + vb ** 2) / (n - 1))
+    t, ncp = stats.t.ppf(1 - alpha / 2, df), diff / np.sqrt(va + vb)
+    return float(stats.nct.sf(t, df, ncp) + stats.nct.cdf(-t, df, ncp))
+
+
+def fisher_pvalues(n):
+    """(n + 1, n + 1) array: the two-sided Fisher exact p of the table [[k_a, n − k_a], [k_b, n − k_b]] at
+    [k_a, k_b]; the sum of the hypergeometric probabilities, given the margins, of every table no more
+    likely than the one seen (relative tolerance 1e-7, as scipy.stats.fisher_exact)."""
+    from scipy import stats
+    p = np.ones((n + 1, n + 1))
+    k = np.arange(n + 1)
+    for total in range(1, 2 * n):                    # total solved; 0 and 2n leave one table, p = 1
+        k_a = k[(k <= total) & (total - k <= n)]     # the tables with this margin
+        pmf = stats.hypergeom.pmf(k_a, 2 * n, total, n)
+        p[k_a, total - k_a] = [pmf[pmf <= x * (1 + 1e-7)].sum() for x in pmf]
+    return np.minimum(p, 1.0)
+
+
+def fisher_power(p_a, p_b, n, alpha=ALPHA):
+    """Power of the two-sided Fisher exact test at level `alpha` (separated: p < alpha) when each of the `n`
+    runs of arm A solves with probability `p_a` and each of arm B with `p_b`, independently: the binomial
+    probability of the outcomes (k_a, k_b) the test separates. Raises ValueError for n < 2, a rate outside
+    [0, 1] or alpha outside (0, 1)."""
+    from scipy import stats
+    _check(n=n, alpha=alpha)
+    if not (0 <= p_a <= 1 and 0 <= p_b <= 1):
+        raise ValueError(f"the solve rates must lie in [0, 1], got {p_a} and {p_b}")
+    k = np.arange(n + 1)
+    prob = np.outer(stats.binom.pmf(k, n, p_a), stats.binom.pmf(k, n, p_b))
+    return float(prob[fisher_pvalues(n) < alpha].sum())
+
+
+def n_required(power_at, target=POWER, max_n=100):
+    """(n, {n: power}): the smallest n in [2, max_n] from which on power_at(m) >= target for every m up to
+    max_n, or None if power_at(max_n) < target; the dict holds power_at for every n in [2, max_n]."""
+    _check(power=target)
+    powers = {m: power_at(m) for m in range(2, max_n + 1)}
+    n = None
+    for m in range(max_n, 1, -1):
+        if powers[m] < target:
+            break
+        n = m
+    return n, powers
+
+
+def _check(n=2, alpha=ALPHA, power=POWER):
+    if int(n) != n or n < 2:
+        raise ValueError(f"n (runs per arm) must be an integer >= 2, got {n}")
+    for name, x in (("alpha", alpha), ("power", power)):
+        if not 0 < x < 1:
+            raise ValueError(f"{name} must lie in (0, 1), got {x}")
+
+
+def _rate(text):
+    """'7/9' or '0.778' -> a float in [0, 1]."""
+    try:
+        k, _, n = text.partition("/")
+        x = float(k) / float(n) if n else float(k)
+    except (ValueError, ZeroDivisionError):
+        raise UserError(f"a solve rate is k/n or a fraction, got {text!r}") from None
+    return x
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"expected a number, got {text!r}") from None
+
+
+@exit_on_user_error
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("test", choices=["welch", "fisher"])
+    p.add_argument("values", nargs="+", help="welch: DIFF SD_A SD_B; fisher: RATE_A RATE_B")
+    p.add_argument("--n", type=int, default=None, help="runs per arm: print the power at this n only")
+    p.add_argument("--alpha", type=float, default=ALPHA, help="two-sided significance level (default 0.05)")
+    p.add_argument("--power", type=float, default=POWER, help="the power to reach (default 0.8)")
+    p.add_argument("--max_n", type=int, default=100, help="the largest n per arm searched (default 100)")
+    a = p.parse_args(argv)
+    want = 3 if a.test == "welch" else 2
+    if len(a.values) != want:
+        raise UserError(f"{a.test} takes {'DIFF SD_A SD_B' if want == 3 else 'RATE_A RATE_B'}, "
+                        f"got {len(a.values)} values")
+    if a.test == "welch":
+        diff, sd_a, sd_b = map(_number, a.values)
+        power_at = lambda n: welch_power(diff, sd_a, sd_b, n, a.alpha)  # noqa: E731
+        what = f"Welch's t-test: difference {diff:g}, sd {sd_a:g} (A) and {sd_b:g} (B)"
+    else:
+        r_a, r_b = map(_rate, a.values)
+        power_at = lambda n: fisher_power(r_a, r_b, n, a.alpha)  # noqa: E731
+        what = f"Fisher's exact test: solve rates {r_a:.3f} (A) and {r_b:.3f} (B)"
+    try:
+        if a.n is not None:
+            print(f"{what}, two-sided alpha = {a.alpha:g}: power {power_at(a.n):.3f} at n = {a.n} per arm")
+            return
+        _check(n=a.max_n)
+        n, powers = n_required(power_at, a.power, a.max_n)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    print(f"{what}, two-sided alpha = {a.alpha:g}\n\n| n per arm | power |\n|---|---|")
+    for m in (range(2, min(a.max_n, n + 2) + 1) if n else [*range(2, min(a.max_n, 10) + 1), a.max_n]):
+        print(f"| {m} | {powers[m]:.3f} |")
+    if n:
+        print(f"\n{a.power:.0%} power from n = {n} runs per arm on (every n from there to --max_n = {a.max_n})")
+    else:
+        print(f"\n{a.power:.0%} power is not reached by n = {a.max_n} runs per arm (--max_n)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,102 @@
+"""power.py: the power of Welch's and Fisher's tests and the n a study needs, against independent references
+(scipy's tests applied to simulated or enumerated outcomes) and the numbers docs/cpu_scale.md section 5
+registered."""
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import power
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 11])
+def test_fisher_pvalues_are_scipys_for_every_table(n):
+    got = power.fisher_pvalues(n)
+    for k_a, k_b in itertools.product(range(n + 1), repeat=2):
+        want = stats.fisher_exact([[k_a, n - k_a], [k_b, n - k_b]]).pvalue
+        assert got[k_a, k_b] == pytest.approx(want, rel=1e-9, abs=1e-15), (k_a, k_b)
+
+
+@pytest.mark.parametrize("p_a, p_b, n", [(7 / 9, 1 / 9, 11), (0.9, 0.3, 7), (0.2, 0.2, 9), (1.0, 0.0, 4)])
+def test_fisher_power_sums_the_binomial_probability_of_every_separated_outcome(p_a, p_b, n):
+    want = sum(stats.binom.pmf(k_a, n, p_a) * stats.binom.pmf(k_b, n, p_b)
+               for k_a, k_b in itertools.product(range(n + 1), repeat=2)
+               if stats.fisher_exact([[k_a, n - k_a], [k_b, n - k_b]]).pvalue < 0.05)
+    assert power.fisher_power(p_a, p_b, n) == pytest.approx(want, abs=1e-12)
+
+
+def _simulated_power(diff, sd_a, sd_b, n, equal_var, sims=200_000, seed=0):
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(0.0, sd_a, (sims, n)), rng.normal(diff, sd_b, (sims, n))
+    return float((stats.ttest_ind(b, a, axis=1, equal_var=equal_var).pvalue < 0.05).mean())
+
+
+@pytest.mark.parametrize("diff, sd, n", [(1.0, 1.0, 8), (0.3, 0.2, 4), (-0.5, 0.4, 12)])
+def test_welch_power_is_exact_when_the_sds_are_equal(diff, sd, n):
+    # equal sds and n: the Welch-Satterthwaite df is 2n − 2 and the noncentral t is the exact power of
+    # Student's t-test; the simulation's standard error is below 0.0012
+    assert power.welch_power(diff, sd, sd, n) == pytest.approx(_simulated_power(diff, sd, sd, n, True), abs=0.004)
+
+
+@pytest.mark.parametrize("diff, sd_a, sd_b, n", [(0.0165, 0.0153, 0.0058, 10), (0.374, 0.243, 0.132, 6),
+                                                 (0.0165, 0.0153, 0.0058, 4)])
+def test_welch_power_approximates_the_welch_test_with_unequal_sds(diff, sd_a, sd_b, n):
+    sim = _simulated_power(diff, sd_a, sd_b, n, False)
+    assert power.welch_power(diff, sd_a, sd_b, n) == pytest.approx(sim, abs=0.015)
+
+
+def test_no_difference_has_the_power_alpha():
+    assert power.welch_power(0.0, 0.3, 0.1, 7) == pytest.approx(0.05, abs=1e-12)
+    assert power.welch_power(0.0, 0.3, 0.1, 7, alpha=0.01) == pytest.approx(0.01, abs=1e-12)
+
+
+def test_the_registered_study_sizes_reproduce():
+    # docs/cpu_scale.md section 5: power by n per arm and the registered n of each comparison
+    fisher = lambda n: power.fisher_power(7 / 9, 1 / 9, n)  # noqa: E731
+    jsb = lambda n: power.welch_power(0.0165, 0.0153, 0.0058, n)  # noqa: E731
+    delta = lambda n: power.welch_power(0.374, 0.243, 0.132, n)  # noqa: E731
+    for power_at, table, registered in ((fisher, {9: 0.77, 10: 0.78, 11: 0.86, 12: 0.91}, 11),
+                                        (jsb, {8: 0.72, 9: 0.78, 10: 0.83, 12: 0.90}, 10),
+                                        (delta, {5: 0.72, 6: 0.82, 7: 0.89}, 6)):
+        assert {n: round(power_at(n), 2) for n in table} == table
+        assert power.n_required(power_at, max_n=30)[0] == registered
+
+
+def test_n_required_is_where_the_power_stays_above_the_target():
+    # not monotone (Fisher at small n): 5 reaches 0.8, 6 falls back, from 7 on it holds
+    curve = {2: 0.1, 3: 0.5, 4: 0.7, 5: 0.85, 6: 0.79, 7: 0.81, 8: 0.9, 9: 0.95, 10: 0.97}
+    n, powers = power.n_required(curve.get, max_n=10)
+    assert n == 7 and powers == curve
+    assert power.n_required(lambda n: 0.5, max_n=10)[0] is None
+
+
+@pytest.mark.parametrize("call", [lambda: power.welch_power(1, 1, 1, 1), lambda: power.welch_power(1, 0, 0, 5),
+                                  lambda: power.welch_power(1, -1, 1, 5), lambda: power.fisher_power(1.2, 0.5, 5),
+                                  lambda: power.fisher_power(0.5, 0.5, 5, alpha=0),
+                                  lambda: power.n_required(lambda n: 1.0, target=1.0)])
+def test_bad_values_raise(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_the_command_line_prints_the_table_and_the_n(capsys):
+    power.main(["fisher", "7/9", "1/9", "--max_n=30"])
+    out = capsys.readouterr().out
+    assert "| 11 | 0.860 |" in out and "| 10 | 0.783 |" in out and "from n = 11 runs per arm" in out
+    power.main(["welch", "0.374", "0.243", "0.132", "--n=4"])
+    assert "power 0.570 at n = 4 per arm" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [(["fisher", "7/9", "x"], "k/n or a fraction"),
+                                           (["fisher", "7/9", "10/9"], "must lie in [0, 1]"),
+                                           (["welch", "1", "1"], "takes DIFF SD_A SD_B"),
+                                           (["welch", "1", "0", "0"], "not both 0"),
+                                           (["welch", "1", "1", "1", "--n=1"], "integer >= 2"),
+                                           (["welch", "1", "1", "1", "--max_n=1"], "integer >= 2")])
+def test_bad_input_exits_2_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        power.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
