@@ -106,7 +106,7 @@ def test_data_fingerprint_sees_a_change_at_either_end_of_a_split_and_nothing_els
 
     def digest_after(index):
         s = seq.copy()
-        s[index] += 1
+        s[index] ^= 1  # flip one bit: a different token (no uint16 overflow at 65535)
         s.tofile(path / "train.bin")
         return provenance.dataset_fingerprint(str(path))["digest"]
     assert digest_after(0) != base["digest"]
