@@ -5,17 +5,22 @@ afterwards, with the same tests.
     python power.py welch 0.0165 0.0153 0.0058        # difference B − A, sd of A, sd of B: power by n
     python power.py welch 0.374 0.243 0.132 --n=4       # the power 4 runs per arm have
     python power.py fisher 7/9 1/9                       # solve rates of A and B (k/n or a fraction)
+    python power.py paired 0.380 0.0057                  # mean and sd of the per-seed differences B − A
 
 Welch: the two-sided Welch t-test at level alpha of two normal arms with n runs each and the given
 sds; power from the noncentral t with the Welch-Satterthwaite degrees of freedom of those sds (the
-usual approximation: the test itself uses the sample sds). Fisher: the two-sided Fisher exact test of
-the 2 x 2 table of solved / not solved with n runs per arm, each run of arm X solving with probability
+usual approximation: the test itself uses the sample sds). Paired: the two-sided paired t-test
+(a one-sample t-test of the n per-seed differences B − A, df n − 1), exact for normal differences; for arms
+that run the same seeds on one machine, where a seed fixes much of the outcome in both (section 5, C: the
+per-seed values of the two arms correlate at r = 0.9997). Fisher: the two-sided Fisher exact test of the
+2 x 2 table of solved / not solved with n runs per arm, each run of arm X solving with probability
 p_X; power exact, summed over all (n + 1)² outcomes. "Separated" is p < alpha, as in results.py.
 
 Fisher's power is not monotone in n at these sizes (the test is discrete): the n required is the
 smallest n from which on every n up to --max_n reaches the target power. Output: a markdown table of
 the power by n (2 to two past the n required), then the n required; with --n, the power at that n.
-Bad input (an sd <= 0, a rate outside [0, 1], n < 2, alpha or power outside (0, 1)) exits 2 with one line.
+Bad input (welch: an sd < 0 or both 0; paired: an sd <= 0; a rate outside [0, 1]; n < 2; alpha or power
+outside (0, 1)) exits 2 with one line.
 """
 
 import argparse
@@ -36,14 +41,33 @@ def welch_power(diff, sd_a, sd_b, n, alpha=ALPHA):
     Noncentral t: ncp = diff / sqrt((sd_a² + sd_b²) / n), df = Welch-Satterthwaite of the true sds;
     power = P(|T| > t_{1 − alpha/2, df}). Raises ValueError for n < 2, an sd < 0, both sds 0, or alpha
     outside (0, 1)."""
-    from scipy import stats
     _check(n=n, alpha=alpha)
     if sd_a < 0 or sd_b < 0 or sd_a == sd_b == 0:
         raise ValueError(f"the sds must be >= 0 and not both 0, got {sd_a} and {sd_b}")
     va, vb = sd_a ** 2 / n, sd_b ** 2 / n
     df = (va + vb) ** 2 / ((va ** 2 + vb ** 2) / (n - 1))
-    t, ncp = stats.t.ppf(1 - alpha / 2, df), diff / np.sqrt(va + vb)
-    return float(stats.nct.sf(t, df, ncp) + stats.nct.cdf(-t, df, ncp))
+    return _t_test_power(df, diff / np.sqrt(va + vb), alpha)
+
+
+def paired_power(diff, sd_diff, n, alpha=ALPHA):
+    """Power of the two-sided paired t-test at level `alpha` (a one-sample t-test of the n per-pair
+    differences B − A) when those differences are normal with mean `diff` and standard deviation `sd_diff`
+    (any unit, the same for both); `n` pairs (seeds run in both arms).
+
+    Noncentral t: df = n − 1, ncp = diff / (sd_diff / sqrt(n)); power = P(|T| > t_{1 − alpha/2, n − 1}),
+    exact under normality. Raises ValueError for n < 2, sd_diff <= 0 or alpha outside (0, 1)."""
+    _check(n=n, alpha=alpha)
+    if not sd_diff > 0:
+        raise ValueError(f"the sd of the differences must be > 0, got {sd_diff}")
+    return _t_test_power(n - 1, diff / (sd_diff / np.sqrt(n)), alpha)
+
+
+def _t_test_power(df, ncp, alpha):
+    """P(|T| > t_{1 − alpha/2, df}) for T noncentral t (df, ncp). The lower tail P(T < −t) is taken as
+    P(−T > t), an upper tail at −ncp: scipy's nct.cdf returns nan far in a tail (df = 1, ncp = 70)."""
+    from scipy import stats
+    t = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(t, df, ncp) + stats.nct.sf(t, df, -ncp))
 
 
 def fisher_pvalues(n):
@@ -116,21 +140,24 @@ def _number(text):
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("test", choices=["welch", "fisher"])
-    p.add_argument("values", nargs="+", help="welch: DIFF SD_A SD_B; fisher: RATE_A RATE_B")
+    p.add_argument("test", choices=["welch", "paired", "fisher"])
+    p.add_argument("values", nargs="+", help="welch: DIFF SD_A SD_B; paired: DIFF SD_DIFF; fisher: RATE_A RATE_B")
     p.add_argument("--n", type=int, default=None, help="runs per arm: print the power at this n only")
     p.add_argument("--alpha", type=float, default=ALPHA, help="two-sided significance level (default 0.05)")
     p.add_argument("--power", type=float, default=POWER, help="the power to reach (default 0.8)")
     p.add_argument("--max_n", type=int, default=100, help="the largest n per arm searched (default 100)")
     a = p.parse_args(argv)
-    want = 3 if a.test == "welch" else 2
-    if len(a.values) != want:
-        raise UserError(f"{a.test} takes {'DIFF SD_A SD_B' if want == 3 else 'RATE_A RATE_B'}, "
-                        f"got {len(a.values)} values")
+    takes = {"welch": "DIFF SD_A SD_B", "paired": "DIFF SD_DIFF", "fisher": "RATE_A RATE_B"}[a.test]
+    if len(a.values) != len(takes.split()):
+        raise UserError(f"{a.test} takes {takes}, got {len(a.values)} values")
     if a.test == "welch":
         diff, sd_a, sd_b = map(_number, a.values)
         power_at = lambda n: welch_power(diff, sd_a, sd_b, n, a.alpha)  # noqa: E731
         what = f"Welch's t-test: difference {diff:g}, sd {sd_a:g} (A) and {sd_b:g} (B)"
+    elif a.test == "paired":
+        diff, sd_diff = map(_number, a.values)
+        power_at = lambda n: paired_power(diff, sd_diff, n, a.alpha)  # noqa: E731
+        what = f"paired t-test: mean difference {diff:g}, sd of the differences {sd_diff:g}"
     else:
         r_a, r_b = map(_rate, a.values)
         power_at = lambda n: fisher_power(r_a, r_b, n, a.alpha)  # noqa: E731

@@ -1,4 +1,4 @@
-"""power.py: the power of Welch's and Fisher's tests and the n a study needs, against independent references
+"""power.py: the power of Welch's, the paired t- and Fisher's tests and the n a study needs, against independent references
 (scipy's tests applied to simulated or enumerated outcomes) and the numbers docs/cpu_scale.md section 5
 registered."""
 
@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import integrate, stats
 
 import power
 
@@ -47,9 +47,41 @@ def test_welch_power_approximates_the_welch_test_with_unequal_sds(diff, sd_a, sd
     assert power.welch_power(diff, sd_a, sd_b, n) == pytest.approx(sim, abs=0.015)
 
 
+def test_paired_power_is_the_one_sample_t_tests_known_answer():
+    # one-sample t-test, two-sided alpha 0.05, effect size 1 (mean / sd), n = 10: power 0.8031 (R's
+    # pwr.t.test(n = 10, d = 1, type = "one.sample") gives 0.8030962; checked below by integration too)
+    assert power.paired_power(1.0, 1.0, 10) == pytest.approx(0.8031, abs=5e-5)
+    assert power.paired_power(-0.38, 0.38, 10) == pytest.approx(0.8031, abs=5e-5)  # sign and unit free
+    # the same power as an integral over the chi-square of the sample variance, without the noncentral t
+    df, t = 9, stats.t.ppf(0.975, 9)
+    reject = lambda v: (stats.norm.sf(t * np.sqrt(v / df) - np.sqrt(10))  # noqa: E731
+                        + stats.norm.cdf(-t * np.sqrt(v / df) - np.sqrt(10))) * stats.chi2.pdf(v, df)
+    assert power.paired_power(1.0, 1.0, 10) == pytest.approx(integrate.quad(reject, 0, np.inf)[0], abs=1e-7)
+
+
+@pytest.mark.parametrize("diff, sd_diff, n", [(0.5, 1.0, 6), (0.38, 0.2, 3), (-0.2, 0.3, 12)])
+def test_paired_power_is_the_simulated_paired_test(diff, sd_diff, n):
+    # pairs whose shared part (the seed) is large and cancels: only the differences' sd matters
+    rng = np.random.default_rng(1)
+    seed_effect = rng.normal(0.0, 5.0, (200_000, n, 1))
+    pairs = seed_effect + np.stack([np.zeros((200_000, n)), rng.normal(diff, sd_diff, (200_000, n))], -1)
+    sim = float((stats.ttest_rel(pairs[..., 1], pairs[..., 0], axis=1).pvalue < 0.05).mean())
+    assert power.paired_power(diff, sd_diff, n) == pytest.approx(sim, abs=0.004)
+
+
+def test_far_tails_stay_finite():
+    # scipy's nct.cdf is nan far in a tail (df = 1, ncp ~ 70): section 5's C pairs at n = 2
+    assert power.paired_power(0.380, 0.0055, 2) == pytest.approx(1.0, abs=1e-9)
+    for n in range(2, 8):
+        for ncp in (50.0, 70.0, 120.0):
+            assert np.isfinite(power.paired_power(ncp / np.sqrt(n), 1.0, n))
+            assert power.welch_power(-ncp, 1.0, 1.0, n) == pytest.approx(power.welch_power(ncp, 1.0, 1.0, n))
+
+
 def test_no_difference_has_the_power_alpha():
     assert power.welch_power(0.0, 0.3, 0.1, 7) == pytest.approx(0.05, abs=1e-12)
     assert power.welch_power(0.0, 0.3, 0.1, 7, alpha=0.01) == pytest.approx(0.01, abs=1e-12)
+    assert power.paired_power(0.0, 0.3, 4) == pytest.approx(0.05, abs=1e-12)
 
 
 def test_the_registered_study_sizes_reproduce():
@@ -75,6 +107,7 @@ def test_n_required_is_where_the_power_stays_above_the_target():
 @pytest.mark.parametrize("call", [lambda: power.welch_power(1, 1, 1, 1), lambda: power.welch_power(1, 0, 0, 5),
                                   lambda: power.welch_power(1, -1, 1, 5), lambda: power.fisher_power(1.2, 0.5, 5),
                                   lambda: power.fisher_power(0.5, 0.5, 5, alpha=0),
+                                  lambda: power.paired_power(1, 0, 5), lambda: power.paired_power(1, 1, 1),
                                   lambda: power.n_required(lambda n: 1.0, target=1.0)])
 def test_bad_values_raise(call):
     with pytest.raises(ValueError):
@@ -87,11 +120,21 @@ def test_the_command_line_prints_the_table_and_the_n(capsys):
     assert "| 11 | 0.860 |" in out and "| 10 | 0.783 |" in out and "from n = 11 runs per arm" in out
     power.main(["welch", "0.374", "0.243", "0.132", "--n=4"])
     assert "power 0.570 at n = 4 per arm" in capsys.readouterr().out
+    power.main(["paired", "1", "1", "--max_n=30"])
+    out = capsys.readouterr().out
+    assert "| 10 | 0.803 |" in out and "from n = 10 runs per arm" in out
+    for argv, value in ((["paired", "1", "1", "--n=10"], power.paired_power(1, 1, 10, 0.01)),
+                        (["welch", "0.374", "0.243", "0.132", "--n=4"], power.welch_power(0.374, 0.243, 0.132, 4, 0.01)),
+                        (["fisher", "7/9", "1/9", "--n=11"], power.fisher_power(7 / 9, 1 / 9, 11, 0.01))):
+        power.main(argv + ["--alpha=0.01"])   # --alpha reaches every test
+        assert f"alpha = 0.01: power {value:.3f}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [(["fisher", "7/9", "x"], "k/n or a fraction"),
                                            (["fisher", "7/9", "10/9"], "must lie in [0, 1]"),
                                            (["welch", "1", "1"], "takes DIFF SD_A SD_B"),
+                                           (["paired", "1"], "takes DIFF SD_DIFF"),
+                                           (["paired", "1", "0"], "must be > 0"),
                                            (["welch", "1", "0", "0"], "not both 0"),
                                            (["welch", "1", "1", "1", "--n=1"], "integer >= 2"),
                                            (["welch", "1", "1", "1", "--max_n=1"], "integer >= 2")])
