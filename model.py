@@ -228,6 +228,21 @@ class KVCache:
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
+def split_heads(qkv, n_head, n_kv_head):
+    """The c_attn projection (B, T, (n_head + 2 n_kv_head) head_dim): queries, then keys, then values ->
+    q (B, n_head, T, head_dim), k and v (B, n_kv_head, T, head_dim).
+
+    Views of qkv, no copy: their memory order stays (B, T, head, head_dim), so q, k, v are neither
+    contiguous nor dense. These are the layouts attention (and its custom ops) receive in training.
+    """
+    B, T, width = qkv.shape
+    hd = width // (n_head + 2 * n_kv_head)
+    q, k, v = qkv.split((n_head * hd, n_kv_head * hd, n_kv_head * hd), dim=2)
+    q = q.view(B, T, n_head, hd).transpose(1, 2)
+    k, v = (t.view(B, T, n_kv_head, hd).transpose(1, 2) for t in (k, v))
+    return q, k, v
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -255,10 +270,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, kv_cache=None):
         B, T, C = x.shape
-        kv_width = self.n_kv_head * self.head_dim
-        q, k, v = self.c_attn(x).split((C, kv_width, kv_width), dim=2)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
-        k, v = (t.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, n_kv_head, T, hd)
+        q, k, v = split_heads(self.c_attn(x), self.n_head, self.n_kv_head)
         q_offset = kv_cache.q_offset if kv_cache is not None else 0
         cfg = self.config
         if cfg.pos_encoding in ("rope", "rope_half"):

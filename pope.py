@@ -384,7 +384,8 @@ def _triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Op
                     rope_theta: float, sm_scale: float, q_offset: int,
                     magnitude: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """Raw q (B, H, Tq, d), k (B, H_kv, Tk, d), v (B, H_kv, Tk, dv) in the compute dtype, delta (H_kv, d) or None
-    -> (o (B, H, Tq, dv), lse (B, H, Tq) float32): the Cartesian transform, then pope_kernel's forward."""
+    -> (o (B, H, Tq, dv), lse (B, H, Tq) float32): the Cartesian transform, then pope_kernel's forward.
+    Layout contract (pope_kernel's module docstring): any input strides; o and lse are contiguous."""
     qc, kc, _, _ = _cartesian_operands(q, k, delta, rope_theta, sm_scale, q_offset, magnitude, v.dtype)
     return pope_kernel.attention_forward(qc, kc, v, causal, q_offset)
 
@@ -401,6 +402,8 @@ def _triton_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                      q_offset: int, magnitude: str,
                      want_ddelta: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of triton_forward's o -> (dq, dk, dv, ddelta); ddelta is empty (0,) unless want_ddelta.
+    Layout contract (pope_kernel's module docstring): any input strides (do may be a transposed view); every
+    output is contiguous, whatever the strides of q, k, v and delta (model.py's are views of one projection).
 
     Recomputes q~, k~ (O(T d)), runs the kernel's backward for dq~, dk~, dv and applies the chain rule:
         d mu = s (cos dX + sin dY),  d raw = d mu * magnitude'(raw),  d phi = s mu (cos dY - sin dX),
@@ -418,13 +421,17 @@ def _triton_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         ddelta = (mu_k * (ck * gy - sk * gx)).sum(dim=(0, 2)).to(delta.dtype)
     else:
         ddelta = q.new_empty(0, dtype=torch.float32)
-    return dq.to(q.dtype), dk.to(k.dtype), dv, ddelta
+    contiguous = dict(memory_format=torch.contiguous_format)  # the layout contract, whatever q's and k's strides
+    return (dq.to(q.dtype, **contiguous), dk.to(k.dtype, **contiguous), dv.contiguous(),
+            ddelta.contiguous())
 
 
 @_triton_backward.register_fake
 def _(do, q, k, v, delta, o, lse, causal, rope_theta, sm_scale, q_offset, magnitude, want_ddelta):
-    ddelta = (torch.empty_like(delta) if want_ddelta and delta is not None else q.new_empty(0, dtype=torch.float32))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), ddelta
+    # new_empty, not empty_like: empty_like keeps an input's permutation (model.py's q, k, v are (B, T, H, d) in
+    # memory), the real op's outputs are contiguous, and Inductor reads them through these strides
+    ddelta = delta.new_empty(delta.shape) if want_ddelta and delta is not None else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ddelta
 
 
 def _triton_setup_context(ctx, inputs, output):

@@ -593,11 +593,17 @@ def _strides(*tensors):
     return [s for t in tensors for s in t.stride()[:3]]
 
 
+def _unit_rows(*tensors):
+    """The tensors with a unit last stride (a copy of those without): the kernels take any other strides."""
+    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+
+
 def _forward(q, k, v, causal, q_offset):
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
-    o = q.new_empty((B, H, Tq, v.shape[-1]), dtype=v.dtype)
-    lse = q.new_empty((B, H, Tq), dtype=torch.float32)
+    q, k, v = _unit_rows(q, k, v)
+    o = torch.empty((B, H, Tq, v.shape[-1]), device=q.device, dtype=v.dtype)  # contiguous: the layout contract
+    lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
     if Tq == 0 or B * H == 0:
         return o, lse
     check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), k.stride(2), v.stride(2), o.stride(2)))
@@ -611,10 +617,9 @@ def _forward(q, k, v, causal, q_offset):
 def _backward(do, q, k, v, o, lse, causal, q_offset):
     B, H, Tq, _ = q.shape
     H_kv, Tk = k.shape[1], k.shape[2]
-    do = do.to(v.dtype)
-    if do.stride(-1) != 1:
-        do = do.contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    q, k, v, o, do = _unit_rows(q, k, v, o, do.to(v.dtype))
+    lse = lse.contiguous()  # the kernels index lse and Di as (B * H, Tq) rows
+    dq, dk, dv = (torch.empty(t.shape, device=t.device, dtype=t.dtype) for t in (q, k, v))  # contiguous
     if Tq == 0 or B * H == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), k.stride(2), v.stride(2), o.stride(2), do.stride(2)))
@@ -638,7 +643,9 @@ def _backward(do, q, k, v, o, lse, causal, q_offset):
 @torch.library.custom_op("pope::attention_forward", mutates_args=())
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                       q_offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The forward kernel on checked inputs (see attention) -> (o (B, H, Tq, D_V), lse (B, H, Tq) float32, nats)."""
+    """The forward kernel on checked inputs (see attention) -> (o (B, H, Tq, D_V), lse (B, H, Tq) float32, nats).
+
+    Layout contract (module docstring): any input strides; o and lse are contiguous."""
     return _forward(q, k, v, causal, q_offset)
 
 
@@ -652,13 +659,16 @@ def _(q, k, v, causal, q_offset):
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, causal: bool,
                        q_offset: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward kernels: dO and the forward's (o, lse) -> (dq, dk, dv) of attention_forward's o."""
+    """The backward kernels: dO and the forward's (o, lse) -> (dq, dk, dv) of attention_forward's o.
+
+    Layout contract (module docstring): any input strides; dq, dk, dv are contiguous (never q's, k's, v's
+    strides)."""
     return _backward(do, q, k, v, o, lse, causal, q_offset)
 
 
 @attention_backward.register_fake
 def _(do, q, k, v, o, lse, causal, q_offset):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the real op's
 
 
 def _setup_context(ctx, inputs, output):
