@@ -31,6 +31,17 @@ Public API (imports nothing from this repo):
     dot_precision(dtype), shared_memory_bytes(...), select_configs(...), SHARED_MEMORY_LIMITS
     KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, COMPILE_OPTIONS, pinned_configs(), pin_configs(spec)
 
+Layout contract of the custom ops (every torch.library op in the 'pope' namespace: attention_forward and
+attention_backward here, triton_forward and triton_backward in pope.py, and any op added later): an op
+takes its tensor inputs in any strides (an input whose last dim is not unit-stride is copied first) and
+returns every output contiguous; its fake kernel returns the same shapes, dtypes and contiguous strides,
+built with new_empty(shape), never empty_like(input), which keeps an input's permutation. Inductor lays
+out a fallback op's outputs from its fake kernel and reads the real ones through those strides: model.py's
+q, k, v are views of one projection, (B, T, H, d) in memory; a fake that copies their strides fails the
+compiled step's size asserts or, with them off, makes its gradients wrong. tests/custom_ops.py checks an
+op on the layouts the model passes (tests/test_custom_ops.py); after changing an op's fake kernel, clear
+Inductor's cache (docs/kernel.md).
+
 The Triton interpreter (CPU tensors, slow, for tests) is used when TRITON_INTERPRET=1 is set before
 this module is imported (tests/conftest.py sets it on machines without CUDA). Why this split, and what
 the kernels cost next to a FlashAttention kernel: docs/kernel.md.

@@ -1,0 +1,91 @@
+"""Every pope:: custom op keeps the layout contract (pope_kernel's module docstring) on the layouts the model
+passes: opcheck (schema, fake tensor, autograd registration, AOT dispatch with dynamic shapes) and
+contiguous outputs, on the op calls recorded from model.py's GPT (tests/custom_ops.py).
+
+The calls: q, k, v as views of one c_attn projection (model.split_heads), multi-head and grouped-query,
+fp32 and under fp16 autocast (where q, k, v reach the op cast to fp16, dense in (B, T, H, d) order), with
+and without δ, every magnitude; the backward's dO, a transposed view; the same q, k, v made dense in
+(B, T, H, d) order, as Inductor saves them for the backward; a chunk of queries at q_offset > 0 over more
+keys; and the KV-cache's decoding calls (slices of the preallocated cache, q_offset > 0, Tk > Tq)."""
+
+import pytest
+import torch
+
+import pope
+import pope_kernel as pk
+from compiled import pope_gpt
+from custom_ops import check_layout_contract, model_op_calls, registered_ops, token_major, with_grad
+
+B, T = 2, 12
+# name: (GPTConfig fields, autocast dtype, forward checked with grad, q, k, v as Inductor saves them)
+CONFIGS = {
+    "mha_fp32_softplus": (dict(), None, True, False),
+    "gqa_fp16_relu_no_delta": (dict(n_head=4, n_kv_head=2, pope_use_delta=False, pope_magnitude="relu"),
+                               torch.float16, False, True),
+    "gqa_fp32_identity": (dict(n_head=4, n_kv_head=2, pope_magnitude="identity"), None, False, False),
+}
+FORWARD, BACKWARD = torch.ops.pope.triton_forward.default, torch.ops.pope.triton_backward.default
+BACKWARD_CORE = torch.ops.pope.attention_backward.default
+
+
+def _idx(seed=0, T=T):
+    return torch.randint(0, 64, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _is_token_major(t):
+    return t.stride() == token_major(t).stride()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_triton_ops_keep_the_contract_on_the_training_layouts(name):
+    """triton_forward and triton_backward as one eager training step of the model calls them: q, k, v views of the
+    projection (neither contiguous nor dense), dO a transposed view; in one config q, k, v instead dense in
+    (B, T, H, d) order, the layout Inductor saves them in for the backward (the layout of the crash in
+    issue 42)."""
+    kw, amp, grad, inductor = CONFIGS[name]
+    calls = model_op_calls(pope_gpt(**kw), _idx(), autocast=amp)
+    assert [op for op, _ in calls] == [FORWARD, BACKWARD]
+    (_, fwd), (_, bwd) = calls
+    assert not any(t.is_contiguous() for t in fwd[:3] + bwd[:1]) and _is_token_major(bwd[0])
+    if inductor:
+        qkv = tuple(token_major(t) for t in fwd[:3])
+        assert all(_is_token_major(t) and not t.is_contiguous() for t in qkv)
+        fwd, bwd = qkv + fwd[3:], bwd[:1] + qkv + bwd[4:]
+    check_layout_contract([(f"{name} forward", FORWARD, with_grad(fwd) if grad else fwd),
+                           (f"{name} backward", BACKWARD, bwd)])
+
+
+def test_ops_keep_the_contract_on_the_cached_and_offset_layouts():
+    """pope_kernel's attention_forward as a KV-cache decoding step calls it (a query at q_offset 10 over 11
+    cached keys, k and v slices of the cache's preallocated buffers), attention_backward on those with a
+    transposed dO, and as pope::triton_backward calls it in training (v a view of the projection); and
+    pope::triton_forward for the last 4 queries of the projection's views (q_offset 8) over all 12 keys."""
+    calls = model_op_calls(pope_gpt(n_head=4, n_kv_head=2), _idx(1), decode=3)
+    assert [op for op, _ in calls] == [torch.ops.pope.attention_forward.default] * 4
+    op, args = calls[2]  # prefill of 9 tokens, then decoding steps at q_offset 9, 10, 11
+    q, k, v, causal, q_offset = args
+    assert (q.shape[2], k.shape[2], q_offset) == (1, 11, 10)
+    assert not k.is_contiguous() and not v.is_contiguous()
+    o, lse = op(*args)
+    do = torch.randn(o.transpose(1, 2).shape).transpose(1, 2)  # the grad of y.transpose(1, 2): a view
+    (_, fwd), _ = model_op_calls(pope_gpt(), _idx(2))
+    q_all, k_all, v_all, delta = fwd[:4]
+    chunk = (q_all[:, :, 8:], k_all, v_all, delta, True, 10000.0, fwd[6], 8, "softplus")
+    # attention_backward as pope::triton_backward calls it: contiguous q~, k~, the projection's view v
+    g = torch.Generator().manual_seed(3)
+    qc, kc = (torch.randn(*t.shape[:3], 2 * t.shape[3], generator=g) for t in (q_all, k_all))
+    o_all, lse_all = pk.attention_forward(qc, kc, v_all, True, 0)
+    do_all = torch.randn(o_all.transpose(1, 2).shape, generator=g).transpose(1, 2)
+    check_layout_contract([
+        ("decoding step", op, with_grad(args)),
+        ("training backward", BACKWARD_CORE, (do_all, qc, kc, v_all, o_all, lse_all, True, 0)),
+        ("decoding step backward", BACKWARD_CORE, (do, q, k, v, o, lse, causal, q_offset)),
+        ("query chunk at q_offset 8", FORWARD, chunk)])
+
+
+def test_every_pope_op_is_checked():
+    """A pope:: op that no case above calls (a new kernel) fails here: add its calls to this file."""
+    checked = {"pope::triton_forward", "pope::triton_backward", "pope::attention_forward",
+               "pope::attention_backward"}
+    assert set(registered_ops()) == checked, set(registered_ops()) ^ checked
+    assert pope.pope_kernel is pk
