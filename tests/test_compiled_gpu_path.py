@@ -52,7 +52,8 @@ def test_compiled_training_step_equals_eager_and_saves_no_cartesian_tensors(tmp_
     def recording_partition(joint, inputs, **kw):  # Inductor's own partitioner; records the forward's outputs
         fw, bw = partition(joint, inputs, **kw)
         out = next(n for n in fw.graph.nodes if n.op == "output")
-        saved.extend(a.meta["val"] for a in out.args[0] if isinstance(getattr(a, "meta", {}).get("val"), torch.Tensor))
+        vals = (getattr(a, "meta", {}).get("val") for a in out.args[0])
+        saved.extend(v for v in vals if isinstance(v, torch.Tensor))
         return fw, bw
     monkeypatch.setattr(compile_fx, "min_cut_rematerialization_partition", recording_partition)
 
@@ -107,8 +108,8 @@ def test_compiled_step_equals_eager_for_each_arm_and_after_a_change_of_T(tmp_pat
             got_loss, got = loss_and_grads(arms, compiled, x, y)
             for i, (name, _, amp) in enumerate(ARMS):
                 arm = {n: t for n, t in got.items() if n.startswith(f"models.{i}.")}
-                errors[(name, T)] = _check(got_loss[i], want_loss[i], arm,
-                                           {n: want[n] for n in arm}, TOL[amp or torch.float32], f"{name}, T={T}")
+                errors[(name, T)] = _check(got_loss[i], want_loss[i], arm, {n: want[n] for n in arm},
+                                           TOL[amp or torch.float32], f"{name}, T={T}")
     print("max relative gradient error per arm:", {k: f"{e:.2e}" for k, e in errors.items()})
 
 
@@ -122,14 +123,14 @@ def _ddp_rank(rank, world_size, port, cache_dir, out):
     model = pope_gpt()
     x, y = _batch(32, B=4)
     half = slice(2 * rank, 2 * rank + 2)
-    ddp = DDP(torch.compile(model))
-    loss, grads = loss_and_grads(model, lambda x, y: ddp(x, y)[1], x[half], y[half])
+    wrapped = {"ddp": DDP(torch.compile(model))}  # as train.py: DDP around the compiled model
+    loss, grads = loss_and_grads(model, lambda x, y: wrapped["ddp"](x, y)[1], x[half], y[half])
     loss = loss.clone()
     dist.all_reduce(loss)
     if rank == 0:
         torch.save({"loss": loss / world_size, "grads": grads}, out)
     dist.barrier()
-    del ddp
+    wrapped.clear()  # free DDP's reducer while its gloo group is alive (train.py explains the hang otherwise)
     dist.destroy_process_group()
 
 
@@ -149,7 +150,7 @@ def test_ddp_of_the_compiled_model_equals_eager(tmp_path):
     x, y = _batch(32, B=4)
     want_loss, want = loss_and_grads(model, lambda x, y: model(x, y)[1], x, y)
     got = torch.load(out, weights_only=True)
-    err = _check(got["loss"], want_loss, got["grads"], want, TOL[torch.float32], "DDP(torch.compile(model))")
+    err = _check(got["loss"], want_loss, got["grads"], want, TOL[torch.float32], "DDP of the compiled GPT")
     print(f"DDP: max relative gradient error {err:.2e}")
 
 
@@ -182,9 +183,9 @@ def test_train_py_with_the_cuda_defaults_one_and_two_processes_and_a_resume(tmp_
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
 
     def train(out, *extra, procs=1):
-        launch = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
-                                     if procs > 1 else [])
-        p = subprocess.run(launch + ["train.py", *args, f"--out_dir={tmp_path / out}", *extra], cwd=REPO, env=env,
+        torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
+        launch = [sys.executable, *(torchrun if procs > 1 else []), "train.py"]
+        p = subprocess.run(launch + [*args, f"--out_dir={tmp_path / out}", *extra], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=1800)
         assert p.returncode == 0, p.stderr[-3000:]
         with open(tmp_path / out / "log.jsonl") as f:

@@ -38,10 +38,10 @@ def _is_token_major(t):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_triton_ops_keep_the_contract_on_the_training_layouts(name):
-    """triton_forward and triton_backward as one eager training step of the model calls them: q, k, v views of the
-    projection (neither contiguous nor dense), dO a transposed view; in one config q, k, v instead dense in
-    (B, T, H, d) order, the layout Inductor saves them in for the backward (the layout of the crash in
-    issue 42)."""
+    """triton_forward and triton_backward as one eager training step of the model calls them: q, k, v views
+    of the projection (neither contiguous nor dense), dO a transposed view; in one config q, k, v instead
+    dense in (B, T, H, d) order, the layout Inductor saves them in for the backward (where a fake that
+    copied their strides made the compiled step fail)."""
     kw, amp, grad, inductor = CONFIGS[name]
     calls = model_op_calls(pope_gpt(**kw), _idx(), autocast=amp)
     assert [op for op, _ in calls] == [FORWARD, BACKWARD]
