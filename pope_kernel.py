@@ -836,7 +836,8 @@ def _decode_kernel(Q, MU, V, ROT, OP, LP,
     out_rows = ((split * BH_KV + bh) * GROUP + g).to(tl.int64) * Tq + i
     tl.store(OP + out_rows[:, None] * D_V + offs_v[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
              mask=row_ok[:, None])
-    tl.store(LP + out_rows, m_i + tl.log2(l_i), mask=row_ok)
+    seen = l_i > 0.0  # l_i >= 1 once a row has seen a key
+    tl.store(LP + out_rows, tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=row_ok)
 
 
 def decode_splits(bh_kv, Tk, n_sm=DEFAULT_SM_COUNT, block_n=None):
