@@ -329,13 +329,30 @@ def pope_attention_decode(q, mu_k, v, delta=None, *, rotation=None, causal=True,
             return pope_kernel.decode(qd, mu_k, v, rotation, causal=causal, q_offset=q_offset, n_split=n_split)[0]
         return pope_kernel.attention(qd, _rotate_keys(mu_k, rotation), v, causal=causal, q_offset=q_offset)[0]
     qd = pope_query_decode_form(q, q_offset, delta, rope_theta, magnitude, dtype)
-    kc = _rotate_keys(mu_k, rotation)
     if Tq == 1 and (not causal or q_offset >= Tk - 1):  # one new token that sees every cached key
-        G = H // H_kv
-        scores = (qd.view(B, H_kv, G, 2 * d) @ kc.transpose(-1, -2)).float() * sm_scale
-        return (torch.softmax(scores, dim=-1).to(v.dtype) @ v).view(B, H, 1, dv)
+        qd, chunk = qd.view(B, H_kv, H // H_kv, 2 * d), _decode_chunk(mu_k)
+        scores = torch.cat([_rotated_scores(qd, mu_k[:, :, a:a + chunk], rotation[a:min(a + chunk, Tk)])
+                            for a in range(0, Tk, chunk)], dim=-1)
+        return (torch.softmax(scores.float() * sm_scale, dim=-1).to(v.dtype) @ v).view(B, H, 1, dv)
     v = F.pad(v, (0, 2 * d - dv)) if dv < 2 * d else v  # one width for q/k and v: SDPA's fused O(T) kernels
-    return sdpa_attention(qd, kc, v, causal=causal, sm_scale=sm_scale, q_offset=q_offset)[..., :dv]
+    return sdpa_attention(qd, _rotate_keys(mu_k, rotation), v, causal=causal, sm_scale=sm_scale,
+                          q_offset=q_offset)[..., :dv]
+
+
+def _decode_chunk(mu_k):
+    """Keys per chunk of the torch path's single-token step: about 2^18 rotated numbers per half (1 MB in fp32),
+    so the rotated keys of a chunk stay in the CPU's cache between their product and their matmul."""
+    B, H_kv, _, d = mu_k.shape
+    return max(256, 1 << ((1 << 18) // max(B * H_kv * d, 1)).bit_length() - 1)
+
+
+def _rotated_scores(qd, mu_k, rotation):
+    """(B, H_kv, G, 2d) query forms and (B, H_kv, n, d) magnitudes with their table rows (n, 2d) -> (B, H_kv, G, n)
+    dot products with the rotated keys: qx . (mu cos s theta) + qy . (mu sin s theta), without concatenating."""
+    d = mu_k.shape[-1]
+    mu = mu_k if mu_k.dtype == torch.float32 else mu_k.float()  # 16-bit caches: rotate in float32, then round
+    kx, ky = ((mu * rotation[:, :d]).to(qd.dtype), (mu * rotation[:, d:]).to(qd.dtype))
+    return qd[..., :d] @ kx.transpose(-1, -2) + qd[..., d:] @ ky.transpose(-1, -2)
 
 
 def _rotate_keys(mu_k, rotation):

@@ -762,7 +762,7 @@ def attention(q, k, v, *, causal=True, q_offset=0):
 # heads times Tq queries of that key/value head, so each key/value tile is loaded once for the whole group
 # (no copies of k and v). The splits run in parallel and a log-sum-exp merge joins them (flash-decoding).
 DECODE_BLOCK_N = 16 if INTERPRETING else 64  # keys per tile; small under the interpreter so tests cross tiles
-DECODE_WARPS = 4
+DECODE_WARPS = 8  # 4 warps hold 229-255 registers a thread and spill at d = 128 (bench_kernel.py --decode-sass)
 DECODE_MAX_ROWS = 64  # GROUP * Tq query rows per program; more goes to the prefill kernels
 DECODE_MIN_BLOCKS = 4  # key tiles per split at least: shorter splits cost more in the merge than they give
 DECODE_PROGRAMS_PER_SM = 2

@@ -160,7 +160,7 @@ def test_compiled_decode_step_equals_eager(tmp_path, monkeypatch):
 
     torch._dynamo.reset()
     compiled = torch.compile(step)
-    for t in (40, 59):
+    for t in (59,):
         mu_buf[:, :, :t], v_buf[:, :, :t] = pope.pope_key_magnitude(k[:, :, :t]), v[:, :, :t]
         eager_bufs = (mu_buf.clone(), v_buf.clone())
         want = step(q, k[:, :, t:t + 1], v[:, :, t:t + 1], *eager_bufs, t)
