@@ -213,14 +213,16 @@ def test_pope_imports_and_runs_without_triton():
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
 
 
-def test_single_token_decoding_over_several_key_chunks():
-    """The torch path's single-token step walks the cache in chunks of pope._decode_chunk keys (256 here): over
-    600 keys (three chunks, the last one ragged) with grouped heads it equals the float64 reference."""
+def test_single_token_decoding_over_several_key_chunks(monkeypatch):
+    """The torch path's single-token step walks the cache in chunks of pope._decode_chunk keys (set to 256 here;
+    8192 for this cache's size): over 600 keys (three chunks, the last one ragged) with grouped heads it equals
+    the float64 reference."""
     import pope
     g = torch.Generator().manual_seed(8)
     q, k = 3 * torch.randn(1, 4, 1, 16, generator=g), 3 * torch.randn(1, 2, 600, 16, generator=g)
     v, delta = torch.randn(1, 2, 600, 16, generator=g), -2 * math.pi * torch.rand(2, 16, generator=g)
-    assert pope._decode_chunk(k) == 256
+    assert pope._decode_chunk(k) == 8192
+    monkeypatch.setattr(pope, "_decode_chunk", lambda mu_k: 256)
     got = pope_attention_decode(q, pope_key_magnitude(k), v, delta, q_offset=599, rope_theta=500.0, backend="torch")
     ref = pope_attention_reference(q, k, v, delta, q_offset=599, rope_theta=500.0)
     torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
