@@ -177,14 +177,17 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
     """ms per generated token, greedy, batch 1, with the KV cache: rope vs pope at each context length (tokens
     already in the cache), and the cache's bytes per token, for each n_kv_head in n_kv_heads (None = n_head).
 
-    Each (model, context) runs a random prompt of `context` tokens through a KVCache once; then every round rewinds the cache to the prompt's end and decodes
+    Each (model, context) runs a random prompt of min(contexts) tokens through a KVCache and fills the rest of
+    the context by repeating its cache entries (a step's time does not depend on the cached values, and a
+    16k-token prefill costs minutes on a CPU); then every round rewinds the cache to the context's end and decodes
     n_new tokens greedily, timing each step (logits of the last position, argmax, the forward of the new token):
     the same tokens and positions every round, prefill excluded. A round's figure is its median step time. The
     models take turns in `rounds` interleaved rounds; time_vs_rope is the median (min-max) of the per-round
     PoPE/RoPE ratios at the same context. cache_bytes_per_token: KVCache.cache_bytes() / max_len (keys and
     values, all layers, fp32); rotation_bytes_per_token: PoPE's rotation table (one for all layers) per position.
     """
-    prompt_all = torch.randint(0, vocab_size, (1, max(contexts)), generator=torch.Generator().manual_seed(0))
+    prompt_len = min(contexts)
+    prompt = torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
     models, states = {}, {}
     for kv in n_kv_heads:
         for pe in ("rope", "pope"):
@@ -196,13 +199,18 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
         for (pe, kv), model in models.items():
             for ctx in contexts:
                 cache = KVCache(n_layer, ctx + n_new)
-                hidden = model.hidden_states(prompt_all[:, :ctx].to(device), cache)
+                hidden = model.hidden_states(prompt, cache)
+                for layer in range(n_layer):  # fill the rest of the context by repeating the prompt's entries
+                    for buf in (cache.k[layer], cache.v[layer]):
+                        for start in range(prompt_len, ctx, prompt_len):
+                            n = min(prompt_len, ctx - start)
+                            buf[:, :, start:start + n] = buf[:, :, :n]
                 states[pe, kv, ctx] = (model, cache, hidden[:, -1:])
 
     @torch.no_grad()
     def decode_round(key):
         model, cache, hidden = states[key]
-        cache.q_offset = key[2]
+        cache.q_offset = key[2]  # the context's end: the same positions and tokens every round
         times = []
         for _ in range(n_new):
             _sync(device)
