@@ -483,8 +483,8 @@ def decode_sass_report(archs=tuple(DECODE_ARCH_LIMITS), head_dims=(64, 128), dty
             if as_json:
                 print(json.dumps(row), flush=True)
             else:
-                print(f"| {arch} | {d} | {p['shared']:,} / {row['limit']:,} | {p['regs']} | {p['spill_st']}/{p['spill_ld']} "
-                      f"| {p['loop_local_ops']} | {p['instr']} / {r['instr']} ({p['instr'] / r['instr']:.2f}x) | "
+                print(f"| {arch} | {d} | {p['shared']:,} / {row['limit']:,} | {p['regs']} | "
+                      f"{p['spill_st']}/{p['spill_ld']} | {p['loop_local_ops']} | {p['instr']} / {r['instr']} ({p['instr'] / r['instr']:.2f}x) | "
                       f"{p['mufu']} / {r['mufu']} |", flush=True)
     return rows
 
@@ -495,7 +495,8 @@ def decode_bytes_per_token(d, n_kv_head, n_layer, elem_bytes=2, block_n=64):
     2d per block_n keys, shared by the key/value heads and batch rows of a launch, so counted once per layer),
     against the old Cartesian cache (3d). Returns {'rope', 'pope', 'pope_cartesian'} in bytes."""
     rope = n_layer * n_kv_head * 2 * d * elem_bytes
-    return dict(rope=rope, pope=rope + n_layer * 8 * d / block_n, pope_cartesian=n_layer * n_kv_head * 3 * d * elem_bytes)
+    return dict(rope=rope, pope=rope + n_layer * 8 * d / block_n,
+                pope_cartesian=n_layer * n_kv_head * 3 * d * elem_bytes)
 
 
 _POINTERS = ("Q", "K", "V", "O", "LSE", "DO", "DI", "DK", "DV", "DQ")

@@ -19,6 +19,8 @@ Kernels (one program per tile, a 1-D grid over (batch, head, tile)):
     _dkdv_kernel   a BLOCK_N tile of keys of one key/value head against the visible query blocks of
                    every query head of its group: dK, dV summed in registers, no atomics
     _dq_kernel     a BLOCK_M tile of queries against every visible key block: dQ
+    _decode_kernel decoding (flash-decoding): the query heads of one key/value head against one split of a
+                   cache of key magnitudes, each key tile rotated in registers (section "decoding" below)
 Every program writes every element of its output tile exactly once and reads no output buffer, so
 the autotuner, which launches each candidate on the live buffers, leaves nothing behind; results are
 bitwise deterministic for a given set of tiles.
@@ -30,6 +32,8 @@ Public API (imports nothing from this repo):
     unsupported_reason(q, k, v), device_unsupported_reason(device, dtype, D_QK, D_V), check_limits(...),
     dot_precision(dtype), shared_memory_bytes(...), select_configs(...), SHARED_MEMORY_LIMITS
     KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, COMPILE_OPTIONS, pinned_configs(), pin_configs(spec)
+    decode(q, mu, v, rot, *, causal, q_offset, n_split) -> (o, lse), not differentiable: the custom op
+        pope::decode (decode_forward); decode_splits(bh_kv, Tk), decode_split_table()
 
 The Triton interpreter (CPU tensors, slow, for tests) is used when TRITON_INTERPRET=1 is set before
 this module is imported (tests/conftest.py sets it on machines without CUDA). Why this split, and what

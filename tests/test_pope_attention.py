@@ -1,4 +1,5 @@
-"""pope.py: pope_attention (torch path) against PoPE's score formula in float64; the cached key form and the identity behind it; the API."""
+"""pope.py: pope_attention (torch path) against PoPE's score formula in float64; the cached key form and the
+identity behind it; the API."""
 
 import math
 import os

@@ -81,10 +81,9 @@ def test_decode_logsumexp_is_the_merged_one():
     mu = pope.pope_key_magnitude(k)
     rot = pope.pope_rotation_table(Tk, 16, device=DEV)
     outs = [pk.decode(qd, mu, v, rot, q_offset=Tk - Tq, n_split=n) for n in (1, 4)]
-    kc = pope.polar_to_cartesian(k.double(), torch.arange(Tk, device=DEV), pope.pope_frequencies(16, device=DEV),
-                                 delta, dtype=torch.float64)
-    qc = pope.polar_to_cartesian(q.double(), torch.arange(Tk - Tq, Tk, device=DEV), pope.pope_frequencies(16, device=DEV),
-                                 dtype=torch.float64)
+    freqs = pope.pope_frequencies(16, device=DEV)
+    kc = pope.polar_to_cartesian(k.double(), torch.arange(Tk, device=DEV), freqs, delta, dtype=torch.float64)
+    qc = pope.polar_to_cartesian(q.double(), torch.arange(Tk - Tq, Tk, device=DEV), freqs, dtype=torch.float64)
     logits = scale * qc @ kc.repeat_interleave(2, 1).transpose(-1, -2)
     logits = logits.masked_fill(~pope.causal_mask(Tq, Tk, Tk - Tq, device=DEV), float("-inf"))
     for o, lse in outs:
