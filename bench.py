@@ -3,6 +3,7 @@
     python bench.py                 # train step + attention micro-benchmark + O(T) memory check + decoding
     python bench.py --only=attn     # one section: step | attn | memory | decode | kernel
     python bench.py --rounds=10     # more interleaved rounds (default 6, at least 5)
+    python bench.py --only=decode --contexts 1024 4096 16384 [--gqa]   # decoding at those contexts
 
 1. Training step of the same GPT with rope vs pope (default: 6 layers, 384 wide, T=1024, GPT-2 vocab):
    ms/iter, tokens/s, and the PoPE/RoPE time ratio next to the FLOP ratios (model.flops_per_token, and
@@ -11,11 +12,11 @@
    and the naive PoPE that hands SDPA 2d-wide q/k with d-wide v (SDPA then falls back to its O(T^2)
    math kernel, as PoPE-pytorch 0.2.1 does).
 3. Peak memory of a PoPE forward at growing T (child processes): O(T) means doubling T doubles it.
-4. Greedy decoding (6 layers x 384, a 960-token prompt): ms per new token for rope and pope, with the KV
-   cache and re-running the whole sequence every step: the median time of the steps that make
-   new tokens 17..48 (what (time for 48 tokens - time for 16) / 32 measures, minus the load spikes),
-   and the cache's size; then with 8 query heads sharing 8 or 2 key/value heads (grouped-query attention).
-   Sections 1 and 4 also run grouped-query attention (n_head 8, n_kv_head 2).
+4. Greedy decoding with the KV cache (6 layers x 384) at 1k, 4k and 16k tokens of context (--contexts):
+   ms per new token for rope and pope, the cache's bytes per token for both encodings (and PoPE's rotation
+   table's); --gqa adds 8 query heads sharing 2 key/value heads. Then one layer's attention for one new
+   token at each context: RoPE, PoPE over the earlier 2d-wide Cartesian cache, PoPE over magnitudes, eager
+   and under torch.compile. Section 1 also runs grouped-query attention (n_head 8, n_kv_head 2).
 5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
    FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
 Every PoPE/RoPE ratio comes from interleaved rounds (--rounds, at least 5): each round times every arm
@@ -171,63 +172,99 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, rounds=6, dtyp
     return rows
 
 
-def bench_decode(device, n_layer=6, n_embd=384, n_head=6, prompt_len=960, n_short=16, n_long=48,
-                 vocab_size=50304, rounds=6, n_kv_heads=(None,)):
-    """ms per generated token, greedy, batch 1: rope vs pope, KV cache vs a full forward every step,
-    and the KV cache's size (MB, fp32, prompt + n_long tokens) for each n_kv_head in n_kv_heads
-    (None = n_head; fewer heads: grouped-query attention).
+def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_head=6, n_new=24, vocab_size=50304,
+                 rounds=6, n_kv_heads=(None,)):
+    """ms per generated token, greedy, batch 1, with the KV cache: rope vs pope at each context length (tokens
+    already in the cache), and the cache's bytes per token, for each n_kv_head in n_kv_heads (None = n_head).
 
-    The prompt is run, then n_long tokens are generated one step at a time, and each step (logits of
-    the last position, argmax, then the forward of the new token) is timed. A run's figure is the median
-    step time of tokens n_short+1..n_long: the tokens that (time for n_long - time for n_short) /
-    (n_long - n_short) covers, with the prefill excluded by construction, and robust to load spikes.
-    The cached runs of every model take turns in `rounds` interleaved rounds; time_vs_rope (ms per token, PoPE / RoPE) is the median
-    (min-max) of the per-round PoPE/RoPE ratios. The slow baseline that runs the whole sequence again at
-    every step (reforward) runs once per model, for the speed-up only.
+    Each (model, context) runs a random prompt of min(contexts) tokens through a KVCache and fills the rest of
+    the context by repeating its cache entries (a step's time does not depend on the cached values, and a
+    16k-token prefill costs minutes on a CPU); then every round rewinds the cache to the context's end and decodes
+    n_new tokens greedily, timing each step (logits of the last position, argmax, the forward of the new token):
+    the same tokens and positions every round, prefill excluded. A round's figure is its median step time. The
+    models take turns in `rounds` interleaved rounds; time_vs_rope is the median (min-max) of the per-round
+    PoPE/RoPE ratios at the same context. cache_bytes_per_token: KVCache.cache_bytes() / max_len (keys and
+    values, all layers, fp32); rotation_bytes_per_token: PoPE's rotation table (one for all layers) per position.
     """
-    models, prompt = {}, torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    prompt_len = min(contexts)
+    prompt = torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
+    models, states = {}, {}
     for kv in n_kv_heads:
         for pe in ("rope", "pope"):
             torch.manual_seed(0)
-            cfg = GPTConfig(block_size=prompt_len + n_long, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
+            cfg = GPTConfig(block_size=max(contexts) + n_new, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                             n_kv_head=kv, n_embd=n_embd, pos_encoding=pe)
             models[pe, kv] = GPT(cfg).eval().to(device)
-    prompt = prompt.to(device)
-    cache_mb, steps = {}, {key: [] for key in models}
+    with torch.no_grad():
+        for (pe, kv), model in models.items():
+            for ctx in contexts:
+                cache = KVCache(n_layer, ctx + n_new)
+                hidden = model.hidden_states(prompt, cache)
+                for layer in range(n_layer):  # fill the rest of the context by repeating the prompt's entries
+                    for buf in (cache.k[layer], cache.v[layer]):
+                        for start in range(prompt_len, ctx, prompt_len):
+                            n = min(prompt_len, ctx - start)
+                            buf[:, :, start:start + n] = buf[:, :, :n]
+                states[pe, kv, ctx] = (model, cache, hidden[:, -1:])
 
     @torch.no_grad()
-    def step_times(model, use_cache):
-        cache = KVCache(model.config.n_layer, prompt_len + n_long) if use_cache else None
-        idx, hidden, times = prompt, model.hidden_states(prompt, cache), []
-        for _ in range(n_long):
+    def decode_round(key):
+        model, cache, hidden = states[key]
+        cache.q_offset = key[2]  # the context's end: the same positions and tokens every round
+        times = []
+        for _ in range(n_new):
             _sync(device)
             t = time.perf_counter()
             nxt = model.lm_head(hidden[:, -1]).argmax(-1, keepdim=True)
-            idx = torch.cat((idx, nxt), 1)
-            hidden = model.hidden_states(nxt, cache) if use_cache else model.hidden_states(idx)
+            hidden = model.hidden_states(nxt, cache)
             _sync(device)
             times.append(time.perf_counter() - t)
-        if use_cache:
-            cache_mb[model] = cache.cache_bytes() / 2**20
-        return times[n_short:]
-
-    def cached_run(key):
-        times = step_times(models[key], True)
-        steps[key] += times
         return statistics.median(times)
 
-    for model in models.values():  # warm-up
-        model.generate(prompt, 2, temperature=0)
-    per_round = interleaved({key: (lambda key=key: cached_run(key)) for key in models}, device, rounds, warmup=0)
-    reforward = {key: 1000 * statistics.median(step_times(model, False)) for key, model in models.items()}
+    per_round = interleaved({key: (lambda key=key: decode_round(key)) for key in states}, device, rounds)
     rows = []
-    for (pe, kv), model in models.items():
-        ms = 1000 * statistics.median(steps[pe, kv])
-        rows.append({"pos_encoding": pe, "n_kv_head": kv or n_head, "kv_cache_ms_per_token": ms,
-                     "reforward_ms_per_token": reforward[pe, kv], "speedup": reforward[pe, kv] / ms,
-                     "cache_mb": cache_mb[model]})
+    for (pe, kv, ctx), (model, cache, _) in states.items():
+        table = sum(t.numel() * t.element_size() for t in getattr(cache, "_rotations", {}).values())
+        rows.append({"pos_encoding": pe, "n_kv_head": kv or n_head, "context": ctx,
+                     "ms_per_token": 1000 * statistics.median(per_round[pe, kv, ctx]),
+                     "cache_bytes_per_token": cache.cache_bytes() // cache.max_len,
+                     "rotation_bytes_per_token": table // cache.max_len})
         if pe == "pope":
-            rows[-1]["time_vs_rope"] = fmt_ratio(ratio_stats(per_round["pope", kv], per_round["rope", kv]))
+            rows[-1]["time_vs_rope"] = fmt_ratio(ratio_stats(per_round["pope", kv, ctx], per_round["rope", kv, ctx]))
+    return sorted(rows, key=lambda r: (r["n_kv_head"], r["context"], r["pos_encoding"] != "rope"))
+
+
+def bench_decode_attention(device, contexts=(1024, 4096, 16384), n_head=6, d=64, rounds=6, compiled=True):
+    """One layer's attention for one new token over a cache of `context` keys (batch 1, fp32), ms: where a
+    decoding step's attention time goes. rope: SDPA over rotated d-wide keys. pope_cartesian: the earlier cache,
+    keys stored as their 2d-wide Cartesian form (two matmuls). pope: pope_attention_decode's torch path over
+    d-wide magnitudes (rotated in chunks). pope_compiled: the same under torch.compile (Inductor fuses the
+    rotation into the score loop). vs_rope: median (min-max) of per-round ratios."""
+    from pope import pope_attention_decode, pope_key_magnitude, pope_rotation_table, sdpa_attention
+    rows = []
+    for ctx in contexts:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, n_head, t, d, generator=g).to(device) for t in (1, ctx, ctx))
+        delta = (-2 * math.pi * torch.rand(n_head, d, generator=g)).to(device)
+        mu, rot = pope_key_magnitude(k), pope_rotation_table(ctx, d, device=device)
+        kc = polar_to_cartesian(k, torch.arange(ctx, device=device), pope_frequencies(d, device=device), delta)
+        freqs = pope_frequencies(d, device=device)
+
+        def cartesian():
+            qc = polar_to_cartesian(q, torch.arange(ctx - 1, ctx, device=device), freqs)
+            return torch.softmax((qc @ kc.transpose(-1, -2)) / math.sqrt(d), -1) @ v
+
+        def pope(fn=pope_attention_decode):
+            return fn(q, mu, v, delta, rotation=rot, q_offset=ctx - 1, backend="torch")
+        fns = {"rope": lambda: sdpa_attention(q, k, v, q_offset=ctx - 1), "pope_cartesian": cartesian, "pope": pope}
+        if compiled:
+            step = torch.compile(pope_attention_decode, dynamic=False)
+            fns["pope_compiled"] = lambda: pope(step)
+        with torch.no_grad():
+            times = interleaved({n: (lambda f=f: [f() for _ in range(5)]) for n, f in fns.items()}, device, rounds)
+        for name in fns:
+            rows.append({"context": ctx, "impl": name, "ms": 1000 * statistics.median(times[name]) / 5,
+                         "vs_rope": fmt_ratio(ratio_stats(times[name], times["rope"]))})
     return rows
 
 
@@ -290,6 +327,9 @@ def main(argv):
     p.add_argument("--rounds", type=int, default=6, help=f"interleaved rounds per table (at least {MIN_ROUNDS})")
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
     p.add_argument("--vocab_size", type=int, default=50304)
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384],
+                   help="decode: tokens already in the cache")
+    p.add_argument("--gqa", action="store_true", help="decode: also 8 heads sharing 2 key/value heads")
     a = p.parse_args(argv)
     if a.rounds < MIN_ROUNDS:
         p.error(f"--rounds must be at least {MIN_ROUNDS}: a ratio needs several interleaved rounds, got {a.rounds}")
@@ -312,10 +352,16 @@ def main(argv):
     if a.only in (None, "memory"):
         print_table("PoPE forward peak memory, d=64, 8 heads, fp32", bench_memory(a.device))
     if a.only in (None, "decode"):
-        print_table("greedy decoding, 6 layers x 384, 960-token prompt, batch 1, ms per new token",
-                    bench_decode(a.device, vocab_size=a.vocab_size, rounds=a.rounds))
-        print_table("greedy decoding, grouped-query attention: 6 layers x 384, 8 heads, 8 or 2 key/value heads",
-                    bench_decode(a.device, vocab_size=a.vocab_size, n_head=8, n_kv_heads=(None, 2), rounds=a.rounds))
+        contexts = tuple(a.contexts)
+        print_table("greedy decoding with the KV cache, 6 layers x 384, batch 1, ms per new token at each context",
+                    bench_decode(a.device, contexts, vocab_size=a.vocab_size, rounds=a.rounds))
+        if a.gqa:
+            print_table("the same, grouped-query attention: 8 heads sharing 2 key/value heads",
+                        bench_decode(a.device, contexts, vocab_size=a.vocab_size, n_head=8, n_kv_heads=(2,),
+                                     rounds=a.rounds))
+        if hasattr(__import__("pope"), "pope_attention_decode"):
+            print_table("one layer's attention for one new token, 6 heads, d=64, fp32, ms",
+                        bench_decode_attention(a.device, contexts, rounds=a.rounds))
     if a.only in (None, "kernel"):
         if not str(a.device).startswith("cuda"):
             print("\nTriton kernel benchmark: needs CUDA (python bench_kernel.py runs an interpreter smoke test)")

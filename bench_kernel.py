@@ -5,6 +5,7 @@
     python bench_kernel.py --n-kv-head 3          # grouped-query: 12 (d=64) or 6 (d=128) query heads, 3 k/v heads
     python bench_kernel.py --sass [--json]        # no GPU: SASS of the loop bodies, PoPE vs a reference FA kernel
     python bench_kernel.py --spills               # no GPU: registers / spills of every autotune candidate
+    python bench_kernel.py --decode-sass          # no GPU: the decode kernel for sm_80..120 vs a RoPE decode kernel
 
 Implementations (all causal, raw q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
     pope_triton  pope_attention(backend='triton'): the Cartesian transform in torch, then pope_kernel.py's
@@ -354,6 +355,150 @@ def reference_fa_kernels():
     return _FA_KERNELS
 
 
+_DECODE_KERNELS = {}
+
+
+def reference_rope_decode_kernel():
+    """A RoPE decode kernel of pope_kernel._decode_kernel's shape, for --decode-sass: the same grid, rows (GROUP
+    query heads x Tq queries of a key/value head), split, masks and online softmax, but keys already rotated
+    (RoPE's cache) and one dot of width D. Compiled only, never launched."""
+    if _DECODE_KERNELS:
+        return _DECODE_KERNELS["rope"]
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["Tq", "Tk", "q_offset", "blocks_per_split"])
+    def rope_decode(Q, K, V, OP, LP, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn, BH_KV, H_KV, Tq, Tk, q_offset, blocks_per_split,
+                    GROUP: tl.constexpr, D: tl.constexpr, D_V: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+        pid = tl.program_id(0)
+        split, bh = pid // BH_KV, pid % BH_KV
+        b, h_kv = (bh // H_KV).to(tl.int64), (bh % H_KV).to(tl.int64)
+        rows = tl.arange(0, BLOCK_M)
+        g, i = rows // Tq, rows % Tq
+        row_ok = rows < GROUP * Tq
+        offs_d, offs_v, offs_n0 = tl.arange(0, D), tl.arange(0, D_V), tl.arange(0, BLOCK_N)
+        q_rows = b * stride_qb + (h_kv * GROUP + g).to(tl.int64) * stride_qh + i.to(tl.int64) * stride_qm
+        q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        q_pos = q_offset + i
+        lo = split * blocks_per_split * BLOCK_N
+        hi = tl.minimum(tl.minimum(lo + blocks_per_split * BLOCK_N, Tk), q_offset + Tq)
+        k_ptrs = K + b * stride_kb + h_kv * stride_kh + (tl.cast(lo, tl.int64) * stride_kn
+                                                        + (offs_n0[:, None] * stride_kn + offs_d[None, :]))
+        v_ptrs = V + b * stride_vb + h_kv * stride_vh + (tl.cast(lo, tl.int64) * stride_vn
+                                                        + (offs_n0[:, None] * stride_vn + offs_v[None, :]))
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+        acc = tl.full([BLOCK_M, D_V], 0.0, tl.float32)
+        for start_n in range(lo, hi, BLOCK_N):
+            offs_n = start_n + offs_n0
+            key_ok = offs_n < hi
+            k = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k))
+            s = tl.where(key_ok[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
+            k_ptrs += BLOCK_N * stride_kn
+            v_ptrs += BLOCK_N * stride_vn
+        out_rows = ((split * BH_KV + bh) * GROUP + g).to(tl.int64) * Tq + i
+        tl.store(OP + out_rows[:, None] * D_V + offs_v[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
+                 mask=row_ok[:, None])
+        seen = l_i > 0.0
+        tl.store(LP + out_rows, tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=row_ok)
+
+    _DECODE_KERNELS["rope"] = rope_decode
+    return rope_decode
+
+
+# Opt-in shared memory per block (bytes) of the parts --decode-sass checks: pope_kernel.SHARED_MEMORY_LIMITS
+# (A100; A10 / RTX 3090; L4 / L40; H100) and B200 (sm_100), RTX 5090 (sm_120), from NVIDIA's tuning guides.
+DECODE_ARCH_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448, 120: 101_376}
+_DECODE_POINTERS = {"Q": None, "MU": None, "K": None, "V": None, "ROT": "fp32", "OP": "fp32", "LP": "fp32"}
+
+
+def compile_decode(arch, d=64, dtype="bf16", group=4, tq=1, impl="pope", block_n=64, warps=None):
+    """Compile pope_kernel._decode_kernel (impl 'pope': mu_k tiles rotated in registers, q/k width 2d) or
+    reference_rope_decode_kernel ('rope': rotated keys, width d) for sm_<arch>, no GPU needed: GROUP = group
+    query heads per key/value head, tq queries, d = D_V, BLOCK_N = block_n keys, causal, warps (default
+    pope_kernel.DECODE_WARPS). Returns the
+    triton CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    import pope_kernel as pk
+    bm = max(16, 1 << max(group * tq - 1, 0).bit_length())
+    warps = warps or pk.DECODE_WARPS
+    if impl == "pope":
+        fn = pk._decode_kernel
+        consts = dict(GROUP=group, D=d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=block_n)
+    else:
+        fn = reference_rope_decode_kernel()
+        consts = dict(GROUP=group, D=d, D_V=d, BLOCK_M=bm, BLOCK_N=block_n)
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in _DECODE_POINTERS:
+            sig[name] = "*" + (_DECODE_POINTERS[name] or dtype)
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "i32"
+            if name.startswith("stride_"):  # row strides of contiguous rows: multiples of 16 elements
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=warps, num_stages=2, **pk.COMPILE_OPTIONS))
+
+
+def decode_sass_report(archs=tuple(DECODE_ARCH_LIMITS), head_dims=(64, 128), dtype="bf16", group=4, tq=1,
+                       as_json=False):
+    """Per arch and head dim: the decode kernel's shared memory against the part's limit, registers, spill bytes,
+    local-memory instructions inside its loop, and its loop's instructions per warp and iteration (one tile of
+    64 keys) next to the same-shape RoPE decode kernel's. Prints a markdown table (or JSON rows); returns rows."""
+    rows = []
+    if not as_json:
+        print(f"{dtype}, GROUP={group} query heads per key/value head, Tq={tq}, 64 keys per tile, "
+              f"{__import__('pope_kernel').DECODE_WARPS} warps")
+        print("| sm | d | shared (B) / limit | registers | spill st/ld (B) | local ops in loop | loop instr/warp "
+              "PoPE / RoPE | MUFU PoPE / RoPE |")
+        print("|---|---|---|---|---|---|---|---|")
+    for arch in archs:
+        for d in head_dims:
+            out = {}
+            for impl in ("pope", "rope"):
+                kernel = compile_decode(arch, d, dtype, group, tq, impl)
+                regs, st, ld, loop_ops = spill_stats(kernel, arch)
+                body = loop_body_stats(kernel, arch)
+                out[impl] = dict(shared=kernel.metadata.shared, regs=regs, spill_st=st, spill_ld=ld,
+                                 loop_local_ops=loop_ops, instr=body["instr"], mufu=body["mufu"])
+            row = dict(arch=arch, d=d, limit=DECODE_ARCH_LIMITS.get(arch), pope=out["pope"], rope=out["rope"])
+            rows.append(row)
+            p, r = out["pope"], out["rope"]
+            if as_json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"| {arch} | {d} | {p['shared']:,} / {row['limit']:,} | {p['regs']} | "
+                      f"{p['spill_st']}/{p['spill_ld']} | {p['loop_local_ops']} | {p['instr']} / {r['instr']} ({p['instr'] / r['instr']:.2f}x) | "
+                      f"{p['mufu']} / {r['mufu']} |", flush=True)
+    return rows
+
+
+def decode_bytes_per_token(d, n_kv_head, n_layer, elem_bytes=2, block_n=64):
+    """Bytes a decoding step reads from memory per cached token, all layers: RoPE (k, v: 2d elements per
+    key/value head) and PoPE's decode kernel (mu_k, v: 2d elements; plus its rotation table: one float32 row of
+    2d per block_n keys, shared by the key/value heads and batch rows of a launch, so counted once per layer),
+    against the old Cartesian cache (3d). Returns {'rope', 'pope', 'pope_cartesian'} in bytes."""
+    rope = n_layer * n_kv_head * 2 * d * elem_bytes
+    return dict(rope=rope, pope=rope + n_layer * 8 * d / block_n,
+                pope_cartesian=n_layer * n_kv_head * 3 * d * elem_bytes)
+
+
 _POINTERS = ("Q", "K", "V", "O", "LSE", "DO", "DI", "DK", "DV", "DQ")
 _FP32_ARGS = ("LSE", "DI")
 _RUNTIME_INTS = ("H", "H_KV", "Tq", "Tk", "T", "q_offset", "TQ_BUCKET", "TK_BUCKET")  # not multiples of 16
@@ -538,9 +683,14 @@ def main(argv=None):
     p.add_argument("--sass", action="store_true", help="no GPU needed: loop-body SASS of PoPE vs reference FA")
     p.add_argument("--json", action="store_true", help="with --sass: one JSON object per row")
     p.add_argument("--arch", type=int, default=90, help="with --sass: the sm_ architecture (default 90)")
+    p.add_argument("--decode-sass", action="store_true", help="no GPU needed: the decode kernel compiled for sm_80, "
+                   "86, 89, 90, 100, 120: shared memory, spills, loop instructions next to a RoPE decode kernel")
     p.add_argument("--spills", action="store_true", help="no GPU needed: compile every autotune config for sm_80 "
                    "and sm_90 and print registers, spills and local-memory ops inside loops")
     args = p.parse_args(argv)
+    if args.decode_sass:
+        print(__import__("pope_kernel").decode_split_table(), "\n")
+        return decode_sass_report(dtype=args.dtype, as_json=args.json)
     if args.sass or args.json:
         return sass_report(args.arch, args.dtype, as_json=args.json)
     if args.spills:

@@ -39,7 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pope import pope_attention, pope_attention_cached, pope_key_cartesian, sdpa_attention, sdpa_gqa
+from pope import (pope_attention, pope_attention_decode, pope_key_magnitude, pope_rotation_table, sdpa_attention,
+                  sdpa_gqa)
 
 POS_ENCODINGS = ("rope", "pope", "none", "rope_half", "alibi_half", "learned", "sinusoidal")
 ABSOLUTE_ENCODINGS = ("learned", "sinusoidal")  # positions < block_size only
@@ -196,12 +197,14 @@ class KVCache:
     values always raw and d wide):
       RoPE   rotated keys, d wide: 2d numbers per token with the values.
       NoPE   raw keys, d wide: 2d.
-      PoPE   the keys' Cartesian form [mu cos(phi), mu sin(phi)], mu = softplus(k), phi = s*theta_c +
-             delta_c (pope.pope_key_cartesian), 2d wide: 3d numbers per token, 1.5x RoPE's cache, for
-             both backends. A key's phase depends only on its own position s, so this form never
-             changes, and a decoding step computes softplus, cos and sin for its new tokens only.
-    Size of a full cache: n_layer * B * n_kv_head * max_len * (2d for RoPE/NoPE, 3d for PoPE) elements,
-    in the dtype of the keys (the model's activations, or the autocast dtype); cache_bytes gives it.
+      PoPE   the keys' magnitudes mu = softplus(k) (pope.pope_key_magnitude), d wide: 2d, RoPE's bytes,
+             for both backends. PoPE's score mu_q mu_k cos((s - t) theta_c + delta_c) is the real part of
+             conj(mu_q e^{i(t theta - delta)}) mu_k e^{i s theta}: delta rides on the query and a key's
+             rotation e^{i s theta} is the same for every head and layer, so it is rotated in at attention
+             time from one (max_len, 2d) float32 table (`rotation`, shared by all layers; not counted in
+             cache_bytes: 8d bytes per position for the whole model).
+    Size of a full cache: n_layer * B * n_kv_head * max_len * 2d elements, for every encoding, in the dtype
+    of the keys (the model's activations, or the autocast dtype); cache_bytes gives it.
     `q_offset` is the number of tokens already in the cache = the absolute position of the next token.
     """
 
@@ -209,6 +212,15 @@ class KVCache:
         self.n_layer, self.max_len, self.q_offset = n_layer, max_len, 0
         self.k = [None] * n_layer
         self.v = [None] * n_layer
+        self._rotations = {}
+
+    def rotation(self, head_dim, rope_theta, device):
+        """PoPE's (max_len, 2 * head_dim) float32 table [cos(s theta_c) | sin(s theta_c)]
+        (pope.pope_rotation_table), built on first use and shared by every layer."""
+        key = (head_dim, float(rope_theta), str(device))
+        if key not in self._rotations:
+            self._rotations[key] = pope_rotation_table(self.max_len, head_dim, rope_theta, device=device)
+        return self._rotations[key]
 
     def cache_bytes(self):
         """Bytes held by the allocated key and value buffers, all layers."""
@@ -299,16 +311,20 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def _pope(self, q, k, v, kv_cache, q_offset):
-        """PoPE attention of queries at positions q_offset..; with a KV cache, only the new keys are turned
-        into their Cartesian form (pope_key_cartesian) and appended, and the queries attend over the cache."""
+        """PoPE attention of queries at positions q_offset..; with a KV cache, the new keys' magnitudes are
+        appended (pope_key_magnitude) and the queries attend over the cache (pope_attention_decode, delta in
+        the queries). A prompt into an empty cache attends over its own raw keys, as the full forward."""
         cfg = self.config
         kw = dict(causal=True, rope_theta=cfg.rope_theta, q_offset=q_offset, magnitude=cfg.pope_magnitude,
                   backend=cfg.attn_backend)
         if kv_cache is None:
             return pope_attention(q, k, v, self.pope_delta, **kw)
-        kc = pope_key_cartesian(k, q_offset, self.pope_delta, cfg.rope_theta, cfg.pope_magnitude)
-        kc, v = kv_cache.update(self.layer_idx, kc, v.to(kc.dtype))
-        return pope_attention_cached(q, kc, v, **kw)
+        mu = pope_key_magnitude(k, cfg.pope_magnitude)
+        mu_all, v_all = kv_cache.update(self.layer_idx, mu, v.to(mu.dtype))
+        if q_offset == 0:
+            return pope_attention(q, k, v, self.pope_delta, **kw)
+        rotation = kv_cache.rotation(self.head_dim, cfg.rope_theta, q.device)
+        return pope_attention_decode(q, mu_all, v_all, self.pope_delta, rotation=rotation, **kw)
 
 
 class MLP(nn.Module):

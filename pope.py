@@ -14,13 +14,15 @@ per call (O(T d)), and then run ordinary softmax attention of width 2d for q/k a
     'torch'   F.scaled_dot_product_attention (CPU or GPU), v zero-padded to 2d so SDPA keeps its
               fused O(T)-memory kernels;
     'triton'  pope_kernel.py's FlashAttention-2 kernels (CUDA; on CPU under TRITON_INTERPRET=1).
-A key's Cartesian form depends only on its own position, so it is also what the KV cache stores, for
-both backends (pope_key_cartesian, pope_attention_cached).
+Decoding moves delta to the query: conj(mu_q e^{i(t theta - delta)}) mu_k e^{i s theta} has real part
+mu_q mu_k cos((s - t) theta + delta), the same score. So the KV cache stores mu_k (d wide, RoPE's bytes)
+for both backends and rotates it at attention time (pope_key_magnitude, pope_attention_decode).
 
 Public API
     pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend)
-    pope_attention_cached(q, k_cartesian, v, *, ...)   decoding over cached Cartesian keys
-    pope_key_cartesian(k, q_offset, delta, ...)        the key form the KV cache stores
+    pope_attention_decode(q, mu_k, v, delta, *, rotation, ...)   decoding over cached key magnitudes
+    pope_key_magnitude(k, magnitude)       the key form the KV cache stores (mu_k, d wide)
+    pope_query_decode_form(q, q_offset, delta, ...), pope_rotation_table(n_positions, head_dim, rope_theta)
     polar_to_cartesian(x, positions, freqs, delta, magnitude, dtype, scale)
     pope_frequencies(head_dim, rope_theta), pope_magnitude(x, magnitude), MAGNITUDES
     pope_attention_reference(...)   float64 reference straight from the polar formula (tests)
@@ -128,18 +130,44 @@ def polar_to_cartesian(x, positions, freqs, delta=None, magnitude="softplus", dt
     return out.to(dtype or x.dtype)
 
 
-def pope_key_cartesian(k, q_offset, delta, rope_theta=10000.0, magnitude="softplus", dtype=None, *, theta=None):
-    """Raw PoPE keys (B, H, T, d) at absolute positions q_offset..q_offset+T-1 -> their Cartesian form
-    (B, H, T, 2d) = [mu cos(phi), mu sin(phi)], phi = s * theta_c + delta_c radians (paper, Method).
+def pope_rotation_table(n_positions, head_dim, rope_theta=10000.0, device=None):
+    """The keys' rotations e^{i s theta_c} for s = 0..n_positions-1: (n_positions, 2 * head_dim) float32
+    [cos(s theta_c) | sin(s theta_c)], phases formed in float64 (pope_frequencies' float32 theta_c).
 
-    delta: (H, d) radians or None. dtype: of the result; default the autocast dtype under autocast, else
-    k's. This is the form the KV cache stores for both backends: a key's phase depends on its own
-    position only, so a cached key never changes. pope_attention_cached attends over it.
+    The same for every head, layer and batch row: KVCache keeps one per (head_dim, rope_theta, device), and
+    both decoding backends read it (pope_attention_decode; the Triton kernel only its rows 0..BLOCK_N-1 and
+    one row per key tile, by the angle-addition formula).
     """
-    rope_theta = _rope_theta(rope_theta, theta)
-    freqs = pope_frequencies(k.shape[-1], rope_theta, device=k.device)
-    positions = torch.arange(q_offset, q_offset + k.shape[-2], device=k.device)
-    return polar_to_cartesian(k, positions, freqs, delta, magnitude, dtype or compute_dtype(k, k))
+    freqs = pope_frequencies(head_dim, rope_theta, device=device)
+    cos, sin = _phase_cos_sin(torch.arange(n_positions, device=device), freqs, None)
+    return torch.cat((cos, sin), dim=-1)
+
+
+def pope_key_magnitude(k, magnitude="softplus", dtype=None):
+    """The form the KV cache stores for PoPE, both backends: mu_k = magnitude(k) of raw keys (B, H_kv, T, d),
+    d wide as RoPE's keys, in `dtype` (default: the autocast dtype under autocast, else k's).
+
+    The key's phase s theta_c is rotated in at attention time (pope_attention_decode) and delta rides on the
+    query (pope_query_decode_form), so a cached entry depends neither on its position nor on delta. Stored
+    after the magnitude function (not raw k), so a decoding step spends no softplus on the cached keys.
+    """
+    with torch.autocast(device_type=k.device.type, enabled=False):
+        mu = pope_magnitude(k.float(), magnitude)
+    return mu.to(dtype or compute_dtype(k, k))
+
+
+def pope_query_decode_form(q, q_offset, delta, rope_theta=10000.0, magnitude="softplus", dtype=None, scale=1.0):
+    """Raw queries (B, H, Tq, d) at positions q_offset.. -> (B, H, Tq, 2d) scale * [mu_q cos(psi), mu_q sin(psi)],
+    psi = t theta_c - delta_c radians, delta (H_kv, d) of the query's key/value head (query head h uses
+    h // (H / H_kv)), or None for 0. Its dot product with a key's [mu_k cos(s theta), mu_k sin(s theta)] is
+    mu_q mu_k cos((s - t) theta_c + delta_c): PoPE's score with delta moved from the key to the query.
+    Phases in float64, products in float32, result in `dtype` (default q's).
+    """
+    H, d = q.shape[1], q.shape[-1]
+    freqs = pope_frequencies(d, rope_theta, device=q.device)
+    neg = None if delta is None else -delta.repeat_interleave(H // delta.shape[0], dim=0)
+    positions = torch.arange(q_offset, q_offset + q.shape[-2], device=q.device)
+    return polar_to_cartesian(q, positions, freqs, neg, magnitude, dtype, scale)
 
 
 def compute_dtype(q, v):
@@ -260,40 +288,81 @@ def pope_attention(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_s
     return sdpa_attention(qc, kc, v_pad, causal=causal, sm_scale=sm_scale, q_offset=q_offset)[..., :dv]
 
 
-def pope_attention_cached(q, k_cartesian, v, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
-                          magnitude="softplus", backend="auto"):
-    """PoPE attention of raw queries over keys already in Cartesian form (decoding with a KV cache).
+def pope_attention_decode(q, mu_k, v, delta=None, *, rotation=None, causal=True, rope_theta=10000.0,
+                          sm_scale=None, q_offset=0, magnitude="softplus", backend="auto", n_split=0):
+    """PoPE attention of raw queries over cached key magnitudes (decoding with a KV cache).
 
-    q: (B, H, Tq, d) raw queries at absolute positions q_offset..; k_cartesian: (B, H_kv, Tk, 2d) from
-    pope_key_cartesian (keys at positions 0..Tk-1); v: (B, H_kv, Tk, dv). Other arguments as pope_attention
-    (delta is already inside the keys). Returns (B, H, Tq, dv) in the compute dtype; equal to
-    pope_attention on the raw keys. The torch backend attends for a single new token through two matmuls
-    (3d numbers read per key; SDPA would need v padded to 2d, a copy of the cached values at every step).
+    Args:
+        q: (B, H, Tq, d) raw queries at absolute positions q_offset..q_offset+Tq-1.
+        mu_k: (B, H_kv, Tk, d) key magnitudes (pope_key_magnitude) at positions 0..Tk-1; a slice of the cache.
+        v: (B, H_kv, Tk, dv) values.
+        delta: (H_kv, d) radians or None; it goes into the queries (pope_query_decode_form).
+        rotation: (>= Tk, 2d) float32 pope_rotation_table, or None to build one for this call.
+        n_split: Triton only: cache splits (0: pope_kernel.decode_splits).
+        Others as pope_attention.
+    Returns:
+        (B, H, Tq, dv) in the compute dtype (compute_dtype(q, v)); equal to pope_attention on the raw keys.
+    The torch backend rotates the cached magnitudes into [mu cos s theta, mu sin s theta] (one product with
+    the table) and attends through two matmuls for one new token, else SDPA (v padded to 2d). The Triton
+    backend runs pope_kernel.decode (rotation in registers, grouped heads, split cache) when
+    G * Tq <= pope_kernel.DECODE_MAX_ROWS, else the prefill kernel on keys rotated in torch.
+    Raises:
+        ValueError on shapes, magnitude, q_offset, backend, or cases the Triton backend does not take.
     """
     B, H, Tq, d = q.shape
-    H_kv, Tk, dv = k_cartesian.shape[1], k_cartesian.shape[2], v.shape[-1]
-    if k_cartesian.shape[-1] != 2 * d or H % H_kv or v.shape[:3] != k_cartesian.shape[:3]:
-        raise ValueError(f"expected k_cartesian (B, H_kv, Tk, 2d) and v (B, H_kv, Tk, dv) for q {tuple(q.shape)}, "
-                         f"got {tuple(k_cartesian.shape)}, {tuple(v.shape)}")
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    _check(q, mu_k, v, delta, q_offset, magnitude)
+    H_kv, Tk, dv = mu_k.shape[1], mu_k.shape[2], v.shape[-1]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    if rotation is None:
+        rotation = pope_rotation_table(Tk, d, rope_theta, device=q.device)
+    if rotation.shape[0] < Tk or rotation.shape[1] != 2 * d:
+        raise ValueError(f"rotation must be (>= Tk, 2d) = (>= {Tk}, {2 * d}), got {tuple(rotation.shape)}")
     dtype = compute_dtype(q, v)
-    kc, v = k_cartesian.to(dtype), v.to(dtype)
-    freqs = pope_frequencies(d, rope_theta, device=q.device)
-    positions = torch.arange(q_offset, q_offset + Tq, device=q.device)
-    backend = pope_backend(q, k_cartesian, v, backend)
+    backend = pope_backend(q, mu_k, v, backend)
     if backend not in ("triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    mu_k, v = mu_k.to(dtype), v.to(dtype)
     if backend == "triton":
-        _triton_ready(q, k_cartesian, v)
-        qc = polar_to_cartesian(q, positions, freqs, None, magnitude, dtype, scale=sm_scale * LOG2E)
-        return pope_kernel.attention(qc, kc, v, causal=causal, q_offset=q_offset)[0]
-    qc = polar_to_cartesian(q, positions, freqs, None, magnitude, dtype)
+        _triton_ready(q, mu_k, v)
+        qd = pope_query_decode_form(q, q_offset, delta, rope_theta, magnitude, dtype, scale=sm_scale * LOG2E)
+        if (H // H_kv) * Tq <= pope_kernel.DECODE_MAX_ROWS:
+            return pope_kernel.decode(qd, mu_k, v, rotation, causal=causal, q_offset=q_offset, n_split=n_split)[0]
+        return pope_kernel.attention(qd, _rotate_keys(mu_k, rotation), v, causal=causal, q_offset=q_offset)[0]
+    qd = pope_query_decode_form(q, q_offset, delta, rope_theta, magnitude, dtype)
     if Tq == 1 and (not causal or q_offset >= Tk - 1):  # one new token that sees every cached key
-        G = H // H_kv
-        scores = (qc.view(B, H_kv, G, 2 * d) @ kc.transpose(-1, -2)).float() * sm_scale
-        return (torch.softmax(scores, dim=-1).to(v.dtype) @ v).view(B, H, 1, dv)
+        qd, chunk = qd.view(B, H_kv, H // H_kv, 2 * d), _decode_chunk(mu_k)
+        scores = torch.cat([_rotated_scores(qd, mu_k[:, :, a:a + chunk], rotation[a:min(a + chunk, Tk)])
+                            for a in range(0, Tk, chunk)], dim=-1)
+        return (torch.softmax(scores.float() * sm_scale, dim=-1).to(v.dtype) @ v).view(B, H, 1, dv)
     v = F.pad(v, (0, 2 * d - dv)) if dv < 2 * d else v  # one width for q/k and v: SDPA's fused O(T) kernels
-    return sdpa_attention(qc, kc, v, causal=causal, sm_scale=sm_scale, q_offset=q_offset)[..., :dv]
+    return sdpa_attention(qd, _rotate_keys(mu_k, rotation), v, causal=causal, sm_scale=sm_scale,
+                          q_offset=q_offset)[..., :dv]
+
+
+def _decode_chunk(mu_k):
+    """Keys per chunk of the torch path's single-token step: about 2^18 rotated numbers per half (1 MB in fp32),
+    so the rotated keys of a chunk stay in the CPU's cache between their product and their matmul."""
+    B, H_kv, _, d = mu_k.shape
+    return max(256, 1 << ((1 << 18) // max(B * H_kv * d, 1)).bit_length() - 1)
+
+
+def _rotated_scores(qd, mu_k, rotation):
+    """(B, H_kv, G, 2d) query forms and (B, H_kv, n, d) magnitudes with their table rows (n, 2d) -> (B, H_kv, G, n)
+    dot products with the rotated keys: qx . (mu cos s theta) + qy . (mu sin s theta), without concatenating."""
+    d = mu_k.shape[-1]
+    mu = mu_k if mu_k.dtype == torch.float32 else mu_k.float()  # 16-bit caches: rotate in float32, then round
+    kx, ky = ((mu * rotation[:, :d]).to(qd.dtype), (mu * rotation[:, d:]).to(qd.dtype))
+    return qd[..., :d] @ kx.transpose(-1, -2) + qd[..., d:] @ ky.transpose(-1, -2)
+
+
+def _rotate_keys(mu_k, rotation):
+    """(B, H_kv, Tk, d) magnitudes -> (B, H_kv, Tk, 2d) [mu cos(s theta), mu sin(s theta)] in mu_k's dtype: one
+    broadcast product with the table's first Tk rows (float32 under a 16-bit mu_k, then rounded)."""
+    Tk, d = mu_k.shape[-2], mu_k.shape[-1]
+    rot = rotation[:Tk].view(Tk, 2, d)
+    if mu_k.dtype != torch.float32:
+        return (mu_k.unsqueeze(-2).float() * rot).flatten(-2).to(mu_k.dtype)
+    return (mu_k.unsqueeze(-2) * rot).flatten(-2)
 
 
 def pope_backend(q, k, v, backend="auto"):

@@ -19,6 +19,8 @@ Kernels (one program per tile, a 1-D grid over (batch, head, tile)):
     _dkdv_kernel   a BLOCK_N tile of keys of one key/value head against the visible query blocks of
                    every query head of its group: dK, dV summed in registers, no atomics
     _dq_kernel     a BLOCK_M tile of queries against every visible key block: dQ
+    _decode_kernel decoding (flash-decoding): the query heads of one key/value head against one split of a
+                   cache of key magnitudes, each key tile rotated in registers (section "decoding" below)
 Every program writes every element of its output tile exactly once and reads no output buffer, so
 the autotuner, which launches each candidate on the live buffers, leaves nothing behind; results are
 bitwise deterministic for a given set of tiles.
@@ -30,6 +32,8 @@ Public API (imports nothing from this repo):
     unsupported_reason(q, k, v), device_unsupported_reason(device, dtype, D_QK, D_V), check_limits(...),
     dot_precision(dtype), shared_memory_bytes(...), select_configs(...), SHARED_MEMORY_LIMITS
     KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, COMPILE_OPTIONS, pinned_configs(), pin_configs(spec)
+    decode(q, mu, v, rot, *, causal, q_offset, n_split) -> (o, lse), not differentiable: the custom op
+        pope::decode (decode_forward); decode_splits(bh_kv, Tk), decode_split_table()
 
 Layout contract of the custom ops (every torch.library op in the 'pope' namespace: attention_forward and
 attention_backward here, triton_forward and triton_backward in pope.py, and any op added later): an op
@@ -767,3 +771,218 @@ def attention(q, k, v, *, causal=True, q_offset=0):
         raise ValueError(reason)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return attention_forward(q, k, v, bool(causal), int(q_offset))
+
+
+# ---- decoding: a few queries over a long cache of magnitudes (flash-decoding) --------------------------
+# The KV cache holds each key's magnitude mu_k (width D) instead of its Cartesian form (width 2D); the
+# query carries the phase bias: q~ = [mu_q cos(t theta - delta), mu_q sin(t theta - delta)] (pope.py), and
+# q~ . [mu_k cos(s theta), mu_k sin(s theta)] = mu_q mu_k cos((s - t) theta + delta), the training score.
+# A key's rotation e^{i s theta} is the same for every head, layer and batch row. The kernel forms it from
+# the rotation table ROT (T_max, 2D) = [cos(s theta) | sin(s theta)] (float32, phases in float64) by the
+# angle-addition formula, e^{i (s0 + j) theta} = e^{i s0 theta} e^{i j theta}: one table row per key tile
+# (s0, the tile's first key) and the table's first BLOCK_N rows (j < BLOCK_N, the same for every tile and
+# so cached on chip). The table costs 8 D / BLOCK_N bytes per key from memory, against 2 D for mu_k
+# in 16-bit; a whole-table read would cost 8 D, four times mu_k, unless L2 held it.
+# One program takes one (batch row, key/value head, split of the cache): its rows are the GROUP query
+# heads times Tq queries of that key/value head, so each key/value tile is loaded once for the whole group
+# (no copies of k and v). The splits run in parallel and a log-sum-exp merge joins them (flash-decoding).
+DECODE_BLOCK_N = 16 if INTERPRETING else 64  # keys per tile; small under the interpreter so tests cross tiles
+DECODE_WARPS = 8  # 4 warps hold 229-255 registers a thread and spill at d = 128 (bench_kernel.py --decode-sass)
+DECODE_MAX_ROWS = 64  # GROUP * Tq query rows per program; more goes to the prefill kernels
+DECODE_MIN_BLOCKS = 4  # key tiles per split at least: shorter splits cost more in the merge than they give
+DECODE_PROGRAMS_PER_SM = 2
+DEFAULT_SM_COUNT = 132  # H100 SXM, for tables made without a GPU
+
+
+@triton.jit(do_not_specialize=["Tq", "Tk", "q_offset", "blocks_per_split"])
+def _decode_kernel(Q, MU, V, ROT, OP, LP,
+                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                   stride_vb, stride_vh, stride_vn, stride_rot,
+                   BH_KV, H_KV, Tq, Tk, q_offset, blocks_per_split,
+                   GROUP: tl.constexpr, D: tl.constexpr, D_V: tl.constexpr, CAUSAL: tl.constexpr,
+                   DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One (split, batch row, key/value head): partial softmax of its GROUP * Tq query rows over the keys
+    [split * blocks_per_split * BLOCK_N, ...) -> OP (n_split, B, H, Tq, D_V) float32 (normalised within the
+    split; 0 where it sees no key) and LP (n_split, B, H, Tq) base-2 logsumexp (-inf where it sees no key).
+    Split-major grid: the programs that run together read the same rotation rows."""
+    pid = tl.program_id(0)
+    split = pid // BH_KV
+    bh = pid % BH_KV
+    b, h_kv = (bh // H_KV).to(tl.int64), (bh % H_KV).to(tl.int64)
+    rows = tl.arange(0, BLOCK_M)
+    g, i = rows // Tq, rows % Tq
+    row_ok = rows < GROUP * Tq
+    offs_d = tl.arange(0, D)
+    offs_v = tl.arange(0, D_V)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    q_rows = b * stride_qb + (h_kv * GROUP + g).to(tl.int64) * stride_qh + i.to(tl.int64) * stride_qm
+    qx = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    qy = tl.load(Q + q_rows[:, None] + (D + offs_d)[None, :], mask=row_ok[:, None], other=0.0)
+    q_pos = q_offset + i
+    lo = split * blocks_per_split * BLOCK_N
+    hi = tl.minimum(lo + blocks_per_split * BLOCK_N, Tk)
+    if CAUSAL:
+        hi = tl.minimum(hi, q_offset + Tq)
+    k_ptrs = MU + b * stride_kb + h_kv * stride_kh + (tl.cast(lo, tl.int64) * stride_kn
+                                                     + (offs_n0[:, None] * stride_kn + offs_d[None, :]))
+    v_ptrs = V + b * stride_vb + h_kv * stride_vh + (tl.cast(lo, tl.int64) * stride_vn
+                                                    + (offs_n0[:, None] * stride_vn + offs_v[None, :]))
+    fine = ROT + offs_n0[:, None] * stride_rot + offs_d[None, :]  # e^{i j theta}, j < BLOCK_N
+    fine_ok = (offs_n0 < Tk)[:, None]  # a table shorter than BLOCK_N: rows past it meet no key
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, D_V], 0.0, tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        key_ok = offs_n < hi
+        mu = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+        coarse = ROT + tl.cast(start_n, tl.int64) * stride_rot + offs_d  # e^{i s0 theta}
+        cc, sc = tl.load(coarse)[None, :], tl.load(coarse + D)[None, :]
+        cf = tl.load(fine, mask=fine_ok, other=0.0)
+        sf = tl.load(fine + D, mask=fine_ok, other=0.0)
+        kx = (mu * (cc * cf - sc * sf)).to(qx.dtype)  # mu cos((s0 + j) theta)
+        ky = (mu * (sc * cf + cc * sf)).to(qx.dtype)  # mu sin((s0 + j) theta)
+        s = tl.dot(qy, tl.trans(ky), tl.dot(qx, tl.trans(kx), input_precision=DOT_PREC),
+                   input_precision=DOT_PREC)  # base-2 logits
+        ok = key_ok[None, :]
+        if CAUSAL:
+            ok = ok & (offs_n[None, :] <= q_pos[:, None])
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+        m_i = m_new
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    out_rows = ((split * BH_KV + bh) * GROUP + g).to(tl.int64) * Tq + i
+    tl.store(OP + out_rows[:, None] * D_V + offs_v[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
+             mask=row_ok[:, None])
+    seen = l_i > 0.0  # l_i >= 1 once a row has seen a key
+    tl.store(LP + out_rows, tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=row_ok)
+
+
+def decode_splits(bh_kv, Tk, n_sm=DEFAULT_SM_COUNT, block_n=None):
+    """(n_split, blocks_per_split): how decode cuts a cache of Tk keys for bh_kv = B * H_kv programs per split.
+
+    Enough splits for DECODE_PROGRAMS_PER_SM programs on each of n_sm multiprocessors, but at least
+    DECODE_MIN_BLOCKS key tiles of block_n (DECODE_BLOCK_N) keys per split; then the tiles are dealt out evenly,
+    so no split is empty and only the last one is ragged. bh_kv >= n_sm * DECODE_PROGRAMS_PER_SM or a short
+    cache gives one split (no merge)."""
+    block_n = block_n or DECODE_BLOCK_N
+    n_blocks = max(triton.cdiv(Tk, block_n), 1)
+    want = triton.cdiv(DECODE_PROGRAMS_PER_SM * n_sm, max(bh_kv, 1))
+    n_split = max(1, min(want, n_blocks // DECODE_MIN_BLOCKS))
+    per = triton.cdiv(n_blocks, n_split)
+    return triton.cdiv(n_blocks, per), per
+
+
+def decode_split_table(bh_kvs=(1, 2, 4, 8, 16, 32, 64), seq_lens=(4096, 8192, 16384, 32768, 65536, 131072),
+                       n_sm=DEFAULT_SM_COUNT, block_n=64):
+    """Markdown table of decode_splits' n_split for B * H_kv = bh_kvs (rows) at Tk = seq_lens (columns), n_sm
+    multiprocessors (132: H100 SXM), block_n keys per tile (64: the GPU tile). docs/kernel.md prints it."""
+    head = "| B·H_kv | " + " | ".join(f"{t // 1024}k" for t in seq_lens) + " |"
+    lines = [head, "|" + "---|" * (len(seq_lens) + 1)]
+    for bh in bh_kvs:
+        lines.append(f"| {bh} | " + " | ".join(str(decode_splits(bh, t, n_sm, block_n)[0]) for t in seq_lens) + " |")
+    return "\n".join(lines)
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, a constant
+def _sm_count(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _decode(q, mu, v, rot, causal, q_offset, n_split):
+    B, H, Tq, D2 = q.shape
+    H_kv, Tk, D_V = mu.shape[1], mu.shape[2], v.shape[-1]
+    G = H // H_kv
+    n_blocks = max(triton.cdiv(Tk, DECODE_BLOCK_N), 1)
+    if n_split <= 0:
+        n_split, per = decode_splits(B * H_kv, Tk, _sm_count(q.device) if q.is_cuda else DEFAULT_SM_COUNT)
+    else:
+        per = triton.cdiv(n_blocks, n_split)
+    op = torch.empty((n_split, B, H, Tq, D_V), device=q.device, dtype=torch.float32)
+    lp = torch.empty((n_split, B, H, Tq), device=q.device, dtype=torch.float32)
+    if B * H * Tq:
+        with _device(q):
+            _decode_kernel[(n_split * B * H_kv,)](
+                q, mu, v, rot, op, lp, *_strides(q, mu, v), rot.stride(0), B * H_kv, H_kv, Tq, Tk, q_offset, per,
+                GROUP=G, D=D2 // 2, D_V=D_V, CAUSAL=bool(causal), DOT_PREC=dot_precision(q.dtype),
+                BLOCK_M=max(16, _pow2_bucket(G * Tq)), BLOCK_N=DECODE_BLOCK_N, num_warps=DECODE_WARPS,
+                **COMPILE_OPTIONS)
+    if n_split == 1:
+        return op[0].to(v.dtype), lp[0] * _LN2.value
+    m = lp.amax(0)
+    m = torch.where(m == float("-inf"), 0.0, m)
+    w = torch.exp2(lp - m)  # 0 for a split that saw no key
+    total = w.sum(0)
+    o = (w.unsqueeze(-1) * op).sum(0) / total.unsqueeze(-1)
+    return o.to(v.dtype), (m + torch.log2(total)) * _LN2.value
+
+
+@torch.library.custom_op("pope::decode", mutates_args=())
+def decode_forward(q: torch.Tensor, mu: torch.Tensor, v: torch.Tensor, rot: torch.Tensor, causal: bool,
+                   q_offset: int, n_split: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The decode kernel and its merge on checked inputs (see decode) -> (o (B, H, Tq, D_V) in v's dtype,
+    lse (B, H, Tq) float32 nats), both contiguous for any input layout."""
+    return _decode(q, mu, v, rot, causal, q_offset, n_split)
+
+
+@decode_forward.register_fake
+def _(q, mu, v, rot, causal, q_offset, n_split):
+    B, H, Tq, _ = q.shape
+    return q.new_empty((B, H, Tq, v.shape[-1]), dtype=v.dtype), q.new_empty((B, H, Tq), dtype=torch.float32)
+
+
+def decode(q, mu, v, rot, *, causal=True, q_offset=0, n_split=0):
+    """Attention of a few pre-rotated queries over a cache of key magnitudes (flash-decoding), not differentiable.
+
+    Args:
+        q: (B, H, Tq, 2D) [mu_q cos(t theta - delta), mu_q sin(t theta - delta)] times sm_scale * log2(e),
+            delta of the query's key/value head (pope.pope_query_decode_form); G * Tq <= DECODE_MAX_ROWS rows
+            per key/value head, G = H / H_kv.
+        mu: (B, H_kv, Tk, D) key magnitudes at positions 0..Tk-1, in q's dtype; any strides with a contiguous
+            last dim (a slice of a preallocated cache).
+        v: (B, H_kv, Tk, D_V) values, q's dtype, strides as mu.
+        rot: (T_max, 2D) float32 [cos(s theta) | sin(s theta)], T_max >= Tk, rows contiguous
+            (pope.pope_rotation_table).
+        causal: query i (position q_offset + i) sees keys j <= q_offset + i.
+        q_offset: tokens, >= 0 (Tk - Tq at the cache's end).
+        n_split: splits of the cache; 0 picks decode_splits for this GPU (132 multiprocessors in the interpreter).
+    Returns:
+        (o (B, H, Tq, D_V) in v's dtype, lse (B, H, Tq) float32 nats), contiguous.
+    Raises:
+        ValueError for shapes, dtypes, devices or widths the kernel does not take (D, D_V in V_DIMS).
+    """
+    if q.dim() != 4 or mu.dim() != 4 or v.dim() != 4 or rot.dim() != 2:
+        raise ValueError(f"decode needs q, mu, v 4-D and rot 2-D, got {tuple(q.shape)}, {tuple(mu.shape)}, "
+                         f"{tuple(v.shape)}, {tuple(rot.shape)}")
+    (B, H, Tq, D2), (Bk, H_kv, Tk, D), D_V = q.shape, mu.shape, v.shape[-1]
+    ok = (B == Bk and tuple(v.shape[:3]) == (B, H_kv, Tk) and D2 == 2 * D and H_kv >= 1 and H % H_kv == 0
+          and rot.shape[0] >= Tk and rot.shape[1] == 2 * D and Tk >= 1)
+    if not ok:
+        raise ValueError(f"decode: expected q (B, H, Tq, 2D), mu (B, H_kv, Tk, D), v (B, H_kv, Tk, D_V), rot (>= Tk, "
+                         f"2D) with H a multiple of H_kv and Tk >= 1, got {tuple(q.shape)}, {tuple(mu.shape)}, "
+                         f"{tuple(v.shape)}, {tuple(rot.shape)}")
+    if D not in V_DIMS or D_V not in V_DIMS or not q.dtype == mu.dtype == v.dtype or q.dtype not in DTYPES \
+            or rot.dtype != torch.float32:
+        raise ValueError(f"decode takes widths D, D_V in {V_DIMS}, one dtype of {DTYPES} for q, mu, v and a float32 "
+                         f"rot, got D={D}, D_V={D_V}, {q.dtype}, {mu.dtype}, {v.dtype}, {rot.dtype}")
+    if (H // H_kv) * Tq > DECODE_MAX_ROWS:
+        raise ValueError(f"decode takes at most {DECODE_MAX_ROWS} query rows per key/value head (G * Tq), got "
+                         f"{(H // H_kv) * Tq}; use attention for a long prefill")
+    if q_offset < 0 or not (q.device == mu.device == v.device == rot.device):
+        raise ValueError(f"decode needs q_offset >= 0 and one device, got {q_offset}, {q.device}, {mu.device}, "
+                         f"{v.device}, {rot.device}")
+    if not q.is_cuda and not INTERPRETING:
+        raise ValueError(f"the Triton kernel needs CUDA tensors, got device {q.device}; set TRITON_INTERPRET=1 "
+                         "before importing pope_kernel to run it in the interpreter")
+    check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), mu.stride(2), v.stride(2)))
+    q = q.contiguous()
+    mu, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (mu, v))
+    rot = rot if rot.stride(-1) == 1 else rot.contiguous()
+    return decode_forward(q, mu, v, rot, bool(causal), int(q_offset), int(n_split))

@@ -28,18 +28,18 @@ def _qkv(H, H_kv, Tq, Tk, d=16, dv=16, seed=0, gain=2.0):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_query_at_every_offset_sees_only_keys_up_to_its_position(backend):
     """Tq = 1 at q_offset 0..Tk-1 (bottom-right alignment for any q_offset, not only Tk - 1): pope_attention
-    and pope_attention_cached equal the float64 reference, which masks keys j > q_offset. The decode
+    and pope_attention_decode equal the float64 reference, which masks keys j > q_offset. The decode
     shortcut (one token sees every cached key) is right only at q_offset >= Tk - 1."""
     Tk, H, H_kv = 12, 4, 2
     q_all, k, v, delta = _qkv(H, H_kv, Tk, Tk, seed=1)
-    kc = pope.pope_key_cartesian(k, 0, delta, 500.0)
+    mu = pope.pope_key_magnitude(k)
     for q_offset in range(Tk):
         q = q_all[:, :, q_offset:q_offset + 1]
         kw = dict(causal=True, rope_theta=500.0, q_offset=q_offset, backend=backend)
         want = pope.pope_attention_reference(q, k, v, delta, causal=True, rope_theta=500.0, q_offset=q_offset)
         got = pope.pope_attention(q, k, v, delta, **kw)
-        cached = pope.pope_attention_cached(q, kc, v, **kw)
-        for name, out in (("pope_attention", got), ("pope_attention_cached", cached)):
+        cached = pope.pope_attention_decode(q, mu, v, delta, **kw)
+        for name, out in (("pope_attention", got), ("pope_attention_decode", cached)):
             assert (out.double() - want).abs().max().item() < 1e-4, (name, q_offset)
 
 
@@ -63,8 +63,8 @@ def test_heads_that_do_not_divide_raise_a_clear_error(backend):
     q, k, v, delta = _qkv(6, 4, 5, 5)
     with pytest.raises(ValueError, match="H a multiple of H_kv"):
         pope.pope_attention(q, k, v, delta, backend=backend)
-    with pytest.raises(ValueError, match="k_cartesian"):
-        pope.pope_attention_cached(q, pope.pope_key_cartesian(k, 0, delta), v, backend=backend)
+    with pytest.raises(ValueError, match="H a multiple of H_kv"):
+        pope.pope_attention_decode(q, pope.pope_key_magnitude(k), v, delta, backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

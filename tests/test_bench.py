@@ -45,9 +45,15 @@ def test_every_section_runs_at_a_tiny_size():
     assert "(" in rows[1]["time_ratio"] and rows[1]["cpu_flop_ratio"] > rows[1]["flop_ratio"]
     rows = bench.bench_attention("cpu", T=32, d=16, n_head=2, rounds=5)
     assert [r["impl"] for r in rows] == ["rope_sdpa", "pope", "pope_naive_sdpa"]
-    rows = bench.bench_decode("cpu", prompt_len=8, n_short=2, n_long=6, rounds=5, n_kv_heads=(None, 1), **small)
-    assert [(r["pos_encoding"], r["n_kv_head"]) for r in rows] == [("rope", 2), ("pope", 2), ("rope", 1), ("pope", 1)]
+    rows = bench.bench_decode("cpu", contexts=(8, 12), n_new=3, rounds=5, n_kv_heads=(None, 1), **small)
+    assert [(r["pos_encoding"], r["n_kv_head"], r["context"]) for r in rows] == [
+        (pe, kv, ctx) for kv in (1, 2) for ctx in (8, 12) for pe in ("rope", "pope")]
     assert all("time_vs_rope" in r for r in rows[1::2])
+    for rope, pope in zip(rows[0::2], rows[1::2]):  # PoPE's cache: RoPE's bytes per token, exactly
+        assert pope["cache_bytes_per_token"] == rope["cache_bytes_per_token"] == 1 * pope["n_kv_head"] * 2 * 16 * 4
+        assert rope["rotation_bytes_per_token"] == 0 and pope["rotation_bytes_per_token"] == 2 * 16 * 4
+    rows = bench.bench_decode_attention("cpu", contexts=(16,), n_head=2, d=16, rounds=5, compiled=False)
+    assert [r["impl"] for r in rows] == ["rope", "pope_cartesian", "pope"]
 
 
 def test_train_step_table_reports_pope_over_rope_and_the_whole_batchs_tokens(monkeypatch):

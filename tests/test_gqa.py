@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import eval_extrapolate
 import sample
 from model import GPT, GPTConfig, KVCache
-from pope import pope_attention, pope_attention_cached, pope_key_cartesian
+from pope import pope_attention, pope_attention_decode, pope_key_magnitude
 from test_model import reference_logits, sharp
 from test_train import TINY, run
 
@@ -123,14 +123,14 @@ def test_gqa_kv_cache_decoding_equals_full_forward(pos_encoding, n_kv_head):
 
 
 def test_cached_pope_decode_step_reads_its_groups_key_head():
-    """pope_attention_cached's single-token matmul path (grouped queries as (B, H_kv, G, 2d)) equals
+    """pope_attention_decode's single-token matmul path (grouped queries as (B, H_kv, G, 2d)) equals
     pope_attention on the raw keys, with keys so different per head that a wrong head shows."""
     g = torch.Generator().manual_seed(7)
     q, k, v = torch.randn(2, 6, 1, 16, generator=g) * 3, torch.randn(2, 2, 30, 16, generator=g) * 3, \
         torch.randn(2, 2, 30, 16, generator=g)
     delta = -2 * math.pi * torch.rand(2, 16, generator=g)
     want = pope_attention(q, k, v, delta, q_offset=29, backend="torch")
-    got = pope_attention_cached(q, pope_key_cartesian(k, 0, delta), v, q_offset=29, backend="torch")
+    got = pope_attention_decode(q, pope_key_magnitude(k), v, delta, q_offset=29, backend="torch")
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     swapped = pope_attention(q, k.flip(1), v.flip(1), delta.flip(0), q_offset=29, backend="torch")
     assert (swapped - want).abs().max() > 0.1
@@ -181,12 +181,11 @@ def test_gqa_forward_and_decoding_make_no_copies_of_keys_and_values(pos_encoding
 @pytest.mark.parametrize("pos_encoding", ["rope", "pope", "none"])
 @pytest.mark.parametrize("n_kv_head", [1, 2, 4])
 def test_cache_size_is_layers_batch_kv_heads_tokens_and_width(pos_encoding, n_kv_head):
-    """n_layer * B * n_kv_head * max_len * (2d for RoPE/NoPE keys + values, 3d for PoPE's Cartesian keys)."""
+    """n_layer * B * n_kv_head * max_len * 2d for every encoding (PoPE caches d-wide key magnitudes)."""
     model = gqa_sharp(pos_encoding, n_kv_head)
     cache = KVCache(2, 20)
     model(torch.zeros(3, 5, dtype=torch.long), kv_cache=cache)
-    width = 3 * D if pos_encoding == "pope" else 2 * D
-    assert cache.cache_bytes() == 2 * 3 * n_kv_head * 20 * width * 4
+    assert cache.cache_bytes() == 2 * 3 * n_kv_head * 20 * 2 * D * 4
 
 
 def test_train_resume_sample_and_evaluate_with_n_kv_head_2(toy_stream, tmp_path, capsys):

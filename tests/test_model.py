@@ -105,17 +105,22 @@ def test_logits_invariant_to_a_common_position_shift(pos_encoding):
 
 def _forward_without_prefix(model, idx, cache):
     """Forward idx at positions cache.q_offset.. attending only to itself: the empty cache slots before
-    cache.q_offset are cut off, and the causal masks shifted to match (PoPE's phases keep the absolute positions)."""
+    cache.q_offset are cut off, and the causal masks shifted to match; PoPE's keys keep their absolute positions
+    through the rotation table's rows from cache.q_offset on, the queries through q_offset."""
     import model as model_mod
     import pope
     start = cache.q_offset
-    original = model_mod.KVCache.update
+    original, original_rotation = model_mod.KVCache.update, model_mod.KVCache.rotation
 
     def update(self, layer, k, v):
         ks, vs = original(self, layer, k, v)
         return ks[:, :, start:], vs[:, :, start:]
+
+    def rotation(self, *args):
+        return original_rotation(self, *args)[start:]
     from unittest import mock
     with mock.patch.object(model_mod.KVCache, "update", update), \
+            mock.patch.object(model_mod.KVCache, "rotation", rotation), \
             mock.patch.object(pope, "sdpa_attention", _shifted(pope.sdpa_attention, start)), \
             mock.patch.object(model_mod, "sdpa_attention", _shifted(model_mod.sdpa_attention, start)):
         logits, _ = model(idx, kv_cache=cache)
@@ -197,28 +202,36 @@ def test_flops_pope_adds_one_head_dim_of_qk_per_layer():
     assert 1.14 < b / a < 1.16
 
 
-def test_kv_cache_holds_cartesian_keys_for_both_backends():
-    """Both PoPE backends cache the keys' 2d-wide Cartesian form (KVCache docstring) and decode to the full
-    forward's logits, with attention that matters (Triton in its interpreter on CPU, compiled on CUDA)."""
+@pytest.mark.parametrize("settings", [{}, {"pope_use_delta": False}, {"pope_magnitude": "relu"},
+                                      {"pope_magnitude": "identity", "n_kv_head": 1}],
+                         ids=["default", "no_delta", "relu", "identity_gqa"])
+def test_kv_cache_holds_key_magnitudes_for_both_backends(settings):
+    """Both PoPE backends cache the keys' magnitudes mu_k (d wide, RoPE's width; KVCache docstring) and decode
+    (a prompt, one token, a chunk of 4) to the full forward's logits, with attention that matters (Triton in its
+    interpreter on CPU, compiled on CUDA), with and without delta, every magnitude, grouped heads."""
     import pope
     if pope.pope_kernel is None:
         pytest.skip("triton is not importable")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    model = peaked("pope").to(dev)
+    model = sharp("pope", **settings).to(dev)  # attention weights scaled up: peaked attention
+    n_kv = settings.get("n_kv_head", 2)
     idx = torch.randint(0, 37, (1, 12), generator=torch.Generator().manual_seed(2)).to(dev)
+    attn = model.transformer.h[0].attn
     with torch.no_grad():
         full, _ = model(idx)
+        assert full.std() > 0.5
+        raw_k = attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx))).split((32, 16 * n_kv, 16 * n_kv),
+                                                                                           2)[1]
+        raw_k = raw_k.view(1, 12, n_kv, 16).transpose(1, 2)
         for backend in ("torch", "triton"):
             model.config.attn_backend = backend
             cache = KVCache(2, 12)
             pieces = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:8], kv_cache=cache)[0],
                       model(idx[:, 8:], kv_cache=cache)[0]]
-            assert cache.k[0].shape[-1] == 32 and cache.v[0].shape[-1] == 16 and cache.q_offset == 12
+            assert cache.k[0].shape == (1, n_kv, 12, 16) and cache.v[0].shape[-1] == 16 and cache.q_offset == 12
             torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=1e-4)
-            kc = pope.pope_key_cartesian(model.transformer.h[0].attn.c_attn(
-                model.transformer.h[0].ln_1(model.transformer.wte(idx))).split(32, 2)[1].view(1, 12, 2, 16)
-                .transpose(1, 2), 0, model.transformer.h[0].attn.pope_delta)
-            torch.testing.assert_close(cache.k[0], kc, atol=1e-5, rtol=1e-5)  # layer 0: the keys' Cartesian form
+            mu = pope.pope_magnitude(raw_k, settings.get("pope_magnitude", "softplus"))
+            torch.testing.assert_close(cache.k[0], mu, atol=1e-6, rtol=1e-6)  # layer 0: the keys' magnitudes
 
 
 # --- tests against independent references, with weights that make attention matter --------------
@@ -330,6 +343,7 @@ DECODE_SETTINGS = {  # GPTConfig settings the decode step must use as the full f
     "rope_theta_500k": dict(pos_encoding="rope", rope_theta=500000.0),
     "pope_relu": dict(pos_encoding="pope", pope_magnitude="relu"),
     "pope_identity": dict(pos_encoding="pope", pope_magnitude="identity"),
+    "pope_no_delta": dict(pos_encoding="pope", pope_use_delta=False),
 }
 
 

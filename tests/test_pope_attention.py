@@ -1,4 +1,5 @@
-"""pope.py: pope_attention (torch path) against PoPE's score formula in float64; the cached key form; the API."""
+"""pope.py: pope_attention (torch path) against PoPE's score formula in float64; the cached key form and the
+identity behind it; the API."""
 
 import math
 import os
@@ -9,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pope import (pope_attention, pope_attention_cached, pope_attention_reference, pope_frequencies, pope_key_cartesian,
-                  polar_to_cartesian)
+from pope import (pope_attention, pope_attention_decode, pope_attention_reference, pope_frequencies,
+                  pope_key_magnitude, pope_query_decode_form, pope_rotation_table, polar_to_cartesian)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,22 +115,68 @@ def test_bf16_autocast_keeps_fp32_phases():
     torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("H, H_kv", [(2, 2), (6, 2), (4, 1)])
+def test_delta_moved_to_the_query_is_the_same_score_in_float64(H, H_kv):
+    """The identity behind the d-wide cache: Re[conj(mu_q e^{i(t theta - delta)}) mu_k e^{i s theta}] =
+    mu_q mu_k cos((s - t) theta + delta). Built from complex numbers in float64 (query heads take their
+    key/value head's delta), attention over it equals pope_attention_reference to 1e-12, with delta spread
+    over all of [-2 pi, 0] (both ends included), causal with the queries at the keys' end, a large base."""
+    g = torch.Generator().manual_seed(11)
+    B, Tq, Tk, d = 2, 3, 40, 16
+    q = 3 * torch.randn(B, H, Tq, d, generator=g, dtype=torch.float64)
+    k = 3 * torch.randn(B, H_kv, Tk, d, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H_kv, Tk, 8, generator=g, dtype=torch.float64)
+    delta = -2 * math.pi * torch.rand(H_kv, d, generator=g, dtype=torch.float64)
+    delta[0, 0], delta[-1, -1] = -2 * math.pi, 0.0
+    theta = pope_frequencies(d, 500.0).double()
+    t = torch.arange(Tk - Tq, Tk, dtype=torch.float64)
+    s = torch.arange(Tk, dtype=torch.float64)
+    G = H // H_kv
+    dq = delta.repeat_interleave(G, 0)  # (H, d): each query head's key/value head's delta
+    qz = F.softplus(q) * torch.exp(1j * (t[:, None] * theta - dq[:, None, :]))  # (B, H, Tq, d) complex
+    kz = F.softplus(k) * torch.exp(1j * s[:, None] * theta)  # (B, H_kv, Tk, d)
+    kz, vv = kz.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    logits = torch.einsum("bhic,bhjc->bhij", qz.conj(), kz).real / math.sqrt(d)
+    logits = logits.masked_fill(s[None, :] > t[:, None], float("-inf"))
+    got = torch.softmax(logits, -1) @ vv
+    want = pope_attention_reference(q, k, v, delta, q_offset=Tk - Tq, rope_theta=500.0)
+    assert logits[torch.isfinite(logits)].std() > 1  # peaked: a wrong phase moves the output
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+
+
 @pytest.mark.parametrize("H, H_kv, Tq, Tk, q_offset", [(2, 2, 1, 9, 8), (4, 2, 1, 9, 8), (4, 1, 5, 12, 7),
-                                                      (2, 2, 12, 12, 0)])
-def test_cached_cartesian_keys_equal_pope_attention(H, H_kv, Tq, Tk, q_offset):
-    """Decoding over the cached key form (pope_key_cartesian of the keys at positions 0..Tk-1) equals
-    pope_attention on the raw keys: one new token (two matmuls), a chunk, grouped heads."""
+                                                      (2, 2, 12, 12, 0), (4, 2, 3, 12, 4)])
+@pytest.mark.parametrize("magnitude, with_delta", [("softplus", True), ("relu", True), ("identity", False)])
+def test_decoding_over_key_magnitudes_equals_pope_attention(H, H_kv, Tq, Tk, q_offset, magnitude, with_delta):
+    """Decoding over the cached key form (pope_key_magnitude, appended in two pieces as a cache fills, with a
+    rotation table longer than the cache) equals pope_attention on the raw keys and the float64 reference:
+    one new token (two matmuls), a chunk, grouped heads, keys past the queries unseen, each magnitude, no delta."""
     g = torch.Generator().manual_seed(4)
     q = 3 * torch.randn(1, H, Tq, 16, generator=g)  # scaled: peaked attention, so wrong phases show
     k, v = 3 * torch.randn(1, H_kv, Tk, 16, generator=g), torch.randn(1, H_kv, Tk, 8, generator=g)
-    delta = -2 * math.pi * torch.rand(H_kv, 16, generator=g)
-    want = pope_attention(q, k, v, delta, q_offset=q_offset, rope_theta=500.0, backend="torch")
-    kc = torch.cat([pope_key_cartesian(k[:, :, :3], 0, delta, 500.0), pope_key_cartesian(k[:, :, 3:], 3, delta, 500.0)],
-                   dim=2)  # appended in two pieces, as a cache fills
-    got = pope_attention_cached(q, kc, v, q_offset=q_offset, rope_theta=500.0, backend="torch")
+    delta = -2 * math.pi * torch.rand(H_kv, 16, generator=g) if with_delta else None
+    kw = dict(q_offset=q_offset, rope_theta=500.0, magnitude=magnitude)
+    want = pope_attention(q, k, v, delta, backend="torch", **kw)
+    mu = torch.cat([pope_key_magnitude(k[:, :, :3], magnitude), pope_key_magnitude(k[:, :, 3:], magnitude)], dim=2)
+    assert mu.shape == k.shape
+    got = pope_attention_decode(q, mu, v, delta, rotation=pope_rotation_table(Tk + 5, 16, 500.0), backend="torch",
+                                **kw)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    ref = pope_attention_reference(q, k, v, delta, q_offset=q_offset, rope_theta=500.0)
+    ref = pope_attention_reference(q, k, v, delta, **kw)
     torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_query_decode_form_carries_minus_delta_of_its_key_head():
+    """pope_query_decode_form: [mu cos(t theta - delta), mu sin(t theta - delta)] with the key/value head's delta
+    (query heads 0, 1 -> key/value head 0; 2, 3 -> 1), against the formula in float64."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 2, 8, generator=g)
+    delta = -2 * math.pi * torch.rand(2, 8, generator=g)
+    got = pope_query_decode_form(q, 30, delta, 100.0, "softplus", torch.float64)
+    theta = pope_frequencies(8, 100.0).double()
+    psi = torch.arange(30, 32, dtype=torch.float64)[:, None] * theta - delta.double().repeat_interleave(2, 0)[:, None]
+    mu = F.softplus(q.double())
+    torch.testing.assert_close(got, torch.cat((mu * torch.cos(psi), mu * torch.sin(psi)), -1), atol=1e-6, rtol=1e-6)
 
 
 def test_theta_keyword_still_works_with_one_deprecation_warning():
@@ -165,3 +212,19 @@ def test_pope_imports_and_runs_without_triton():
             "print('ok')\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_single_token_decoding_over_several_key_chunks(monkeypatch):
+    """The torch path's single-token step walks the cache in chunks of pope._decode_chunk keys (set to 256 here;
+    8192 for this cache's size): over 600 keys (three chunks, the last one ragged) with grouped heads it equals
+    the float64 reference."""
+    import pope
+    g = torch.Generator().manual_seed(8)
+    q, k = 3 * torch.randn(1, 4, 1, 16, generator=g), 3 * torch.randn(1, 2, 600, 16, generator=g)
+    v, delta = torch.randn(1, 2, 600, 16, generator=g), -2 * math.pi * torch.rand(2, 16, generator=g)
+    assert pope._decode_chunk(k) == 8192
+    monkeypatch.setattr(pope, "_decode_chunk", lambda mu_k: 256)
+    got = pope_attention_decode(q, pope_key_magnitude(k), v, delta, q_offset=599, rope_theta=500.0, backend="torch")
+    ref = pope_attention_reference(q, k, v, delta, q_offset=599, rope_theta=500.0)
+    torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
+    assert (ref - v.double().mean(2, keepdim=True).repeat_interleave(2, 1)).abs().max() > 0.3  # peaked
