@@ -26,6 +26,7 @@ CONFIGS = {
 }
 FORWARD, BACKWARD = torch.ops.pope.triton_forward.default, torch.ops.pope.triton_backward.default
 BACKWARD_CORE = torch.ops.pope.attention_backward.default
+DECODE = torch.ops.pope.decode.default
 
 
 def _idx(seed=0, T=T):
@@ -56,36 +57,33 @@ def test_triton_ops_keep_the_contract_on_the_training_layouts(name):
 
 
 def test_ops_keep_the_contract_on_the_cached_and_offset_layouts():
-    """pope_kernel's attention_forward as a KV-cache decoding step calls it (a query at q_offset 10 over 11
-    cached keys, k and v slices of the cache's preallocated buffers), attention_backward on those with a
-    transposed dO, and as pope::triton_backward calls it in training (v a view of the projection); and
-    pope::triton_forward for the last 4 queries of the projection's views (q_offset 8) over all 12 keys."""
+    """KV-cache decoding as GPT.generate runs it: a prefill of 9 tokens through pope::triton_forward, then
+    one-token steps through pope::decode at q_offset 9, 10, 11 (key magnitudes and values as slices of the
+    cache's preallocated buffers, grouped heads); attention_backward as pope::triton_backward calls it in
+    training (contiguous q~, k~, v a view of the projection, a transposed dO); and pope::triton_forward for the
+    last 4 queries of the projection's views (q_offset 8) over all 12 keys."""
     calls = model_op_calls(pope_gpt(n_head=4, n_kv_head=2), _idx(1), decode=3)
-    assert [op for op, _ in calls] == [torch.ops.pope.attention_forward.default] * 4
-    op, args = calls[2]  # prefill of 9 tokens, then decoding steps at q_offset 9, 10, 11
-    q, k, v, causal, q_offset = args
-    assert (q.shape[2], k.shape[2], q_offset) == (1, 11, 10)
-    assert not k.is_contiguous() and not v.is_contiguous()
-    o, lse = op(*args)
-    do = torch.randn(o.transpose(1, 2).shape).transpose(1, 2)  # the grad of y.transpose(1, 2): a view
+    assert [op for op, _ in calls] == [torch.ops.pope.triton_forward.default] + [DECODE] * 3
+    op, args = calls[2]  # the decoding step at q_offset 10
+    q, mu, v, rot, causal, q_offset, n_split = args
+    assert (q.shape[1:3], mu.shape[1:3], q_offset) == ((4, 1), (2, 11), 10)
+    assert not mu.is_contiguous() and not v.is_contiguous()
     (_, fwd), _ = model_op_calls(pope_gpt(), _idx(2))
     q_all, k_all, v_all, delta = fwd[:4]
     chunk = (q_all[:, :, 8:], k_all, v_all, delta, True, 10000.0, fwd[6], 8, "softplus")
-    # attention_backward as pope::triton_backward calls it: contiguous q~, k~, the projection's view v
     g = torch.Generator().manual_seed(3)
     qc, kc = (torch.randn(*t.shape[:3], 2 * t.shape[3], generator=g) for t in (q_all, k_all))
     o_all, lse_all = pk.attention_forward(qc, kc, v_all, True, 0)
     do_all = torch.randn(o_all.transpose(1, 2).shape, generator=g).transpose(1, 2)
     check_layout_contract([
-        ("decoding step", op, with_grad(args)),
+        ("decoding step", op, args),
         ("training backward", BACKWARD_CORE, (do_all, qc, kc, v_all, o_all, lse_all, True, 0)),
-        ("decoding step backward", BACKWARD_CORE, (do, q, k, v, o, lse, causal, q_offset)),
         ("query chunk at q_offset 8", FORWARD, chunk)])
 
 
 def test_every_pope_op_is_checked():
     """A pope:: op that no case above calls (a new kernel) fails here: add its calls to this file."""
     checked = {"pope::triton_forward", "pope::triton_backward", "pope::attention_forward",
-               "pope::attention_backward"}
+               "pope::attention_backward", "pope::decode"}
     assert set(registered_ops()) == checked, set(registered_ops()) ^ checked
     assert pope.pope_kernel is pk
