@@ -37,6 +37,7 @@ the kernels cost next to a FlashAttention kernel: docs/kernel.md.
 """
 
 import contextlib
+import functools
 import os
 from typing import Tuple
 
@@ -185,7 +186,19 @@ def shared_memory_reason(arch, limit, dtype, D_QK, D_V):
 @torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, a constant
 def device_unsupported_reason(device, dtype, D_QK, D_V):
     """None if the kernels can run on CUDA `device` (a torch.device; that device, not the current one) for
-    `dtype` operands of widths D_QK, D_V; else why not (shared_memory_reason with its capability and limit)."""
+    `dtype` operands of widths D_QK, D_V; else why not (shared_memory_reason with its capability and limit).
+    Remembered per (device, dtype, D_QK, D_V): eager decoding asks it several times per layer and token, and
+    a device's capability and shared memory do not change while the process runs. 'cuda' without an index
+    means the current device, as for torch.cuda.get_device_properties."""
+    if not isinstance(device, torch.device) or device.index is None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return _device_reason(device, dtype, D_QK, D_V)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_reason(device, dtype, D_QK, D_V):
     return shared_memory_reason(*device_shared_memory(device), dtype, D_QK, D_V)
 
 

@@ -7,6 +7,7 @@ test through the kernels' autotune candidate lists (pope_kernel.KERNELS[role].co
 """
 import json
 import math
+import functools
 import os
 import subprocess
 import sys
@@ -327,9 +328,11 @@ def test_auto_backend_on_cpu_uses_torch(monkeypatch):
 def _mock_gpu(monkeypatch, arch, limit=None):
     """Tensors claim to be on CUDA, and the device reports compute capability `arch` (e.g. 86) and `limit`
     bytes of opt-in shared memory per block (default: the part's, pope_kernel.SHARED_MEMORY_LIMITS).
-    Returns the list of the devices the capability queries were asked about."""
+    Returns the list of the devices the capability queries were asked about. device_unsupported_reason's cache
+    starts empty under each mock and is restored after the test."""
     from types import SimpleNamespace
     asked = []
+    monkeypatch.setattr(pk, "_device_reason", functools.lru_cache(maxsize=None)(pk._device_reason.__wrapped__))
     props = SimpleNamespace(major=arch // 10, minor=arch % 10,
                             shared_memory_per_block_optin=limit or pk.SHARED_MEMORY_LIMITS[arch])
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
@@ -357,6 +360,43 @@ def test_auto_backend_needs_tensor_core_dot(monkeypatch):
         asked = _mock_gpu(monkeypatch, arch, limit=101_376)
         assert pope.pope_backend(q, k, v) == want, arch
         assert asked and all(dev == q.device for dev in asked), asked
+
+
+def test_device_unsupported_reason_is_remembered_per_device(monkeypatch):
+    """The answer is remembered per (device, dtype, D_QK, D_V): the same as shared_memory_reason computes for the
+    device's capability and limit, each device asked once. cuda:0 (an sm_86 part, 101,376 B) refuses fp32 at
+    widths 256 / 128 and cuda:1 (sm_90) takes it, whichever is asked first; 'cuda' is the current device. An
+    error of the device query is raised each time, never remembered."""
+    from types import SimpleNamespace
+    parts = {0: SimpleNamespace(major=8, minor=6, shared_memory_per_block_optin=101_376),
+             1: SimpleNamespace(major=9, minor=0, shared_memory_per_block_optin=232_448)}
+    asked = []
+
+    def props(device=None):
+        asked.append(device)
+        if torch.device(device).index not in parts:
+            raise RuntimeError(f"Invalid device id {device}")
+        return parts[torch.device(device).index]
+    monkeypatch.setattr(pk, "_device_reason", functools.lru_cache(maxsize=None)(pk._device_reason.__wrapped__))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    cases = [(dtype, 2 * d, d) for dtype in (torch.float32, torch.bfloat16) for d in (16, 64, 128)]
+    for order in ((1, 0), (0, 1)):
+        for i in order:
+            for dtype, d_qk, d_v in cases:
+                arch = parts[i].major * 10 + parts[i].minor
+                want = pk.shared_memory_reason(arch, parts[i].shared_memory_per_block_optin, dtype, d_qk, d_v)
+                assert pk.device_unsupported_reason(torch.device("cuda", i), dtype, d_qk, d_v) == want
+    n = len(asked)
+    assert n == 2 * len(cases) and sorted({torch.device(d).index for d in asked}) == [0, 1], asked
+    assert "sm_86's 101,376 bytes" in pk.device_unsupported_reason(torch.device("cuda:0"), torch.float32, 256, 128)
+    assert pk.device_unsupported_reason(torch.device("cuda:1"), torch.float32, 256, 128) is None
+    assert pk.device_unsupported_reason("cuda", torch.float32, 256, 128) is None  # the current device, cuda:1
+    assert len(asked) == n  # all remembered
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="Invalid device id"):
+            pk.device_unsupported_reason(torch.device("cuda:2"), torch.float32, 256, 128)
+    assert len(asked) == n + 2
 
 
 @pytest.mark.parametrize("d", [8, 24, 256])
