@@ -125,9 +125,11 @@ def shared_memory_bytes(role, config, D_QK, D_V, elem_bytes, arch):
     16-bit 128-row forward or a 16-bit tcgen05 dQ, two in an fp32 backward); a tcgen05 dQ's second copy of
     the key tile (BLOCK_N x D_QK); for fp32 a transposed V tile in dQ and row-reduction scratch; 1 KB (2 KB
     for tcgen05, whose 16-bit builds otherwise meet the model to the byte).
-    Against every autotune candidate compiled with Triton 3.7.1 for sm_80/86/89/90/100/120 (no GPU), and
-    with Triton 3.9.0 for sm_100/120, it is at least the compiled figure (tests/test_pope_triton.py: a
-    fast subset by default, every candidate with --runslow); docs/kernel.md has the sm_100 / sm_120 table.
+    It is at least the compiled figure, by 1 KB or more, in every build compiled without a GPU: Triton 3.7.1,
+    every candidate for sm_80/86/89/90; for sm_100/120 every bf16 candidate at d = 16, 64, 128 and most at
+    d = 32, fp32 (tf32) at d = 64 and 128; Triton 3.9.0, bf16 at d = 128 for sm_100/120, the same bytes
+    (tests/test_pope_triton.py: a fast subset by default, every candidate and part with --runslow);
+    docs/kernel.md has the sm_100 / sm_120 table.
     """
     bm, bn, _, stages = config
     kind = mma_kind(role, config, arch)
