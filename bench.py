@@ -4,8 +4,10 @@
     python bench.py --only=attn     # one section: step | attn | memory | decode | kernel
     python bench.py --rounds=10     # more interleaved rounds (default 6, at least 5)
     python bench.py --only=decode --contexts 1024 4096 16384 [--gqa]   # decoding at those contexts
+    python bench.py --dtype=float16 # the training step's compute dtype (default auto, as train.py)
 
-1. Training step of the same GPT with rope vs pope (default: 6 layers, 384 wide, T=1024, GPT-2 vocab):
+1. Training step of the same GPT with rope vs pope (default: 6 layers, 384 wide, T=1024, GPT-2 vocab), in
+   train.py's compute dtype (--dtype auto: bf16 from sm_80, fp16 with a GradScaler below, fp32 on a CPU):
    ms/iter, tokens/s, and the PoPE/RoPE time ratio next to the FLOP ratios (model.flops_per_token, and
    the torch path's, whose v is padded to 2d: the bound a CPU step can reach; see below).
 2. Attention forward+backward at T=4096, d=64, 8 heads: RoPE through SDPA, PoPE through pope_attention,
@@ -39,7 +41,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from cli import UserError, resolve_device
+from cli import UserError, autocast_context, resolve_device, resolve_dtype
 from model import GPT, GPTConfig, KVCache, apply_rope
 from pope import polar_to_cartesian, pope_attention, pope_frequencies
 
@@ -105,31 +107,43 @@ def torch_path_flops_per_token(model, seq_len):
     return 6 * model.get_num_params() + 6 * cfg.n_layer * cfg.n_head * seq_len * 4 * hd
 
 
+def train_step_precision(device, dtype="auto"):
+    """(dtype name, autocast context, GradScaler) of a training step on `device`, as train.py sets them up:
+    cli.resolve_dtype's compute dtype ('auto': bfloat16 on a GPU with native bf16, compute capability >= 8.0
+    asked of that device; float16 below, V100 / T4; float32 on a CPU), cli.autocast_context, and a GradScaler
+    enabled for float16 only. Raises cli.UserError for an unknown dtype name."""
+    name = resolve_dtype(dtype, device)
+    scaler = torch.amp.GradScaler(torch.device(device).type, enabled=name == "float16")
+    return name, autocast_context(device, name), scaler
+
+
 def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2, vocab_size=50304, rounds=6,
-                     n_kv_head=None):
+                     n_kv_head=None, dtype="auto"):
     """ms per AdamW training step (fwd + bwd + step) for rope and pope, stepped in interleaved rounds;
-    returns rows of dicts. n_kv_head: key/value heads (grouped-query attention), None = n_head."""
+    returns rows of dicts (with the compute dtype). n_kv_head: key/value heads (grouped-query attention),
+    None = n_head; dtype: 'auto' or a cli.DTYPES name, set up as train.py does (train_step_precision)."""
     steps, models = {}, {}
+    name, amp, scaler = train_step_precision(device, dtype)
     for pe in ("rope", "pope"):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=T, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                               n_kv_head=n_kv_head, pos_encoding=pe)).to(device)
         opt = model.configure_optimizers(0.01, 1e-4, (0.9, 0.99), str(device).split(":")[0])
         x = torch.randint(0, vocab_size, (batch_size, T), device=device)
-        amp = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else torch.autocast("cpu", enabled=False)
 
-        def step(model=model, opt=opt, x=x, amp=amp):
+        def step(model=model, opt=opt, x=x):
             with amp:
                 _, loss = model(x, x)
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             opt.zero_grad(set_to_none=True)
         steps[pe], models[pe] = step, model
     times = interleaved(steps, device, rounds)
     rows = []
     for pe, model in models.items():
         dt = statistics.median(times[pe])
-        rows.append({"pos_encoding": pe, "ms_per_iter": 1000 * dt, "tokens_per_s": batch_size * T / dt,
+        rows.append({"pos_encoding": pe, "dtype": name, "ms_per_iter": 1000 * dt, "tokens_per_s": batch_size * T / dt,
                      "flops_per_token": model.flops_per_token(T), "torch_path_flops": torch_path_flops_per_token(model, T)})
     rows[1]["time_ratio"] = fmt_ratio(ratio_stats(times["pope"], times["rope"]))
     rows[1]["flop_ratio"] = rows[1]["flops_per_token"] / rows[0]["flops_per_token"]
@@ -330,11 +344,14 @@ def main(argv):
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384],
                    help="decode: tokens already in the cache")
     p.add_argument("--gqa", action="store_true", help="decode: also 8 heads sharing 2 key/value heads")
+    p.add_argument("--dtype", default="auto", help="training step's compute dtype: 'auto' (as train.py: bfloat16 on "
+                   "a GPU of compute capability >= 8.0, float16 below, float32 on a CPU) | float32 | bfloat16 | float16")
     a = p.parse_args(argv)
     if a.rounds < MIN_ROUNDS:
         p.error(f"--rounds must be at least {MIN_ROUNDS}: a ratio needs several interleaved rounds, got {a.rounds}")
     try:
         a.device = resolve_device(a.device)
+        a.dtype = resolve_dtype(a.dtype, a.device)
     except UserError as e:
         p.error(str(e))  # one line and exit 2, as for the other bad arguments
     if a.device.startswith("cuda:"):
@@ -342,10 +359,11 @@ def main(argv):
     print(f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {a.rounds} rounds"
           + (f", load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}" if hasattr(os, "getloadavg") else ""))
     if a.only in (None, "step"):
-        print_table("training step, 6 layers x 384 wide, T=1024, batch 2",
-                    bench_train_step(a.device, vocab_size=a.vocab_size, rounds=a.rounds))
-        print_table("training step, grouped-query attention: 6 layers x 384 wide, 8 heads, 2 key/value heads",
-                    bench_train_step(a.device, vocab_size=a.vocab_size, rounds=a.rounds, n_head=8, n_kv_head=2))
+        print_table(f"training step, 6 layers x 384 wide, T=1024, batch 2, {a.dtype}",
+                    bench_train_step(a.device, vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype))
+        print_table("training step, grouped-query attention: 6 layers x 384 wide, 8 heads, 2 key/value heads, "
+                    f"{a.dtype}", bench_train_step(a.device, vocab_size=a.vocab_size, rounds=a.rounds, n_head=8,
+                                                   n_kv_head=2, dtype=a.dtype))
     if a.only in (None, "attn"):
         print_table(f"attention fwd+bwd, T={a.T}, d=64, 8 heads, fp32",
                     bench_attention(a.device, T=a.T, rounds=a.rounds))

@@ -4,7 +4,7 @@
     python bench_kernel.py --seq-lens 4096 --head-dims 64 --batch 8 --n-head 12
     python bench_kernel.py --n-kv-head 3          # grouped-query: 12 (d=64) or 6 (d=128) query heads, 3 k/v heads
     python bench_kernel.py --sass [--json]        # no GPU: SASS of the loop bodies, PoPE vs a reference FA kernel
-    python bench_kernel.py --spills               # no GPU: registers / spills of every autotune candidate
+    python bench_kernel.py --spills [--arch 120]  # no GPU: registers / spills of every autotune candidate
     python bench_kernel.py --decode-sass          # no GPU: the decode kernel for sm_80..120 vs a RoPE decode kernel
 
 Implementations (all causal, raw q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
@@ -21,9 +21,11 @@ FLOP convention (causal, so half of the T x T scores): RoPE fwd = 2 * B*H*T*T*(d
 
 --sass compiles (the ptxas Triton picks per arch, sm_90 by default, no GPU) the first autotune candidate of pope_kernel's
 fwd, dkdv and dq kernels at d = 64 and 128, and the minimal FlashAttention kernels of this file (q/k and v
-width d, same tiles and loop structure), and reads the innermost loop with the fewest instructions (the
-unmasked one) from the SASS: instructions per warp, MUFU per thread, tensor-core instructions, all per
-128 x 128 block of scores, and local-memory instructions inside any loop. Cycle estimate per block on an
+width d, same tiles and loop structure), and reads the innermost loop with tensor-core instructions (HMMA,
+HGMMA, or sm_100's UTC*MMA) and the fewest instructions (the unmasked one) from the SASS: instructions per
+warp, MUFU per thread, tensor-core instructions, all per 128 x 128 block of scores, and local-memory
+instructions inside any loop (sm_100's out-of-line mbarrier retries, placed after the kernel's EXIT, are no
+loops). --arch 100 / 120 read Blackwell builds; the cycle estimate keeps H100 rates. Cycle estimate per block on an
 H100 SM (4 issue slots, 16 MUFU and 4096 dense bf16 FLOP per clock): max(instr * warps / 4,
 MUFU * 32 * warps / 16, FLOPs / 4096), i.e. max(2 instr, 16 MUFU, FLOPs / 4096) at 8 warps.
 Without CUDA and without --sass / --spills, one tiny shape runs through the Triton interpreter (smoke test).
@@ -568,13 +570,20 @@ def _sass(kernel, arch):
 
 
 def _loops(instrs):
-    """[(start, end)] address ranges of the loops: each backward branch and its target."""
+    """[(start, end)] address ranges of the loops: each backward branch and its target. Branches placed after
+    the last EXIT are left out: on sm_100 ptxas moves each mbarrier wait's retry out of line, past the end of
+    the kernel, and branches from there back into the body, which is no loop."""
+    exits = [addr for addr, text in instrs if re.search(r"\bEXIT\b", text)]
+    end = exits[-1] if exits else float("inf")
     loops = []
     for addr, text in instrs:
         m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr:
+        if m and int(m.group(1), 16) < addr < end:
             loops.append((int(m.group(1), 16), addr))
     return loops
+
+
+_MMA = re.compile(r"^(HGMMA|HMMA|UTC\w*MMA)")  # sm_80/86/89/120 mma.sync, sm_90 wgmma, sm_100 tcgen05
 
 
 def spill_stats(kernel, arch):
@@ -590,17 +599,24 @@ def spill_stats(kernel, arch):
 
 
 def loop_body_stats(kernel, arch):
-    """SASS of the innermost loop with the fewest instructions (the unmasked one), per iteration and warp:
-    {'instr', 'mufu', 'mma' (HGMMA + HMMA), 'local' (LDL/STL)}, plus 'loop_local_ops' over every loop."""
+    """SASS of the innermost loop with tensor-core instructions and the fewest instructions (the unmasked one),
+    per iteration and warp: {'instr', 'mufu', 'mma' (HMMA, HGMMA or UTC*MMA), 'local' (LDL/STL)}, plus
+    'loop_local_ops' over every loop. Loops without a tensor-core instruction (sm_100's tensor-memory
+    allocation retry) are not the attention loop."""
     _, instrs = _sass(kernel, arch)
     loops = _loops(instrs)
-    inner = [(lo, hi) for lo, hi in loops if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)]
+
+    def opcode(t):
+        return t.split()[1] if t.startswith("@") else t.split()[0]
+    has_mma = [(lo, hi) for lo, hi in loops if any(lo <= a <= hi and _MMA.match(opcode(t)) for a, t in instrs)]
+    inner = [(lo, hi) for lo, hi in has_mma
+             if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in has_mma)]
     lo, hi = min(inner, key=lambda r: r[1] - r[0])
     body = [text for addr, text in instrs if lo <= addr <= hi]
-    ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in body]
+    ops = [opcode(t) for t in body]
     local = lambda t: re.search(r"\b(LDL|STL)\b", t)  # noqa: E731
     return dict(instr=len(body), mufu=sum(o.startswith("MUFU") for o in ops),
-                mma=sum(o.startswith(("HGMMA", "HMMA")) for o in ops), local=sum(bool(local(t)) for t in body),
+                mma=sum(bool(_MMA.match(o)) for o in ops), local=sum(bool(local(t)) for t in body),
                 loop_local_ops=sum(1 for addr, t in instrs if local(t) and any(a <= addr <= b for a, b in loops)))
 
 
@@ -653,7 +669,7 @@ def sass_report(arch=90, dtype="bf16", as_json=False, head_dims=(64, 128)):
     return rows
 
 
-def spill_report(archs=(80, 90), dtype="bf16"):
+def spill_report(archs=(80, 90, 100, 120), dtype="bf16"):
     """Print a markdown table of spill_stats for every autotune candidate of pope_kernel.CONFIGS."""
     import pope_kernel as pk
     print("| kernel | d | config (BM, BN, warps, stages) | sm | registers | spill st/ld (B) | local ops in loops |")
@@ -682,19 +698,20 @@ def main(argv=None):
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(DEFAULT_IMPLS))
     p.add_argument("--sass", action="store_true", help="no GPU needed: loop-body SASS of PoPE vs reference FA")
     p.add_argument("--json", action="store_true", help="with --sass: one JSON object per row")
-    p.add_argument("--arch", type=int, default=90, help="with --sass: the sm_ architecture (default 90)")
+    p.add_argument("--arch", type=int, default=None, help="with --sass: the sm_ architecture (default 90); with "
+                   "--spills: only this one")
+    p.add_argument("--spills", action="store_true", help="no GPU needed: compile every autotune config for sm_80, "
+                   "sm_90, sm_100 and sm_120 and print registers, spills and local-memory ops inside loops")
     p.add_argument("--decode-sass", action="store_true", help="no GPU needed: the decode kernel compiled for sm_80, "
                    "86, 89, 90, 100, 120: shared memory, spills, loop instructions next to a RoPE decode kernel")
-    p.add_argument("--spills", action="store_true", help="no GPU needed: compile every autotune config for sm_80 "
-                   "and sm_90 and print registers, spills and local-memory ops inside loops")
     args = p.parse_args(argv)
     if args.decode_sass:
         print(__import__("pope_kernel").decode_split_table(), "\n")
         return decode_sass_report(dtype=args.dtype, as_json=args.json)
     if args.sass or args.json:
-        return sass_report(args.arch, args.dtype, as_json=args.json)
+        return sass_report(args.arch or 90, args.dtype, as_json=args.json)
     if args.spills:
-        return spill_report(dtype=args.dtype)
+        return spill_report(**({"archs": (args.arch,)} if args.arch else {}), dtype=args.dtype)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if torch.cuda.is_available():
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, dtype {dtype}")

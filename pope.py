@@ -28,7 +28,8 @@ Public API
     pope_attention_reference(...)   float64 reference straight from the polar formula (tests)
     pope_attention_triton(...), pope_backend(q, k, v, backend), triton_unsupported_reason(q, k, v),
     triton_supported(q, k, v), TRITON_HEAD_DIMS, compute_dtype(q, v)
-    sdpa_attention(q, k, v, *, causal, sm_scale, q_offset), sdpa_gqa(q, k, v, masked), causal_mask(Tq, Tk, q_offset)
+    sdpa_attention(q, k, v, *, causal, sm_scale, q_offset), sdpa_gqa(q, k, v, masked), causal_mask(Tq, Tk, q_offset),
+    flash_sdpa_accepts(q, k, v, masked)
 Grouped-query attention: k, v and delta may have H_kv heads for H query heads (H a multiple of H_kv);
 query head h uses key/value head h // (H / H_kv).
 This module imports without Triton; only backend='triton' needs it.
@@ -189,18 +190,54 @@ def sdpa_gqa(q, k, v, masked):
     {"enable_gqa": True}, or repeated to the query heads with {}.
 
     q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv); masked: an attn_mask will be passed.
-    On CUDA, enable_gqa works only with SDPA's flash kernel and its O(T^2) math kernel, and flash takes
-    neither a float32 compute dtype (q's, or autocast's) nor an attn_mask; there k and v are expanded
-    (H / H_kv copies of the cache, O(T) memory) so the memory-efficient kernel runs. Elsewhere (CPU's fused
-    kernel takes enable_gqa with masks and fp32; CUDA fp16/bf16 without a mask: flash) enable_gqa stays.
+    On CUDA, SDPA's flash kernel takes enable_gqa; its memory-efficient kernel does not in PyTorch 2.13,
+    so where flash cannot run the call lands in the O(T^2) math kernel. There k and v are expanded
+    (H / H_kv copies of the cache, O(T) memory) so the memory-efficient kernel runs: wherever
+    flash_sdpa_accepts says no (an attn_mask, a float32 compute dtype, a GPU below sm_80 such as a V100
+    or T4, ...). Elsewhere (CPU's fused kernel takes enable_gqa with masks and fp32; CUDA where flash
+    runs) enable_gqa stays.
     """
     H, H_kv = q.shape[1], k.shape[1]
     if H == H_kv:
         return k, v, {}
-    if q.is_cuda and (masked or compute_dtype(q, q) == torch.float32):
+    if q.is_cuda and not flash_sdpa_accepts(q, k, v, masked):
         G = H // H_kv
         return k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), {}
     return k, v, {"enable_gqa": True}
+
+
+FLASH_SDPA_CAPABILITIES = ((8, 0), (12, 1))  # SDPA's flash kernel runs from sm_80 to sm_121 (sdp_utils.cpp)
+FLASH_SDPA_MAX_HEAD_DIM = 256
+
+
+def flash_sdpa_accepts(q, k, v, masked):
+    """True if CUDA SDPA's flash kernel takes a dense call on these (B, H, T, d) tensors, by the rules of
+    PyTorch's can_use_flash_attention (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) for the calls
+    sdpa_attention makes (no dropout; is_causal only with Tq = Tk): no attn_mask (`masked` False); a compute
+    dtype (q's, or autocast's) of float16 or bfloat16; one head dim for q, k and v, at most 256; flash
+    enabled (torch.backends.cuda.flash_sdp_enabled); and the GPU of q's own device in sm_80..sm_121, where
+    sm_86..sm_89 and sm_120/121 refuse training (grad enabled and an input that requires grad) at head dims
+    in (192, 224]. Asks nothing of a GPU when the tensors rule flash out."""
+    if masked or compute_dtype(q, q) not in (torch.float16, torch.bfloat16):
+        return False
+    d = q.shape[-1]
+    if not (d == k.shape[-1] == v.shape[-1] and d <= FLASH_SDPA_MAX_HEAD_DIM):
+        return False
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return _flash_sdpa_device(q.device, d, training)
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, a constant
+def _flash_sdpa_device(device, head_dim, training):
+    """The device half of flash_sdpa_accepts, for CUDA `device` (that device, not the current one)."""
+    if not torch.backends.cuda.flash_sdp_enabled():
+        return False
+    capability = torch.cuda.get_device_capability(device)
+    lo, hi = FLASH_SDPA_CAPABILITIES
+    if not lo <= capability <= hi:
+        return False
+    no_192_224_training = (8, 6) <= capability <= (8, 9) or (12, 0) <= capability <= (12, 1)
+    return not (training and no_192_224_training and 192 < head_dim <= 224)
 
 
 def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0):

@@ -52,6 +52,7 @@ the kernels cost next to a FlashAttention kernel: docs/kernel.md.
 """
 
 import contextlib
+import functools
 import os
 from typing import Tuple
 
@@ -112,35 +113,57 @@ def _config(bm, bn, warps=4, stages=2):
 # (OutOfResources); when every autotune candidate does, the autotuner scores them all inf and the launch
 # fails. So candidates are pruned by shared_memory_bytes against the live device's limit, and a case no
 # candidate fits is refused up front (device_unsupported_reason). The limits of the parts the tests model:
-SHARED_MEMORY_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}  # bytes; A100, A10/3090, L4/L40, H100
+SHARED_MEMORY_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448, 120: 101_376}
+# bytes; A100, A10/3090, L4/L40, H100/H200, B200/GB200, RTX 50xx / RTX PRO 6000 Blackwell (sm_121, DGX Spark:
+# the same limit and the same builds as sm_120; sm_103, B300: the same builds as sm_100)
+
+
+def mma_kind(role, config, arch):
+    """The tensor-core instruction Triton (3.7, 3.9) compiles the kernel's matmuls to on sm_<arch>: 'wgmma'
+    (sm_90) or 'tcgen05' (sm_100 to sm_119) where the matmul rows (queries in fwd / dq, keys in dkdv) number 64
+    or more, else 'mma' (mma.sync: sm_80 to sm_89, the consumer Blackwell sm_120 / sm_121, and small tiles)."""
+    rows = config[1] if role == "dkdv" else config[0]
+    if rows < 64 or not 90 <= arch < 120:
+        return "mma"
+    return "wgmma" if arch < 100 else "tcgen05"
 
 
 def shared_memory_bytes(role, config, D_QK, D_V, elem_bytes, arch):
     """Upper bound on the shared memory (bytes) Triton allocates for one kernel build (metadata.shared).
 
     role 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); elem_bytes 2 (fp16/bf16)
-    or 4 (fp32, tf32 or IEEE dots); arch the compute capability as 80, 86, 89, 90. The model: the tiles
-    loaded in the key (fwd, dq) or query (dkdv) loop, buffered num_stages times where sm_90 uses wgmma
-    (matmul rows >= 64) and num_stages - 1 times else; the tiles loaded once before the loop; conversion
-    tiles of the score shape (BLOCK_M x BLOCK_N: none in a 16-bit 128-row forward, two in an fp32
-    backward); for fp32 a transposed V tile in dQ and row-reduction scratch; 1 KB. Against 485 candidate
-    builds compiled with Triton 3.7.1 for sm_80/86/89/90 (no GPU) it is at least the compiled figure, by
-    1 KB or more (tests/test_pope_triton.py: a fast subset by default, every candidate with --runslow).
+    or 4 (fp32, tf32 or IEEE dots); arch the compute capability as 80, 86, 89, 90, 100, 120. The model: the
+    tiles loaded in the key (fwd, dq) or query (dkdv) loop, buffered num_stages times where the matmuls
+    read their operands from shared memory asynchronously (mma_kind 'wgmma' or 'tcgen05'), num_stages + 1
+    times in a tcgen05 dK/dV, and num_stages - 1 times with mma.sync (sm_80 to sm_89, sm_120 / sm_121); the
+    tiles loaded once before the loop; conversion tiles of the score shape (BLOCK_M x BLOCK_N: none in a
+    16-bit 128-row forward or a 16-bit tcgen05 dQ, two in an fp32 backward); a tcgen05 dQ's second copy of
+    the key tile (BLOCK_N x D_QK); for fp32 a transposed V tile in dQ and row-reduction scratch; 1 KB (2 KB
+    for tcgen05, whose 16-bit builds otherwise meet the model to the byte).
+    It is at least the compiled figure, by 1 KB or more, in every build compiled without a GPU: Triton 3.7.1,
+    every candidate for sm_80/86/89/90; for sm_100/120 every bf16 candidate at d = 16, 64, 128 and most at
+    d = 32, fp32 (tf32) at d = 64 and 128; Triton 3.9.0, bf16 at d = 128 for sm_100/120, the same bytes
+    (tests/test_pope_triton.py: a fast subset by default, every candidate and part with --runslow);
+    docs/kernel.md has the sm_100 / sm_120 table.
     """
     bm, bn, _, stages = config
-    rows = bn if role == "dkdv" else bm
-    buffers = stages if arch >= 90 and rows >= 64 else stages - 1
+    kind = mma_kind(role, config, arch)
+    buffers = stages - 1 if kind == "mma" else stages + (role == "dkdv" and kind == "tcgen05")
     width = (D_QK + D_V) * elem_bytes
     fp32 = elem_bytes == 4  # tf32 operands: transposes go through extra shared-memory copies
     if fp32:  # one score tile in the forward (IEEE dots: FMA), two in the backward; row-reduction scratch
         score = bm * bn * elem_bytes * (1 if role == "fwd" else 2) + 16 * bm
-    else:  # mma: a 128-row forward keeps its scores in registers
-        score = bm * bn * elem_bytes * (0 if role == "fwd" and bm >= 128 else 1)
+    elif (role == "fwd" and bm >= 128) or (role == "dq" and kind == "tcgen05"):
+        score = 0  # a 128-row forward keeps its scores in registers; a tcgen05 dQ keeps dS in tensor memory
+    else:
+        score = bm * bn * elem_bytes
+    spare = 2048 if kind == "tcgen05" else 1024  # tcgen05: builds meet the rest exactly, 1 KB of margin
     if role == "dkdv":  # queries, dO, lse and Di stream through the loop; the key tile's K, V stay
-        return buffers * bm * (width + 8) + bn * width + score + 1024
+        return buffers * bm * (width + 8) + bn * width + score + spare
     resident = bm * (D_QK if role == "fwd" else D_QK + D_V)  # q (and dO for dq)
     v_t = bn * D_V * elem_bytes if fp32 and role == "dq" else 0  # V^T of dO V^T
-    return buffers * bn * width + resident * elem_bytes + score + v_t + 1024
+    k_copy = bn * D_QK * elem_bytes if role == "dq" and kind == "tcgen05" else 0  # K for dS K, besides Q K^T's
+    return buffers * bn * width + resident * elem_bytes + score + v_t + k_copy + spare
 
 
 def device_shared_memory(device):
@@ -200,7 +223,19 @@ def shared_memory_reason(arch, limit, dtype, D_QK, D_V):
 @torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, a constant
 def device_unsupported_reason(device, dtype, D_QK, D_V):
     """None if the kernels can run on CUDA `device` (a torch.device; that device, not the current one) for
-    `dtype` operands of widths D_QK, D_V; else why not (shared_memory_reason with its capability and limit)."""
+    `dtype` operands of widths D_QK, D_V; else why not (shared_memory_reason with its capability and limit).
+    Remembered per (device, dtype, D_QK, D_V): eager decoding asks it several times per layer and token, and
+    a device's capability and shared memory do not change while the process runs. 'cuda' without an index
+    means the current device, as for torch.cuda.get_device_properties."""
+    if not isinstance(device, torch.device) or device.index is None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return _device_reason(device, dtype, D_QK, D_V)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_reason(device, dtype, D_QK, D_V):
     return shared_memory_reason(*device_shared_memory(device), dtype, D_QK, D_V)
 
 

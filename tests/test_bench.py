@@ -92,3 +92,41 @@ def test_cuda_device_n_is_synchronized_and_measured(monkeypatch):
     calls.clear()
     bench._sync("cpu")
     assert calls == []
+
+
+def test_train_step_precision_is_train_pys(monkeypatch):
+    """dtype 'auto' resolves as train.py does, asked of the device named (cuda:1): bf16 autocast on a GPU of compute
+    capability >= 8.0, fp16 autocast with an enabled GradScaler below (V100 sm_70, T4 sm_75: no native bf16), no
+    autocast on a CPU. CUDA is mocked: the capability, and is_available (and autocast's bf16 check) so autocast and
+    the scaler stay enabled."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    for capability, want in (((7, 0), "float16"), ((7, 5), "float16"), ((8, 0), "bfloat16"), ((9, 0), "bfloat16")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=capability: (asked.append(d), c)[1])
+        name, amp, scaler = bench.train_step_precision("cuda:1", "auto")
+        assert name == want and amp.device == "cuda" and amp.fast_dtype == getattr(torch, want), capability
+        assert scaler.is_enabled() == (want == "float16"), capability
+    assert asked and all(torch.device(d) == torch.device("cuda:1") for d in asked), asked
+    name, amp, scaler = bench.train_step_precision("cpu", "auto")
+    assert name == "float32" and not isinstance(amp, torch.autocast) and not scaler.is_enabled()
+
+
+@pytest.mark.parametrize("dtype, want", [("auto", None), ("bfloat16", torch.bfloat16)])
+def test_train_step_runs_in_the_resolved_dtype(monkeypatch, capsys, dtype, want):
+    """Every forward of the timed CPU step runs under the autocast of its dtype ('auto' on a CPU: float32, none);
+    the rows say which; an unknown dtype exits 2 with one line."""
+    from model import GPT
+    seen, forward = [], GPT.forward
+
+    def spy(self, *a, **k):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return forward(self, *a, **k)
+    monkeypatch.setattr(GPT, "forward", spy)
+    rows = bench.bench_train_step("cpu", n_layer=1, n_embd=32, n_head=2, T=16, batch_size=2, vocab_size=64,
+                                  rounds=5, dtype=dtype)
+    assert len(seen) >= 10 and set(seen) == {want}, seen
+    assert [r["dtype"] for r in rows] == [str(want or torch.float32).replace("torch.", "")] * 2
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--only=step", "--device=cpu", "--dtype=float64"])
+    assert e.value.code == 2 and "dtype must be 'auto' or one of" in capsys.readouterr().err

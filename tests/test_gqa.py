@@ -218,18 +218,29 @@ def test_train_resume_sample_and_evaluate_with_n_kv_head_2(toy_stream, tmp_path,
     assert run(ft + ["--n_kv_head=4", f"--out_dir={tmp_path / 'ft_plain'}"])["iter_num"] == 1
 
 
+def _mock_cuda(monkeypatch, capability, device=None):
+    """Tensors claim to be CUDA tensors (and, with `device`, to live on that device) on a GPU of compute
+    capability `capability`; returns the list of the devices the capability was asked about."""
+    asked = []
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    if device is not None:
+        monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device(device)))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (asked.append(d), capability)[1])
+    return asked
+
+
 def test_sdpa_gqa_expands_keys_and_values_where_cuda_sdpa_would_take_its_math_kernel(monkeypatch):
     """On CUDA, SDPA's enable_gqa runs only in its flash kernel and its O(T^2) math kernel, and flash takes
     neither fp32 nor an attn_mask: pope.sdpa_gqa repeats k and v to the query heads there (the memory-efficient
-    kernel then runs), keeps enable_gqa for CUDA fp16 / bf16 without a mask and for CPU tensors, and does
-    nothing without grouping. CUDA is mocked (Tensor.is_cuda)."""
+    kernel then runs), keeps enable_gqa for CUDA fp16 / bf16 without a mask on an sm_90 GPU and for CPU
+    tensors, and does nothing without grouping. CUDA is mocked (Tensor.is_cuda, the capability)."""
     import pope
     q = torch.randn(1, 4, 5, 8)
     k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     for masked in (False, True):  # CPU: SDPA's fused CPU kernel takes grouped heads in fp32 and with a mask
         assert pope.sdpa_gqa(q, k, v, masked)[2] == {"enable_gqa": True}
     assert pope.sdpa_gqa(q, q, q, True) == (q, q, {})
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    _mock_cuda(monkeypatch, (9, 0))
     for dtype, masked, expand in ((torch.float32, False, True), (torch.float32, True, True),
                                   (torch.bfloat16, True, True), (torch.float16, True, True),
                                   (torch.bfloat16, False, False), (torch.float16, False, False)):
@@ -239,6 +250,74 @@ def test_sdpa_gqa_expands_keys_and_values_where_cuda_sdpa_would_take_its_math_ke
             assert torch.equal(vv, v.to(dtype).repeat_interleave(2, 1))
         else:
             assert kw == {"enable_gqa": True} and kk.shape[1] == 2, (dtype, masked)
+
+
+@pytest.mark.parametrize("capability, flash", [((6, 1), False), ((7, 0), False), ((7, 5), False), ((8, 0), True),
+                                               ((8, 6), True), ((9, 0), True), ((10, 0), True), ((12, 0), True),
+                                               ((12, 1), True), ((13, 0), False)])
+def test_sdpa_gqa_follows_sdpas_flash_rules_per_gpu(monkeypatch, capability, flash):
+    """PyTorch's SDPA runs flash from sm_80 to sm_121 only (sdp_utils.cpp, check_flash_attention_hardware_support).
+    Below (P100 sm_61, V100 sm_70, T4 sm_75) unmasked fp16 with enable_gqa would take the O(T^2) math kernel:
+    sdpa_gqa expands k and v there, and keeps enable_gqa where flash runs. The capability is asked of the
+    tensors' own device (cuda:1 here), not the current one. Through sdpa_attention (training, the causal
+    prefill, one decoded token), SDPA gets the expanded or grouped heads so decided, and its output equals
+    the float64 softmax attention with k, v repeated over each group."""
+    import torch.nn.functional as F
+
+    import pope
+    g = torch.Generator().manual_seed(0)
+    q = (2 * torch.randn(1, 4, 6, 16, generator=g)).half()
+    k, v = ((2 * torch.randn(1, 2, 6, 16, generator=g)).half() for _ in range(2))
+    asked = _mock_cuda(monkeypatch, capability, device="cuda:1")
+    calls, real = [], F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, *args, **kw):
+        calls.append((k.shape[1], v.shape[1], kw.get("enable_gqa", False)))
+        return real(q, k, v, *args, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+    got = [pope.sdpa_attention(q, k, v, causal=True), pope.sdpa_attention(q[:, :, -1:], k, v, q_offset=5)]
+    assert calls == [(2, 2, True) if flash else (4, 4, False)] * 2, calls
+    assert asked and all(d == torch.device("cuda:1") for d in asked), asked
+    monkeypatch.undo()
+    kr, vr = (t.double().repeat_interleave(2, 1) for t in (k, v))
+    scores = q.double() @ kr.transpose(-1, -2) / 4
+    scores = scores.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.softmax(scores, -1) @ vr
+    torch.testing.assert_close(got[0].double(), want, rtol=0, atol=4e-3)
+    torch.testing.assert_close(got[1].double(), want[:, :, -1:], rtol=0, atol=4e-3)
+
+
+def test_flash_sdpa_rules_beyond_the_gpu(monkeypatch):
+    """The other rules of SDPA's can_use_flash_attention that sdpa_gqa's calls can meet: fp16 / bf16 only (also as
+    the autocast dtype), no mask, one head dim for q, k, v of at most 256, flash not disabled, and on sm_86..89 and
+    sm_120/121 no training at head dims in (192, 224]."""
+    import pope
+    asked = _mock_cuda(monkeypatch, (9, 0))
+    h = lambda d, *s: torch.randn(*(s or (1, 2, 3)), d, dtype=torch.float16)  # noqa: E731
+    assert pope.flash_sdpa_accepts(h(64), h(64), h(64), masked=False)
+    assert not pope.flash_sdpa_accepts(h(64), h(64), h(64), masked=True)
+    assert not pope.flash_sdpa_accepts(h(64).float(), h(64).float(), h(64).float(), masked=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the mocked tensors are CPU tensors underneath
+        assert pope.flash_sdpa_accepts(h(64).float(), h(64).float(), h(64).float(), masked=False)
+    assert pope.flash_sdpa_accepts(h(256), h(256), h(256), masked=False)
+    assert not pope.flash_sdpa_accepts(h(264), h(264), h(264), masked=False)
+    assert not pope.flash_sdpa_accepts(h(64), h(64), h(32), masked=False)
+    prev = torch.backends.cuda.flash_sdp_enabled()
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        assert not pope.flash_sdpa_accepts(h(64), h(64), h(64), masked=False)
+    finally:
+        torch.backends.cuda.enable_flash_sdp(prev)
+    q200 = h(200).requires_grad_()
+    for capability, training_ok in (((8, 6), False), ((8, 9), False), ((12, 0), False), ((9, 0), True),
+                                    ((8, 0), True), ((10, 0), True)):
+        _mock_cuda(monkeypatch, capability)
+        assert pope.flash_sdpa_accepts(q200, h(200), h(200), masked=False) == training_ok, capability
+        with torch.no_grad():
+            assert pope.flash_sdpa_accepts(q200, h(200), h(200), masked=False), capability
+        q232 = h(232).requires_grad_()
+        assert pope.flash_sdpa_accepts(q232, h(232), h(232), masked=False), capability
+    assert asked
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -268,7 +347,7 @@ def test_cuda_gqa_calls_sdpa_without_enable_gqa_where_flash_cannot_run(monkeypat
                       (H, H, H, False) if expand else (H, 2, 2, True)))
         return real(q, k, v, *args, **kw)
     monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    _mock_cuda(monkeypatch, (8, 0))
     got = outputs()
     assert calls and all(c == w for c, w in calls), calls
     for a, b in zip(got, want):

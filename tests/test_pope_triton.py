@@ -7,6 +7,7 @@ test through the kernels' autotune candidate lists (pope_kernel.KERNELS[role].co
 """
 import json
 import math
+import functools
 import os
 import subprocess
 import sys
@@ -327,9 +328,11 @@ def test_auto_backend_on_cpu_uses_torch(monkeypatch):
 def _mock_gpu(monkeypatch, arch, limit=None):
     """Tensors claim to be on CUDA, and the device reports compute capability `arch` (e.g. 86) and `limit`
     bytes of opt-in shared memory per block (default: the part's, pope_kernel.SHARED_MEMORY_LIMITS).
-    Returns the list of the devices the capability queries were asked about."""
+    Returns the list of the devices the capability queries were asked about. device_unsupported_reason's cache
+    starts empty under each mock and is restored after the test."""
     from types import SimpleNamespace
     asked = []
+    monkeypatch.setattr(pk, "_device_reason", functools.lru_cache(maxsize=None)(pk._device_reason.__wrapped__))
     props = SimpleNamespace(major=arch // 10, minor=arch % 10,
                             shared_memory_per_block_optin=limit or pk.SHARED_MEMORY_LIMITS[arch])
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
@@ -357,6 +360,43 @@ def test_auto_backend_needs_tensor_core_dot(monkeypatch):
         asked = _mock_gpu(monkeypatch, arch, limit=101_376)
         assert pope.pope_backend(q, k, v) == want, arch
         assert asked and all(dev == q.device for dev in asked), asked
+
+
+def test_device_unsupported_reason_is_remembered_per_device(monkeypatch):
+    """The answer is remembered per (device, dtype, D_QK, D_V): the same as shared_memory_reason computes for the
+    device's capability and limit, each device asked once. cuda:0 (an sm_86 part, 101,376 B) refuses fp32 at
+    widths 256 / 128 and cuda:1 (sm_90) takes it, whichever is asked first; 'cuda' is the current device. An
+    error of the device query is raised each time, never remembered."""
+    from types import SimpleNamespace
+    parts = {0: SimpleNamespace(major=8, minor=6, shared_memory_per_block_optin=101_376),
+             1: SimpleNamespace(major=9, minor=0, shared_memory_per_block_optin=232_448)}
+    asked = []
+
+    def props(device=None):
+        asked.append(device)
+        if torch.device(device).index not in parts:
+            raise RuntimeError(f"Invalid device id {device}")
+        return parts[torch.device(device).index]
+    monkeypatch.setattr(pk, "_device_reason", functools.lru_cache(maxsize=None)(pk._device_reason.__wrapped__))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    cases = [(dtype, 2 * d, d) for dtype in (torch.float32, torch.bfloat16) for d in (16, 64, 128)]
+    for order in ((1, 0), (0, 1)):
+        for i in order:
+            for dtype, d_qk, d_v in cases:
+                arch = parts[i].major * 10 + parts[i].minor
+                want = pk.shared_memory_reason(arch, parts[i].shared_memory_per_block_optin, dtype, d_qk, d_v)
+                assert pk.device_unsupported_reason(torch.device("cuda", i), dtype, d_qk, d_v) == want
+    n = len(asked)
+    assert n == 2 * len(cases) and sorted({torch.device(d).index for d in asked}) == [0, 1], asked
+    assert "sm_86's 101,376 bytes" in pk.device_unsupported_reason(torch.device("cuda:0"), torch.float32, 256, 128)
+    assert pk.device_unsupported_reason(torch.device("cuda:1"), torch.float32, 256, 128) is None
+    assert pk.device_unsupported_reason("cuda", torch.float32, 256, 128) is None  # the current device, cuda:1
+    assert len(asked) == n  # all remembered
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="Invalid device id"):
+            pk.device_unsupported_reason(torch.device("cuda:2"), torch.float32, 256, 128)
+    assert len(asked) == n + 2
 
 
 @pytest.mark.parametrize("d", [8, 24, 256])
@@ -569,7 +609,7 @@ def test_dot_precision_reads_both_tf32_apis():
 # compile-only tests below check against Triton's own metadata.shared; cases nothing fits are refused.
 
 PROBLEMS = {"training": (1024, 1024, ("fwd", "dq", "dkdv")), "decoding": (1, 4096, ("fwd",))}
-REFUSED = [(86, torch.float32, 128), (89, torch.float32, 128)]  # fp32 at d = 128 on the 101,376-byte parts
+REFUSED = [(86, torch.float32, 128), (89, torch.float32, 128), (120, torch.float32, 128)]  # the 101,376-B parts
 
 
 def _kept(role, tq, tk, d, dtype, arch):
@@ -582,8 +622,8 @@ def _kept(role, tq, tk, d, dtype, arch):
 
 
 def test_every_part_dtype_and_head_dim_keeps_tiles_that_fit_or_is_refused():
-    """sm_80 (A100, 166,912 B), sm_86 / sm_89 (A10, 3090, L4, L40: 101,376 B), sm_90 (H100, 232,448 B); fp16, bf16,
-    fp32; d in 16..128; the forward, dQ and dK/dV kernels of a training step (Tq = Tk = 1024) and the forward of
+    """sm_80 (A100, 166,912 B), sm_86 / sm_89 (A10, 3090, L4, L40: 101,376 B), sm_90 (H100, 232,448 B), sm_100
+    (B200, 232,448 B), sm_120 (RTX 50xx, RTX PRO 6000 Blackwell: 101,376 B); fp16, bf16, fp32; d in 16..128; the forward, dQ and dK/dV kernels of a training step (Tq = Tk = 1024) and the forward of
     decoding (Tq = 1, Tk = 4096): every candidate kept fits the part, and training keeps >= 64-row tiles where
     one fits. Only fp32 at d = 128 on the 101,376-byte parts fits nowhere: refused with a reason."""
     refused = []
@@ -672,20 +712,43 @@ def _check_model_bounds_compiled(cases):
 @pytest.mark.skipif(CUDA, reason="compile-only check for CPU machines")
 def test_shared_memory_model_bounds_the_compiled_kernels_of_the_tight_cases():
     """The first candidate kept for the tightest cases of the test above (d = 128, training: bf16 on sm_86, the
-    wgmma forward on sm_90, fp32 on sm_80), compiled: Triton's metadata.shared is at most the model's bytes."""
+    wgmma forward on sm_90, fp32 on sm_80; the tcgen05 dQ on sm_100, whose (64, 64, 8, 3) compiles to 230,400 of
+    its 232,448 bytes; the mma.sync forward on sm_120), compiled: Triton's metadata.shared is at most the model's
+    bytes."""
     cases = [(role, 128, _kept(role, 1024, 1024, 128, dtype, arch)[0][0], arch, name, "tf32")
              for arch, dtype, name, roles in ((86, torch.bfloat16, "bf16", ("fwd", "dq", "dkdv")),
                                               (90, torch.bfloat16, "bf16", ("fwd",)),
-                                              (80, torch.float32, "fp32", ("fwd", "dq")))
+                                              (80, torch.float32, "fp32", ("fwd", "dq")),
+                                              (100, torch.bfloat16, "bf16", ("dq",)),
+                                              (120, torch.bfloat16, "bf16", ("fwd",)))
              for role in roles]
+    assert (cases[6][2], cases[6][3]) == ((64, 64, 8, 3), 100)
     _check_model_bounds_compiled(cases)
+
+
+def test_blackwell_tiles_that_fit_are_kept():
+    """Tiles whose builds fit the part are kept (Triton 3.7.1 compile-only figures, docs/kernel.md). sm_120 /
+    sm_121 build mma.sync as sm_80-89 do, so Hopper's rules (the model before) pruned its 64-row d = 128 forward
+    (90,112 B compiled) and left the training forward only 32- and 16-row tiles; sm_100's tcgen05 dQ at d = 128
+    (64, 64, 8, 3) compiles to 230,400 B, 24,576 B more than Hopper's rules said, and still fits."""
+    e = 2
+    for role, d, cfg, arch, compiled in (("fwd", 128, (64, 64, 4, 2), 120, 90_112),
+                                         ("fwd", 64, (128, 64, 8, 3), 120, 81_920),
+                                         ("dq", 64, (64, 64, 4, 3), 120, 81_920),
+                                         ("dq", 128, (64, 64, 8, 3), 100, 230_400)):
+        model = pk.shared_memory_bytes(role, cfg, 2 * d, d, e, arch)
+        assert compiled <= model <= pk.SHARED_MEMORY_LIMITS[arch], (role, d, cfg, arch, model)
+        assert cfg in [c for c, _ in _kept(role, 1024, 1024, d, torch.bfloat16, arch)], (role, d, cfg, arch)
+    assert pk.mma_kind("fwd", (64, 64, 4, 2), 120) == "mma" and pk.mma_kind("dq", (64, 64, 8, 3), 100) == "tcgen05"
+    assert pk.mma_kind("dkdv", (32, 64, 8, 3), 90) == "wgmma" and pk.mma_kind("fwd", (32, 64, 4, 2), 100) == "mma"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(CUDA, reason="compile-only check for CPU machines")
 def test_shared_memory_model_bounds_every_compiled_candidate():
-    """Every autotune candidate of its head-dim class, d in 16..128, sm_80 / 86 / 89 / 90, bf16, fp16 and fp32
-    (tf32 and IEEE dots): compiled shared memory <= pope_kernel.shared_memory_bytes (about 1,000 compiles)."""
+    """Every autotune candidate of its head-dim class, d in 16..128, sm_80 / 86 / 89 / 90 / 100 / 120, bf16, fp16
+    and fp32 (tf32 and IEEE dots): compiled shared memory <= pope_kernel.shared_memory_bytes (about 1,500
+    compiles)."""
     _check_model_bounds_compiled([
         (role, d, cfg, arch, dtype, prec) for arch in pk.SHARED_MEMORY_LIMITS
         for dtype, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "tf32"), ("fp32", "ieee"))
@@ -697,13 +760,13 @@ def test_shared_memory_model_bounds_every_compiled_candidate():
 COMPILE = """
 import sys
 sys.path.insert(0, {repo!r})
-import bench_kernel as bk
+import bench_kernel as bk, pope_kernel as pk
 for role, d, cfg, arch in {configs!r}:
     kernel = bk.compile_kernel(role, cfg, d, arch)
     ptx = kernel.asm["ptx"]
     assert "mma" in ptx, (role, arch)  # tensor cores
-    rows = cfg[1] if role == "dkdv" else cfg[0]  # the M of the kernel's matmuls: keys in dkdv, queries else
-    assert arch < 90 or rows < 64 or "wgmma" in ptx, ("no wgmma", role, d, cfg)
+    want = dict(mma="mma.sync", wgmma="wgmma", tcgen05="tcgen05.mma")[pk.mma_kind(role, cfg, arch)]
+    assert want in ptx, ("no " + want, role, d, cfg, arch)  # what shared_memory_bytes assumes
     # FP fusion under TRITON_DEFAULT_FP_FUSION=0 (Triton 3.10's default): set by the kernels' own options
     assert kernel.metadata.enable_fp_fusion and (role != "fwd" or "fma.rn.f32" in ptx), ("no FP fusion", role, d)
     regs, st, ld, loop_ops = bk.spill_stats(kernel, arch)
@@ -761,11 +824,11 @@ def test_dkdv_loop_at_d128_is_bound_by_its_matmuls_on_sm90():
 
 @pytest.mark.slow
 @pytest.mark.skipif(CUDA, reason="compile-only check for CPU machines")
-def test_every_autotune_config_compiles_for_sm80_and_sm90_without_loop_spills():
-    """Every autotune candidate, both head-dim classes, sm_80 and sm_90: the claim in the comment above
-    pope_kernel.CONFIGS. `python bench_kernel.py --spills` prints the table."""
+def test_every_autotune_config_compiles_for_sm80_to_sm120_without_loop_spills():
+    """Every autotune candidate, both head-dim classes, sm_80, sm_90, sm_100 and sm_120: the claim in the comment
+    above pope_kernel.CONFIGS. `python bench_kernel.py --spills` prints the table."""
     _compile_check([(role, d, cfg, arch) for role in ("fwd", "dkdv", "dq") for d in (64, 128)
-                    for cfg in pk.CONFIGS[role][d] for arch in (80, 90)])
+                    for cfg in pk.CONFIGS[role][d] for arch in (80, 90, 100, 120)])
 
 
 @pytest.mark.slow
