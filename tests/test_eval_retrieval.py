@@ -156,6 +156,9 @@ def test_copy_scorer_on_an_oracle_that_copies_and_one_whose_window_is_too_short(
         good = er.run_copy(InductionOracle(64, k=3), ids, [L], 4, 0, 128)[L]
         assert good["distance"] == m and good["targets"] == 4 * (L - m)
         assert abs(good["acc_second"] - (L - m - 2) / (L - m)) < 0.02 and good["acc_first"] < 0.2
+        # logits 10 x one-hot over 64 ids: a right guess costs log(1 + 63 e^-10), a wrong one log(e^10 + 63)
+        right, wrong = np.log1p(63 * np.exp(-10)), np.log(np.exp(10) + 63)
+        assert abs(good["loss_second"] - ((L - m - 2) * right + 2 * wrong) / (L - m)) < 0.15
         bad = er.run_copy(InductionOracle(64, k=3, window=30), ids, [L], 4, 0, 128)[L]
         assert bad["acc_second"] < 0.2 and bad["loss_second"] > good["loss_second"] + 2
 
