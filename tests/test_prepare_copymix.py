@@ -29,3 +29,11 @@ def test_prepare_keeps_val_test_and_the_tokenizer(tmp_path):
         assert open(os.path.join(src, f"{split}.bin"), "rb").read() == open(os.path.join(out, f"{split}.bin"), "rb").read()
     with pytest.raises(cm.UserError, match="min_span"):
         cm.prepare(src, out, min_span=0)
+
+
+def test_random_spans_are_repeated_exactly():
+    tokens = np.full(300, 7, dtype=np.uint8)  # a constant text: any other id comes from a random span
+    mixed, n_spans, n_copied = cm.copy_mix(tokens, p_copy=1.0, min_span=10, max_span=10, p_random=1.0, vocab_size=5)
+    assert (n_spans, n_copied) == (30, 30) and len(mixed) == 600 and 7 not in mixed.tolist()
+    pairs = mixed.reshape(30, 2, 10)
+    assert (pairs[:, 0] == pairs[:, 1]).all() and len({tuple(p) for p in pairs[:, 0]}) == 30
