@@ -83,17 +83,27 @@ def test_copy_window_offsets_by_hand(length, x, y):
 
 # ---- the scorer: an induction oracle -----------------------------------------------------------
 
+class OneHotHead(torch.nn.Module):
+    """lm_head of the oracle: a hidden state holding a token id (as a float) -> logits 10 x one-hot."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.out_features = vocab
+
+    def forward(self, h):
+        return 10.0 * torch.nn.functional.one_hot(h[..., 0].long(), self.out_features).float()
+
+
 class InductionOracle(torch.nn.Module):
     """Predicts the token that followed the most recent earlier occurrence of the last k tokens (an
     induction head, Olsson et al. 2022), looking back at most `window` tokens (None: all); where nothing
-    matches, it predicts token 0. Its hidden states are the logits: 10 x one-hot, and lm_head is the
-    identity, so it plugs into er.score_last like a GPT."""
+    matches, it predicts token 0. Its hidden state at each position is the predicted id, and its lm_head
+    turns that into logits 10 x one-hot, so it plugs into er.score_last like a GPT."""
 
     def __init__(self, vocab, k, window=None):
         super().__init__()
-        self.k, self.window, self.vocab = k, window, vocab
-        self.lm_head = torch.nn.Linear(vocab, vocab, bias=False)
-        torch.nn.init.eye_(self.lm_head.weight)
+        self.k, self.window = k, window
+        self.lm_head = OneHotHead(vocab)
 
     def hidden_states(self, x):
         B, T = x.shape
@@ -107,7 +117,7 @@ class InductionOracle(torch.nn.Module):
         match &= ok
         j_best = torch.where(match, j.expand(T, T), -1).max(-1).values  # (B, T), -1 where none
         pred = torch.where(j_best >= 0, torch.gather(x, 1, (j_best + 1).clamp(max=T - 1)), 0)
-        return 10.0 * torch.nn.functional.one_hot(pred, self.vocab).float()
+        return pred.unsqueeze(-1).float()
 
 
 def char_encoder():
@@ -140,7 +150,7 @@ def test_passkey_scorer_exact_match_needs_every_answer_token():
     class AllButLast(InductionOracle):
         def hidden_states(self, x):
             h = super().hidden_states(x)
-            h[:, -1] = 10.0 * torch.nn.functional.one_hot(torch.tensor((a[-1] + 1) % vocab), vocab)
+            h[:, -1] = (a[-1] + 1) % vocab  # the last answer token wrong
             return h
     assert er.passkey_correct(InductionOracle(vocab, k=8), [(x, a, 0)]) == [True]
     assert er.passkey_correct(AllButLast(vocab, k=8), [(x, a, 0)]) == [False]
@@ -241,3 +251,20 @@ def test_a_tokenizer_without_text_runs_copy_only(tmp_path, capsys):
     assert e.value.code == 2 and "--tasks=copy" in capsys.readouterr().err
     _, cp = er.run([a, "--tasks=copy", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
     assert [r["length"] for r in cp] == [16, 32, 64, 128, 256]
+
+
+def test_gpt2_bpe_prompts_have_the_exact_length_and_the_oracle_retrieves_them():
+    """GPT-2 BPE spells a 5-digit key in 2 or 3 tokens: every window still holds exactly L tokens, the
+    answer is the key's own encoding, and the induction oracle (k = 3 tokens) gets every key."""
+    from checkpoint import load_codec
+    encode, decode = load_codec({"tokenizer": {"kind": "gpt2"}})
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        key = er.random_key(rng, er.DIGITS, 5)
+        for depth in (0.0, 0.5, 1.0):
+            x, a, p = er.passkey_window(encode, key, 200, depth)
+            assert len(x) == 200 and a == encode(" " + key)
+            assert decode(x[p:p + len(encode(er.KEY_SENTENCE.format(key=key)))]) == er.KEY_SENTENCE.format(key=key)
+            assert decode(x).endswith(er.QUESTION + decode(a[:-1]))
+    res = er.run_passkey(InductionOracle(50257, k=3), encode, er.DIGITS, [200], [0.0, 1.0], 3, 5, 0, 200)
+    assert {v[:2] for v in res.values()} == {(3, 3)}
