@@ -38,6 +38,7 @@ from model import RENAMED_FIELDS, GPT, GPTConfig
 TOKENIZER_KEYS = ("dataset", "vocab_size", "pad_id", "tokenizer")
 BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer", "provenance")
 CKPT_KEYS = BEST_KEYS + ("optimizer", "scaler", "rng", "data_position")
+DROPE = ("rope", "none")  # the one change of encoding a fine-tune may make: DroPE (Gelberg et al. 2025)
 FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "dropout", "attn_backend",
                  "pope_delta_init")  # what a fine-tune may change (delta's init is moot once weights load)
 
@@ -172,10 +173,12 @@ def load_finetune_checkpoint(init_ckpt, model_args, out_dir, device, data_tokeni
 
     Updates model_args (this run's GPTConfig fields) in place: the checkpoint's architecture, this run's
     FINETUNE_FREE settings, and YaRN's rope_original_block_size (the checkpoint's, or its block_size) when
-    the run sets rope_scaling without it. Raises UserError (exit 2) if init_ckpt is empty, if out_dir is
+    the run sets rope_scaling without it. The encoding stays, but for DroPE (arXiv 2512.12167): a RoPE
+    checkpoint without YaRN fine-tuned with pos_encoding='none' (DROPE; rope_theta is then moot).
+    Raises UserError (exit 2) if init_ckpt is empty, if out_dir is
     init_ckpt's folder under any spelling (symlinks too), if this dataset's tokenizer (data_tokenizer, from
     tokenizer_to_checkpoint) is not the one the checkpoint was trained with, or if the run asks for
-    another encoding or other shapes (learned position embeddings: another block_size too; n_kv_head
+    another encoding (but DroPE's), or other shapes (learned position embeddings: another block_size too; n_kv_head
     None and n_head count as equal).
     """
     if not init_ckpt:
@@ -193,7 +196,16 @@ def load_finetune_checkpoint(init_ckpt, model_args, out_dir, device, data_tokeni
     old = {**asdict(GPTConfig()), **state["model_args"]}
     for args in (model_args, old):  # n_kv_head None means n_head: one architecture, however it is written
         args["n_kv_head"] = args["n_kv_head"] or args["n_head"]
-    diff = [k for k in model_args if k not in FINETUNE_FREE and model_args[k] != old[k]]
+    if model_args["pos_encoding"] != old["pos_encoding"]:
+        if (old["pos_encoding"], model_args["pos_encoding"]) != DROPE:
+            raise UserError(f"init_from='finetune' changes the encoding only from 'rope' to 'none' (DroPE); {init_ckpt} "
+                            f"has pos_encoding={old['pos_encoding']!r} and this run asks for "
+                            f"{model_args['pos_encoding']!r}: set pos_encoding={old['pos_encoding']!r}")
+        if old.get("rope_scaling", 1.0) != 1.0:
+            raise UserError(f"{init_ckpt} is a YaRN fine-tune (rope_scaling={old['rope_scaling']}); DroPE starts from "
+                            "a RoPE checkpoint without YaRN: give the pretraining run's best.pt")
+    rope_only = ("rope_theta",) if model_args["pos_encoding"] != old["pos_encoding"] else ()  # moot without RoPE
+    diff = [k for k in model_args if k not in FINETUNE_FREE + ("pos_encoding",) + rope_only and model_args[k] != old[k]]
     if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:
         diff.append("block_size")
     if diff:

@@ -358,11 +358,12 @@ def encoding_label(cfg):
     return f"{label}+yarn(s={s:g})" if label == "rope" and s != 1.0 else label
 
 
-def inspect_run(run, rope_scaling, ds_meta):
+def inspect_run(run, rope_scaling, ds_meta, state=None):
     """(overrides, model_args, label, notes) of a run folder, its checkpoint read on the CPU and checked
     (readable, a valid config, the dataset's tokenizer) without building the model.
-    overrides: the GPTConfig fields --rope_scaling sets. UserError on bad input."""
-    state = load_checkpoint(run, "best.pt", "cpu")
+    overrides: the GPTConfig fields --rope_scaling sets. state: the checkpoint dict if already read
+    (load_checkpoint), else best.pt is read. UserError on bad input."""
+    state = load_checkpoint(run, "best.pt", "cpu") if state is None else state
     args = dict(state["model_args"])
     notes, overrides = [], {}
     if rope_scaling != 1.0:

@@ -5,6 +5,7 @@
     python results.py docs/runs/jsb-*.json --by=pos_encoding --csv     # choose the grouping; CSV on stdout
     python results.py docs/runs/s37-jsb-*.json --compare=pos_encoding  # two arms: difference, 95 % CI, p
     python results.py docs/runs/s37-ii-*.json --compare=pos_encoding --solved=0.9   # solve rates, Fisher
+    python results.py out/a-*/ out/b-*/ --compare=pos_encoding --retrieval=passkey@256,copy@4096
 
 Inputs: run folders, each with the metrics.json that train.py writes at the end of a run, and/or JSON
 files that are copies of one (docs/runs/NAME.json, written by docs/runs/lane.sh: metrics.json plus a
@@ -32,6 +33,11 @@ eval_extrapolate.py's extrapolation.csv (columns: run, label, protocol, length, 
 FOLDER/extrapolate/extrapolation.csv for a run folder, NAME.extrapolation.csv beside NAME.json for a
 copy. A CSV that holds several runs is matched to this one by its run folder (run.out_dir or the
 folder of "checkpoint"). All runs must have been scored with one protocol.
+
+--retrieval=TASK@L[,...] (with --compare): per item, each run's eval_retrieval.py accuracy in %: passkey,
+correct / trials at window length L pooled over the depths (FOLDER/retrieval/passkey.csv, or
+NAME.passkey.csv beside a copy); copy, the next-token accuracy on the second copy (retrieval/copy.csv,
+NAME.copy.csv); compared between the arms like the other metrics.
 
 Provenance: each group whose runs (any process of a resumed run included) mix machines (CPU model and
 SIMD level, or GPUs), code commits or library versions gets one "warning:" line on stderr naming what
@@ -89,9 +95,12 @@ def load_run(path):
             raise UserError(f"{path} holds no metrics.json: the run has not finished (train.py writes it at the "
                             "end; an interrupted run resumes with --init_from=resume)")
         csv_path = os.path.join(path, "extrapolate", "extrapolation.csv")
+        retrieval = {t: os.path.join(path, "retrieval", f"{t}.csv") for t in RETRIEVAL_TASKS}
     elif os.path.isfile(path):
         folder, file = None, path
-        csv_path = (path[:-len(".json")] if path.endswith(".json") else path) + ".extrapolation.csv"
+        stem = path[:-len(".json")] if path.endswith(".json") else path
+        csv_path = stem + ".extrapolation.csv"
+        retrieval = {t: f"{stem}.{t}.csv" for t in RETRIEVAL_TASKS}
     else:
         raise UserError(f"{path} does not exist; give run folders or copies of their metrics.json")
     try:
@@ -106,7 +115,8 @@ def load_run(path):
     config = metrics.get("config")
     if config is None:
         config = _config_from_checkpoint(file, folder, metrics)
-    return {"path": path, "metrics": metrics, "config": config, "extrapolation_csv": csv_path, "out_dir": out_dir}
+    return {"path": path, "metrics": metrics, "config": config, "extrapolation_csv": csv_path, "out_dir": out_dir,
+            "retrieval_csv": retrieval}
 
 
 def _config_from_checkpoint(file, folder, metrics):
@@ -217,6 +227,44 @@ def extrapolation_ppl(run, length):
     return float(rows[0]["ppl"]), rows[0].get("protocol", "")
 
 
+RETRIEVAL_TASKS = ("passkey", "copy")  # eval_retrieval.py's CSVs: passkey.csv, copy.csv
+
+
+def retrieval_accuracy(run, task, length):
+    """A run's retrieval accuracy (a fraction) at window `length` from eval_retrieval.py's CSVs:
+    passkey, correct / trials pooled over the depths; copy, acc_second (next-token accuracy on the second
+    copy). Read from FOLDER/retrieval/TASK.csv for a run folder, NAME.TASK.csv beside NAME.json for a copy;
+    a CSV of several runs is matched by run folder as for --extrapolation. UserError if missing."""
+    path = run["retrieval_csv"][task]
+    if not os.path.isfile(path):
+        raise UserError(f"{run['path']} has no {task} results ({path} does not exist); score it with "
+                        f"eval_retrieval.py ... --out_dir=<run folder>/retrieval, or drop --retrieval")
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("length")]
+    if len({r["run"] for r in rows}) > 1:
+        mine = os.path.normpath(run["out_dir"] or "")
+        rows = [r for r in rows if os.path.normpath(r["run"]) == mine]
+    got = [r for r in rows if int(r["length"]) == length]
+    if not got:
+        raise UserError(f"{path} has no length {length} for {run['path']} (it has "
+                        f"{', '.join(sorted({r['length'] for r in rows}, key=int)) or 'none'}); choose one of those")
+    if task == "passkey":
+        return sum(int(r["correct"]) for r in got) / sum(int(r["trials"]) for r in got)
+    return float(got[0]["acc_second"])
+
+
+def parse_retrieval(text):
+    """[(task, length)] from 'passkey@256,copy@4096'; UserError otherwise."""
+    out = []
+    for item in (t.strip() for t in (text or "").split(",") if t.strip()):
+        task, _, length = item.partition("@")
+        if task not in RETRIEVAL_TASKS or not length.isdigit() or int(length) <= 0:
+            raise UserError(f"--retrieval takes TASK@LENGTH items, TASK one of {', '.join(RETRIEVAL_TASKS)}, "
+                            f"e.g. passkey@256,copy@4096; got {item!r}")
+        out.append((task, int(length)))
+    return out
+
+
 def read_runs(paths, split="test"):
     """load_run for each path, checked: one dataset, no run twice, each with the split's metrics. UserError
     otherwise (module docstring)."""
@@ -304,8 +352,9 @@ def summarize(paths, by=None, split="test", extrapolation=(), solved=None):
 ALPHA = 0.05  # "separated": p < ALPHA, two-sided
 
 
-def metric_values(runs, split, extrapolation=()):
-    """[(metric name, [one value per run])]: loss (nats), ppl, accuracy (%), then ppl at each length."""
+def metric_values(runs, split, extrapolation=(), retrieval=()):
+    """[(metric name, [one value per run])]: loss (nats), ppl, accuracy (%), ppl at each length, then each
+    (task, length) of `retrieval` as accuracy (%) (retrieval_accuracy)."""
     out = [(f"{split} loss (nats)", [r["metrics"][split]["loss"] for r in runs]),
            (f"{split} ppl", [r["metrics"][split]["ppl"] for r in runs]),
            (f"{split} acc (%)", [100 * r["metrics"][split]["acc"] for r in runs])]
@@ -316,6 +365,8 @@ def metric_values(runs, split, extrapolation=()):
             raise UserError(f"the runs' extrapolation.csv files use different protocols ({', '.join(protocols)}); "
                             "compare runs scored with one protocol")
         out.append((f"ppl at {L} ({protocols[0]})" if protocols[0] else f"ppl at {L}", [p for p, _ in got]))
+    for task, L in retrieval:
+        out.append((f"{task} acc (%) at {L}", [100 * retrieval_accuracy(r, task, L) for r in runs]))
     return out
 
 
@@ -365,7 +416,7 @@ def pairing(a_runs, b_runs):
     return sorted(seeds_a, key=repr), ""
 
 
-def compare(paths, key, split="test", extrapolation=(), solved=None):
+def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=()):
     """Two arms that differ in the setting `key` only: per metric, Welch's difference B − A (A: the arm of the
     first run given), its 95 % CI and p; the paired one when pairing() allows; with `solved` (a test accuracy
     threshold in [0, 1]) the solve counts, Wilson intervals and Fisher's exact test.
@@ -399,7 +450,7 @@ def compare(paths, key, split="test", extrapolation=(), solved=None):
                                 "(3 or more to say much): add seeds")
     rows = []
     n_a = len(a_runs)
-    for name, values in metric_values(a_runs + b_runs, split, extrapolation):  # one protocol for both arms
+    for name, values in metric_values(a_runs + b_runs, split, extrapolation, retrieval):  # one protocol for both
         a, b = values[:n_a], values[n_a:]
         row = {"metric": name, "a": (*mean_sd(a), len(a)), "b": (*mean_sd(b), len(b)), "welch": None, "paired": None}
         if len(a) > 1 and len(b) > 1:
@@ -576,12 +627,17 @@ def main(argv):
                    help="two arms that differ in KEY only: differences with 95 %% CI and p (Welch; paired if possible)")
     p.add_argument("--solved", type=float, default=None, metavar="THRESHOLD",
                    help="count runs with accuracy >= THRESHOLD (in [0, 1]): k / n, Wilson CI; Fisher with --compare")
+    p.add_argument("--retrieval", default="", metavar="TASK@L,...",
+                   help="with --compare: eval_retrieval.py accuracies, e.g. passkey@256,copy@4096")
     a = p.parse_args(argv)
     lengths = parse_lengths(a.extrapolation)
+    retrieval = parse_retrieval(a.retrieval)
+    if retrieval and not a.compare:
+        raise UserError("--retrieval applies with --compare=KEY only")
     if a.compare:
         if a.by:
             raise UserError("--compare=KEY groups by KEY itself; drop --by")
-        c = compare(a.runs, a.compare.strip(), a.split, lengths, a.solved)
+        c = compare(a.runs, a.compare.strip(), a.split, lengths, a.solved, retrieval)
         for note in c["notes"]:
             print(note, file=sys.stderr)
         text = (compare_csv if a.csv else compare_markdown)(c)

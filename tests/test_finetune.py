@@ -145,3 +145,71 @@ def test_finetune_may_change_dropout(char_pretrained, tmp_path):
     m = _finetune(char_pretrained, "--dropout=0.1", "--max_iters=0", f"--out_dir={ft}")
     best = torch.load(os.path.join(ft, "best.pt"), weights_only=True)
     assert m["iter_num"] == 0 and best["model_args"]["dropout"] == 0.1 and best["model_args"]["n_embd"] == 32
+
+
+# --- DroPE: the one change of encoding a fine-tune may make (rope -> none) ------------------------
+
+
+def test_drope_finetune_drops_rope_keeps_every_weight_and_changes_the_logits(char_pretrained, tmp_path):
+    from checkpoint import load_run
+    ft = str(tmp_path / "drope")
+    # lr 0: AdamW leaves the weights as loaded, so the fine-tune's checkpoint holds the RoPE run's weights
+    _finetune(char_pretrained, "--pos_encoding=none", "--max_iters=1", "--eval_interval=1", "--learning_rate=0.0",
+              "--min_lr=0.0", f"--out_dir={ft}")
+    rope, _ = load_run(char_pretrained["run"])
+    nope, state = load_run(ft, "ckpt.pt")
+    assert state["model_args"]["pos_encoding"] == "none" and state["iter_num"] == 1
+    pre = torch.load(os.path.join(char_pretrained["run"], "best.pt"), weights_only=True)["model"]
+    assert pre.keys() == state["model"].keys() and all(torch.equal(pre[k], state["model"][k]) for k in pre)
+    x = torch.arange(16).remainder(15).unsqueeze(0)
+    assert not torch.allclose(rope(x)[0], nope(x)[0], atol=1e-3)  # the same weights, no rotation: other logits
+
+
+def _variant(char_pretrained, tmp_path, **model_args):
+    """A copy of the pretrained RoPE run's best.pt with some model_args changed (same weights)."""
+    state = torch.load(os.path.join(char_pretrained["run"], "best.pt"), weights_only=True)
+    state["model_args"].update(model_args)
+    os.makedirs(tmp_path / "variant", exist_ok=True)
+    torch.save(state, tmp_path / "variant" / "best.pt")
+    return str(tmp_path / "variant" / "best.pt")
+
+
+@pytest.mark.parametrize("start,asks,message", [
+    ({}, "pope", "changes the encoding only from 'rope' to 'none' (DroPE)"),
+    ({}, "rope_half", "has pos_encoding='rope' and this run asks for 'rope_half'"),
+    ({"pos_encoding": "rope_half"}, "none", "has pos_encoding='rope_half' and this run asks for 'none'"),
+    ({"pos_encoding": "none"}, "rope", "has pos_encoding='none' and this run asks for 'rope'"),
+    ({"rope_scaling": 2.0, "rope_original_block_size": 8}, "none", "is a YaRN fine-tune"),
+])
+def test_finetune_refuses_every_other_change_of_encoding_with_one_line(char_pretrained, tmp_path, capsys, start,
+                                                                       asks, message):
+    ckpt = _variant(char_pretrained, tmp_path, **start) if start else f"{char_pretrained['run']}/best.pt"
+    err = _one_line_exit_2(capsys, train.main, char_pretrained["args"] + [
+        "--init_from=finetune", f"--init_ckpt={ckpt}", f"--pos_encoding={asks}", "--max_iters=1",
+        f"--out_dir={tmp_path / 'ft'}"])
+    assert message in err, err
+    assert not os.path.exists(tmp_path / "ft" / "best.pt")
+
+
+@pytest.mark.parametrize("size", ["", "_253m", "_774m"])
+def test_drope_configs_are_the_rope_run_without_rope_at_its_context(size):
+    from configurator import configure
+    ft = configure(train.DEFAULTS, [os.path.join(REPO, f"config/finetune_owt{size}_drope.py")])
+    pre = configure(train.DEFAULTS, [os.path.join(REPO, f"config/train_owt{size}_rope.py")])
+    assert ft["init_from"] == "finetune" and os.path.dirname(ft["init_ckpt"]) == pre["out_dir"] != ft["out_dir"]
+    arch = ("n_layer", "n_head", "n_embd", "bias", "dataset", "block_size", "dropout")
+    assert {k: ft[k] for k in arch} == {k: pre[k] for k in arch}
+    assert (pre["pos_encoding"], ft["pos_encoding"], ft["rope_scaling"]) == ("rope", "none", 1.0)
+    tokens = lambda c: c["max_iters"] * c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]  # noqa: E731
+    assert tokens(ft) == 0.02 * tokens(pre) == 500 * 64 * 4096  # 2 % of pretraining, the YaRN fine-tune's tokens
+    assert ft["batch_size"] * ft["gradient_accumulation_steps"] == 64 and ft["lr_decay_iters"] == ft["max_iters"]
+
+
+def test_cpu_drope_config_recalibrates_the_quick_start_rope_run():
+    from configurator import configure
+    ft = configure(train.DEFAULTS, [os.path.join(REPO, "config/finetune_shakespeare_char_drope.py")])
+    rope = configure(train.DEFAULTS, ["--pos_encoding=rope", "--out_dir=out-shakespeare-char-rope"])
+    assert ft["init_ckpt"] == os.path.join(rope["out_dir"], "best.pt") and ft["pos_encoding"] == "none"
+    arch = ("n_layer", "n_head", "n_embd", "bias", "dataset", "block_size", "batch_size", "gradient_accumulation_steps")
+    assert {k: ft[k] for k in arch} == {k: rope[k] for k in arch}
+    assert ft["max_iters"] == 0.02 * rope["max_iters"]

@@ -74,8 +74,8 @@ def record(root, name):
 
 def test_a_queue_of_two_runs_is_trained_copied_and_finished_once(repo):
     # the after-command reads stdin (as ssh does): it must get nothing, not the queue's remaining lines
-    after = ("mkdir -p out/a/extrapolate && echo run,ppl > out/a/extrapolate/extrapolation.csv && echo x >> out/a/after.count"
-             " && cat > out/a/stdin.txt")
+    after = ("mkdir -p out/a/extrapolate out/a/retrieval && echo run,ppl > out/a/extrapolate/extrapolation.csv"
+             " && echo run,correct > out/a/retrieval/passkey.csv && echo x >> out/a/after.count && cat > out/a/stdin.txt")
     q = queue(repo, "q.tsv", "# a comment", ("a", "out/a", "--seed=1", after), "", ("b", "out/b", "--seed=2 "))
     log, seconds = lane(repo, q)
     assert log == ["start a: python train.py --seed=1 --out_dir=out/a ", f"after a: {after}", "done a",
@@ -91,6 +91,8 @@ def test_a_queue_of_two_runs_is_trained_copied_and_finished_once(repo):
         assert (repo / "docs" / "runs" / f"{name}.log.jsonl").read_text() == (out / "log.jsonl").read_text()
     assert (repo / "docs" / "runs" / "a.extrapolation.csv").read_text() == "run,ppl\n"
     assert not (repo / "docs" / "runs" / "b.extrapolation.csv").exists()
+    assert (repo / "docs" / "runs" / "a.passkey.csv").read_text() == "run,correct\n"  # eval_retrieval.py's CSVs
+    assert not (repo / "docs" / "runs" / "a.copy.csv").exists()
     assert (repo / "out" / "a" / "after.done").exists() and not (repo / "out" / "b" / "after.done").exists()
     assert (repo / "out" / "a" / "stdin.txt").read_text() == ""
     log, _ = lane(repo, q)  # all done: nothing trained, run or copied again

@@ -14,7 +14,8 @@
 # core (OMP_NUM_THREADS=1) at low priority; /usr/bin/time -v writes its wall and CPU time to
 # OUT_DIR/time.txt. Results are copied to docs/runs/NAME.json (metrics.json plus wall and CPU time),
 # the training log to docs/runs/NAME.log.jsonl (the curve) and, if the after-command wrote
-# OUT_DIR/extrapolate/extrapolation.csv, docs/runs/NAME.extrapolation.csv.
+# OUT_DIR/extrapolate/extrapolation.csv, docs/runs/NAME.extrapolation.csv; OUT_DIR/retrieval/passkey.csv and
+# copy.csv (eval_retrieval.py), docs/runs/NAME.passkey.csv and NAME.copy.csv.
 set -u
 (( $# >= 1 )) || { echo "usage: lane.sh QUEUE.tsv [QUEUE.tsv ...]" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
@@ -50,6 +51,11 @@ while IFS= read -r line; do
     cp "$out/extrapolate/extrapolation.csv" "docs/runs/$name.extrapolation.csv.tmp" \
       && mv "docs/runs/$name.extrapolation.csv.tmp" "docs/runs/$name.extrapolation.csv"
   fi
+  for task in passkey copy; do  # eval_retrieval.py --out_dir=OUT_DIR/retrieval (results.py --retrieval)
+    if [[ -f "$out/retrieval/$task.csv" ]]; then
+      cp "$out/retrieval/$task.csv" "docs/runs/$name.$task.csv.tmp" && mv "docs/runs/$name.$task.csv.tmp" "docs/runs/$name.$task.csv"
+    fi
+  done
   python - "$name" "$out" <<'PY'
 import json, re, sys
 name, out = sys.argv[1:]

@@ -1,0 +1,270 @@
+"""eval_retrieval.py: the passkey and copy generators against hand-worked windows, the scorer on an
+induction oracle built to retrieve and on one built to fail, and the command line end to end."""
+
+import csv
+import os
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import eval_retrieval as er
+from model import GPT, GPTConfig
+
+KEY_42 = " The pass key is 42. Remember it. 42 is the pass key."
+QUESTION = " What is the pass key? The pass key is"
+
+
+def chars(s):
+    """A stand-in encoder whose token ids are the characters themselves."""
+    return list(s)
+
+
+# ---- generators, by hand ----------------------------------------------------------------------
+
+def test_the_prompt_strings_are_landmark_attentions():
+    assert er.KEY_SENTENCE.format(key="42") == KEY_42
+    assert er.QUESTION == QUESTION
+    assert "".join(er.FILLER_SENTENCES) == (" The grass is green. The sky is blue. The sun is yellow. Here we go."
+                                             " There and back again.")
+
+
+def test_filler_stream_is_cut_from_the_left_with_its_sentence_boundaries():
+    # one cycle is 20 + 17 + 19 + 12 + 22 = 90 characters; the last 40 of it: "ellow." + two sentences
+    ids, bounds = er.filler_stream([chars(s) for s in er.FILLER_SENTENCES], 40)
+    assert "".join(ids) == "ellow. Here we go. There and back again."
+    assert bounds == [0, 6, 18, 40]
+    ids, bounds = er.filler_stream([chars(s) for s in er.FILLER_SENTENCES], 0)
+    assert ids == [] and bounds == [0]
+
+
+@pytest.mark.parametrize("depth,key_pos", [(0.0, 0), (0.25, 6), (0.5, 18), (0.75, 40), (1.0, 40)])
+def test_passkey_window_by_hand(depth, key_pos):
+    """n_filler = 40: boundaries 0, 6, 18, 40; depth 0.25 -> 10 -> 6 (nearer than 18); 0.5 -> 20 -> 18;
+    0.75 -> 30 -> 40 (|40 - 30| = 10 < |18 - 30| = 12)."""
+    length = 40 + len(KEY_42) + len(QUESTION) + len(" 42") - 1
+    x, answer, p = er.passkey_window(chars, "42", length, depth)
+    fill = "ellow. Here we go. There and back again."
+    assert p == key_pos and answer == list(" 42") and len(x) == length
+    assert "".join(x) == fill[:key_pos] + KEY_42 + fill[key_pos:] + QUESTION + " 4"
+
+
+def test_passkey_window_too_short_is_a_user_error():
+    length = len(KEY_42) + len(QUESTION) + 2
+    x, _, p = er.passkey_window(chars, "42", length, 0.5)  # no filler at all still fits
+    assert p == 0 and "".join(x) == KEY_42 + QUESTION + " 4"
+    with pytest.raises(er.UserError, match="shorter than the passkey prompt"):
+        er.passkey_window(chars, "42", length - 1, 0.5)
+
+
+def test_key_alphabet_digits_where_spelled_else_letters():
+    assert er.key_alphabet({"tokenizer": {"kind": "gpt2"}}) == "0123456789"
+    assert er.key_alphabet({"tokenizer": {"kind": "char", "itos": list(" .0123456789abc")}}) == "0123456789"
+    assert er.key_alphabet({"tokenizer": {"kind": "char", "itos": list(" .012345678abcT")}}) == "abc"
+    with pytest.raises(er.UserError, match="text tokenizer"):
+        er.key_alphabet({"tokenizer": {"kind": "none"}})
+
+
+@pytest.mark.parametrize("length,x,y", [
+    (7, [10, 11, 12, 13, 10, 11, 12], [11, 12, 13, 10, 11, 12, 13]),
+    (6, [10, 11, 12, 13, 10, 11], [11, 12, 13, 10, 11, 12])])
+def test_copy_window_offsets_by_hand(length, x, y):
+    """m = ceil((L + 1) / 2) = 4 for L = 6 and 7; the second copy's scored targets are y[4:]: the
+    tokens 11, 12, (13) of the second copy, each 4 positions after its first occurrence."""
+    got_x, got_y, m = er.copy_window(np.array([10, 11, 12, 13]), length)
+    assert (got_x.tolist(), got_y.tolist(), m) == (x, y, 4)
+    assert got_y[m:].tolist() == [11, 12, 13][:length - m]
+    for t in range(m, length):  # the target at t is the token the input held m positions earlier
+        assert got_y[t] == got_x[t + 1 - m]
+    with pytest.raises(ValueError, match="needs a sequence of 4"):
+        er.copy_window(np.array([10, 11, 12]), length)
+
+
+# ---- the scorer: an induction oracle -----------------------------------------------------------
+
+class OneHotHead(torch.nn.Module):
+    """lm_head of the oracle: a hidden state holding a token id (as a float) -> logits 10 x one-hot."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.out_features = vocab
+
+    def forward(self, h):
+        return 10.0 * torch.nn.functional.one_hot(h[..., 0].long(), self.out_features).float()
+
+
+class InductionOracle(torch.nn.Module):
+    """Predicts the token that followed the most recent earlier occurrence of the last k tokens (an
+    induction head, Olsson et al. 2022), looking back at most `window` tokens (None: all); where nothing
+    matches, it predicts token 0. Its hidden state at each position is the predicted id, and its lm_head
+    turns that into logits 10 x one-hot, so it plugs into er.score_last like a GPT."""
+
+    def __init__(self, vocab, k, window=None):
+        super().__init__()
+        self.k, self.window = k, window
+        self.lm_head = OneHotHead(vocab)
+
+    def hidden_states(self, x):
+        B, T = x.shape
+        match = torch.ones(B, T, T, dtype=torch.bool)  # match[b, t, j]: x[t-i] == x[j-i] for i < k
+        for i in range(self.k):
+            a = torch.full((B, T), -1, dtype=x.dtype)
+            a[:, i:] = x[:, :T - i]
+            match &= (a[:, :, None] == a[:, None, :]) & (a[:, :, None] >= 0)
+        t, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        ok = (j < t) & ((t - j <= self.window) if self.window else torch.ones_like(match[0]))
+        match &= ok
+        j_best = torch.where(match, j.expand(T, T), -1).max(-1).values  # (B, T), -1 where none
+        pred = torch.where(j_best >= 0, torch.gather(x, 1, (j_best + 1).clamp(max=T - 1)), 0)
+        return pred.unsqueeze(-1).float()
+
+
+def char_encoder():
+    itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
+    return len(itos), lambda s: [itos.index(c) for c in s]
+
+
+def test_passkey_scorer_on_an_oracle_that_retrieves_and_one_that_cannot_reach_the_key():
+    vocab, encode = char_encoder()
+    lengths, depths = [160, 320], [0.0, 0.5, 1.0]
+    good = er.run_passkey(InductionOracle(vocab, k=8), encode, er.DIGITS, lengths, depths, 3, 5, 0, 320)
+    assert {v[:2] for v in good.values()} == {(3, 3)}
+    # the answer's tokens are predicted from x's last 5 positions; the k-gram "s key is" that leads back
+    # to the key ends 15 tokens into the key sentence: the oracle needs L - 6 - (key_pos + 15) <= window.
+    # By hand: key sentence 59 characters, question 38, answer 6: n_filler = L - 102; at L = 160 the filler
+    # is "blue." + 3 sentences (boundaries 0, 5, 24, 36, 58), depth 0.5 -> 29 -> 24; at L = 320, 218
+    # characters with boundaries ..., 94, 106, 128, ..., depth 0.5 -> 109 -> 106
+    near = er.run_passkey(InductionOracle(vocab, k=8, window=150), encode, er.DIGITS, lengths, depths, 3, 5, 0, 320)
+    reach = {(L, d): L - 6 - er.passkey_window(encode, "12345", L, d)[2] - 15 for L in lengths for d in depths}
+    assert reach == {(160, 0.0): 139, (160, 0.5): 115, (160, 1.0): 81, (320, 0.0): 299, (320, 0.5): 193,
+                     (320, 1.0): 81}
+    assert {c: v[0] for c, v in near.items()} == {c: 3 if r <= 150 else 0 for c, r in reach.items()}
+
+
+def test_passkey_scorer_exact_match_needs_every_answer_token():
+    """A model right on all answer tokens but the last scores 0: exact match, not per-token credit."""
+    vocab, encode = char_encoder()
+    x, a, _ = er.passkey_window(encode, "12345", 160, 0.5)
+
+    class AllButLast(InductionOracle):
+        def hidden_states(self, x):
+            h = super().hidden_states(x)
+            h[:, -1] = (a[-1] + 1) % vocab  # the last answer token wrong
+            return h
+    assert er.passkey_correct(InductionOracle(vocab, k=8), [(x, a, 0)]) == [True]
+    assert er.passkey_correct(AllButLast(vocab, k=8), [(x, a, 0)]) == [False]
+
+
+def test_copy_scorer_on_an_oracle_that_copies_and_one_whose_window_is_too_short():
+    """k = 3 over 64 ids: the oracle gets every second-copy target but the first two (their 3-grams
+    straddle the copies' seam), so accuracy (L - m - 2) / (L - m); the first copy is at chance.
+    With a window of 30 < m it never sees the first copy: the second is at chance too."""
+    ids = np.arange(64)
+    for L in (64, 128):
+        m = (L + 2) // 2
+        good = er.run_copy(InductionOracle(64, k=3), ids, [L], 4, 0, 128)[L]
+        assert good["distance"] == m and good["targets"] == 4 * (L - m)
+        assert abs(good["acc_second"] - (L - m - 2) / (L - m)) < 0.02 and good["acc_first"] < 0.2
+        # logits 10 x one-hot over 64 ids: a right guess costs log(1 + 63 e^-10), a wrong one log(e^10 + 63)
+        right, wrong = np.log1p(63 * np.exp(-10)), np.log(np.exp(10) + 63)
+        assert abs(good["loss_second"] - ((L - m - 2) * right + 2 * wrong) / (L - m)) < 0.15
+        bad = er.run_copy(InductionOracle(64, k=3, window=30), ids, [L], 4, 0, 128)[L]
+        assert bad["acc_second"] < 0.2 and bad["loss_second"] > good["loss_second"] + 2
+
+
+def test_score_last_matches_full_logits_of_a_gpt():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=40, n_layer=1, n_head=2, n_embd=16, pos_encoding="rope")).eval()
+    x, y = torch.randint(0, 40, (2, 24)), torch.randint(0, 40, (2, 5))
+    loss, hit = er.score_last(model, x, y)
+    logits, _ = model(x)
+    ref = torch.nn.functional.cross_entropy(logits[:, -5:].reshape(-1, 40).double(), y.reshape(-1), reduction="none")
+    assert torch.allclose(loss.double().view(-1), ref, atol=1e-5)
+    assert torch.equal(hit, logits[:, -5:].argmax(-1) == y)
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+def save_run(folder, tokenizer, vocab_size, pos_encoding="rope", block_size=64):
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16,
+                    pos_encoding=pos_encoding)
+    os.makedirs(folder, exist_ok=True)
+    from dataclasses import asdict
+    torch.save({"model": GPT(cfg).state_dict(), "model_args": asdict(cfg), "config": {}, "tokenizer": tokenizer},
+               os.path.join(folder, "best.pt"))
+    return folder
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_command_line_writes_tables_csvs_and_plot(tmp_path, capsys):
+    itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
+    tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
+    a = save_run(str(tmp_path / "a"), tok, len(itos))
+    b = save_run(str(tmp_path / "b"), tok, len(itos), pos_encoding="learned")
+    out = str(tmp_path / "out")
+    er.main([a, b, "--multiples=2,4", "--depths=0,1", "--trials=3", "--copy_trials=2", f"--out_dir={out}",
+             "--device=cpu"])
+    text = capsys.readouterr().out
+    assert "keys of 5 symbols from '0123456789'" in text and "| 128 |" in text and "| 256 |" in text
+    pk, cp = rows(os.path.join(out, "passkey.csv")), rows(os.path.join(out, "copy.csv"))
+    assert [(r["run"], r["length"], r["depth"]) for r in pk] == [(a, "128", "0"), (a, "128", "1"), (a, "256", "0"),
+                                                                 (a, "256", "1")]  # learned: none past 64
+    for r in pk:
+        k, n = int(r["correct"]), int(r["trials"])
+        ci = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
+        assert n == 3 and abs(float(r["ci_low"]) - ci.low) < 1e-5 and abs(float(r["ci_high"]) - ci.high) < 1e-5
+    assert [(r["length"], r["distance"], r["targets"]) for r in cp] == [("128", "65", "126"), ("256", "129", "254")]
+    assert os.path.getsize(os.path.join(out, "retrieval.png")) > 0
+    # the same seed gives the same numbers
+    er.main([a, "--multiples=2", "--depths=0,1", "--trials=3", "--tasks=copy", "--copy_trials=2",
+             f"--out_dir={out}2", "--device=cpu"])
+    assert rows(os.path.join(out + "2", "copy.csv"))[0]["loss_second"] == cp[0]["loss_second"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lengths=50"], "shorter than the passkey prompt"),
+    (["--depths=0,1.5"], "--depths must lie in"),
+    (["--trials=0"], "--trials must be >= 1"),
+    (["--tasks=needle"], "--tasks must name"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, extra, message):
+    itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
+    tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
+    a = save_run(str(tmp_path / "a"), tok, len(itos))
+    with pytest.raises(SystemExit) as e:
+        er.main([a, "--trials=1", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}", "--device=cpu", *extra])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_tokenizer_without_text_runs_copy_only(tmp_path, capsys):
+    tok = {"dataset": "toy", "vocab_size": 16, "pad_id": None, "tokenizer": {"kind": "none"}}
+    a = save_run(str(tmp_path / "a"), tok, 16, block_size=16)
+    with pytest.raises(SystemExit) as e:
+        er.main([a, f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    assert e.value.code == 2 and "--tasks=copy" in capsys.readouterr().err
+    _, cp = er.run([a, "--tasks=copy", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    assert [r["length"] for r in cp] == [16, 32, 64, 128, 256]
+
+
+def test_gpt2_bpe_prompts_have_the_exact_length_and_the_oracle_retrieves_them():
+    """GPT-2 BPE spells a 5-digit key in 2 or 3 tokens: every window still holds exactly L tokens, the
+    answer is the key's own encoding, and the induction oracle (k = 3 tokens) gets every key."""
+    from checkpoint import load_codec
+    encode, decode = load_codec({"tokenizer": {"kind": "gpt2"}})
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        key = er.random_key(rng, er.DIGITS, 5)
+        for depth in (0.0, 0.5, 1.0):
+            x, a, p = er.passkey_window(encode, key, 200, depth)
+            assert len(x) == 200 and a == encode(" " + key)
+            assert decode(x[p:p + len(encode(er.KEY_SENTENCE.format(key=key)))]) == er.KEY_SENTENCE.format(key=key)
+            assert decode(x).endswith(er.QUESTION + decode(a[:-1]))
+    res = er.run_passkey(InductionOracle(50257, k=3), encode, er.DIGITS, [200], [0.0, 1.0], 3, 5, 0, 200)
+    assert {v[:2] for v in res.values()} == {(3, 3)}
