@@ -3,6 +3,7 @@
 registered."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -143,3 +144,42 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys):
         power.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def _table(out):
+    """The printed table's rows as [(n, power text)]."""
+    return [(int(c[0]), c[1]) for c in (ln.strip("|").split("|") for ln in out.splitlines() if ln.startswith("| "))
+            if c[0].strip().isdigit()]
+
+
+def _paired_reference(diff, sd, n, alpha=0.05):
+    """The paired t-test's power straight from scipy: P(T > t) + P(T < -t), T noncentral t (n - 1, diff sqrt(n) / sd)."""
+    t = stats.t.ppf(1 - alpha / 2, n - 1)
+    ncp = diff * math.sqrt(n) / sd
+    return stats.nct.sf(t, n - 1, ncp) + stats.nct.cdf(-t, n - 1, ncp)
+
+
+def test_the_table_runs_from_2_to_two_past_the_n_it_reports_and_brackets_it(capsys):
+    power.main(["paired", "1", "1", "--max_n=30"])
+    out = capsys.readouterr().out
+    rows = _table(out)
+    assert [m for m, _ in rows] == list(range(2, 13))
+    for m, text in rows:
+        assert text.strip() == f"{_paired_reference(1, 1, m):.3f}", m
+    n = int(out.split("from n = ")[1].split()[0])
+    assert n == 10 and _paired_reference(1, 1, n - 1) < 0.8 <= _paired_reference(1, 1, n)
+    power.main(["paired", "1", "1", "--max_n=10"])  # reached at --max_n itself: no row past it
+    out = capsys.readouterr().out
+    assert [m for m, _ in _table(out)] == list(range(2, 11)) and "from n = 10 runs per arm" in out
+
+
+@pytest.mark.parametrize("max_n, want", [(14, [*range(2, 11), 14]), (6, [2, 3, 4, 5, 6]), (10, list(range(2, 11)))])
+def test_a_power_never_reached_prints_2_to_10_and_max_n_each_once(max_n, want, capsys):
+    power.main(["paired", "0.1", "1", f"--max_n={max_n}"])
+    out = capsys.readouterr().out
+    rows = _table(out)
+    assert [m for m, _ in rows] == want
+    for m, text in rows:
+        assert text.strip() == f"{_paired_reference(0.1, 1, m):.3f}", m
+    assert out.rstrip().endswith(f"80% power is not reached by n = {max_n} runs per arm (--max_n)")
+    assert "from n =" not in out
