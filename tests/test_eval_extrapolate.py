@@ -453,8 +453,8 @@ def test_an_empty_document_in_the_offsets_is_accepted_and_changes_nothing(setup)
 
 
 def test_a_gpu_run_names_its_gpus_in_every_csv_row(setup, monkeypatch):
-    """--device=cuda on a machine with two H100s (mocked: CUDA calls answer as there, the arithmetic stays on
-    this CPU): each row's machine column names the GPUs, not the host CPU; a --device=cpu run there names the CPU."""
+    """--device=cuda (or auto) on a machine with two H100s (mocked: CUDA calls answer as there, the arithmetic
+    stays on this CPU): each row's machine column names the GPUs, not the host CPU; --device=cpu names the CPU."""
     tmp_path, tokens, runs, common = setup
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -465,7 +465,8 @@ def test_a_gpu_run_names_its_gpus_in_every_csv_row(setup, monkeypatch):
     for name in ("load_checkpoint", "build_model", "_tokens"):
         monkeypatch.setattr(ee, name, on_cpu(getattr(ee, name)))
     argv = [*runs[1:], *[c for c in common if c != "--device=cpu"], "--max_tokens=64", "--dtype=float32"]
-    for device, machine in (("cuda", "2 x NVIDIA H100 80GB HBM3"), ("cpu", provenance.cpu_model())):
+    gpus = "2 x NVIDIA H100 80GB HBM3"
+    for device, machine in (("cuda", gpus), ("auto", gpus), ("cpu", provenance.cpu_model())):
         rows = ee.run(argv + [f"--device={device}"])
         with open(tmp_path / "out" / "extrapolation.csv") as f:
             got = list(csv.DictReader(f))
