@@ -112,3 +112,35 @@ def test_the_shared_memory_check_assumes_the_autocast_dtype(monkeypatch):
             assert pope.pope_backend(q, k, v) == "triton"
             pope.pope_attention(q, k, v, backend="triton")
         assert asked == [(dtype, 256, 128)] * 2 and ran[-1] == (dtype, dtype)
+
+
+def test_outside_autocast_attention_runs_in_vs_dtype(monkeypatch):
+    """The documented compute dtype: v's (not q's) outside autocast, for the result and for the backend choice."""
+    q, k, v, delta = _raw(1, 2, 1, 3, 5, 16, 16)
+    for qk, vd in ((torch.float32, torch.float64), (torch.float64, torch.float32)):
+        out = pope.pope_attention(q.to(qk), k.to(qk), v.to(vd), delta, q_offset=2, backend="torch")
+        ref = pope.pope_attention_reference(q, k, v, delta, q_offset=2)
+        assert out.dtype == vd and torch.allclose(out.double(), ref, atol=1e-5)
+    _mock_gpu(monkeypatch, 90)
+    h, f = torch.float16, torch.float32
+    assert pope.pope_backend(q.to(f), k.to(f), v.to(h)) == "triton" and pope.pope_backend(q.to(h), k.to(h), v.to(f)) == "torch"
+
+
+def test_the_autotuners_prune_keeps_tiles_that_fit_at_the_operands_element_size(monkeypatch):
+    # sm_86 (101,376 bytes), d = 64 (q~ width 128, dv 64), training length: fp16 keeps 128-row forward tiles that
+    # fp32 cannot hold; the prune sizes each candidate at Q's element size, and a candidate needing exactly the
+    # limit fits
+    _mock_gpu(monkeypatch, 86)
+    configs = pk.gpu_configs("fwd")
+    key = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+    kept = {}
+    for dtype in (torch.float16, torch.float32):
+        Q = torch.empty(1, 1, 1024, 128, dtype=dtype)
+        kept[dtype] = pk._prune("fwd")(configs, {"Q": Q, "TQ_BUCKET": 1024, "TK_BUCKET": 1024, "D_QK": 128, "D_V": 64})
+        need = [pk.shared_memory_bytes("fwd", key(c), 128, 64, Q.element_size(), 86) for c in kept[dtype]]
+        assert kept[dtype] and max(need) <= pk.SHARED_MEMORY_LIMITS[86], (dtype, need)
+    assert {key(c) for c in kept[torch.float16]} != {key(c) for c in kept[torch.float32]}
+    c = pk._config(64, 64, 4, 2)
+    exact = pk.shared_memory_bytes("fwd", key(c), 128, 64, 4, 86)
+    assert pk.select_configs("fwd", [c], 64, 64, 128, 64, 4, 86, limit=exact) == [c]
+    assert pk.select_configs("fwd", [c], 64, 64, 128, 64, 4, 86, limit=exact - 1) == []

@@ -145,6 +145,8 @@ def test_autocast_context_runs_matmuls_in_the_dtype():
         with ctx:
             assert (a @ a).dtype == torch.bfloat16
     assert (a @ a).dtype == torch.float32
+    with autocast_context("cpu", "float16"):  # a float16 run's forward passes run in float16, not float32
+        assert (a @ a).dtype == torch.float16
 
 
 @pytest.mark.parametrize("cuda", [False, True])

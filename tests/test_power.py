@@ -183,3 +183,15 @@ def test_a_power_never_reached_prints_2_to_10_and_max_n_each_once(max_n, want, c
         assert text.strip() == f"{_paired_reference(0.1, 1, m):.3f}", m
     assert out.rstrip().endswith(f"80% power is not reached by n = {max_n} runs per arm (--max_n)")
     assert "from n =" not in out
+
+
+def test_the_target_counts_as_reached_and_alpha_as_not_separated():
+    # n_required: power >= target reaches it (a curve that hits 0.8 exactly at n = 3)
+    assert power.n_required({2: 0.5, 3: 0.8, 4: 0.9}.get, max_n=4)[0] == 3
+    # Fisher at n = 2: the smallest two-sided p is 1/6 + 1/6 = 1/3 (2 of 4 runs solved, all in one arm; by hand
+    # from the hypergeometric 1/6, 4/6, 1/6). "Separated" is p < alpha, as in results.py: at alpha = that p nothing
+    # separates, just above it the two one-arm outcomes do, with probability 0.99^4 + 0.01^4
+    p_min = power.fisher_pvalues(2).min()
+    assert p_min == pytest.approx(1 / 3)
+    assert power.fisher_power(0.99, 0.01, 2, alpha=p_min) == 0.0
+    assert power.fisher_power(0.99, 0.01, 2, alpha=p_min * 1.0001) == pytest.approx(0.99 ** 4 + 0.01 ** 4)

@@ -376,3 +376,13 @@ def test_solved_csv_columns_hold_k_n_and_wilsons_ends_in_order(tmp_path):
         "solved (acc >= 0.9), Fisher"]
     assert float(solved["a_mean"]) == 0.8 and float(solved["b_mean"]) == 0.2 and float(solved["diff"]) == pytest.approx(-0.6)
     assert float(solved["p"]) == pytest.approx(stats.fisher_exact([[4, 1], [1, 4]]).pvalue)
+
+
+def test_two_seeds_per_arm_are_paired_too(tmp_path):
+    # B − A per seed = 0.5, 0.7: mean 0.6, sd 0.1 sqrt 2, t = 0.6 / 0.1 = 6 with 1 df, where Student's t is
+    # Cauchy's distribution: two-sided p = 1 − (2 / π) atan 6, and t_{0.975, 1} = tan(0.475 π) = 12.706
+    c = results.compare(arms(tmp_path, [1.0, 2.0], [1.5, 2.7]), "pos_encoding")
+    diff, (lo, hi), p = row(c, "test loss")["paired"]
+    half = math.tan(0.475 * math.pi) * 0.1
+    assert diff == pytest.approx(0.6) and p == pytest.approx(1 - 2 * math.atan(6) / math.pi)
+    assert (lo, hi) == (pytest.approx(0.6 - half), pytest.approx(0.6 + half))
