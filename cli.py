@@ -110,20 +110,21 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_device(device):
-    """'auto' -> 'cuda' when torch sees a CUDA GPU, else 'cpu'; any other device ('cpu', 'cuda:1', ...)
-    is returned as given. Raises UserError for a CUDA device torch cannot see ('cuda' on a machine
-    without a GPU, 'cuda:2' where there are two), instead of a traceback at its first use."""
-    if device != "auto" and not device.startswith("cuda"):
-        return device
+    """'auto' -> 'cuda' when torch sees a CUDA GPU, else 'cpu'; any other device torch can name ('cpu',
+    'cuda:1', 'mps', ...) is returned as given. Raises UserError for a name torch does not know ('gpu',
+    'cdua', 'cuda1') and for a CUDA device torch cannot see ('cuda' on a machine without a GPU, 'cuda:2'
+    where there are two), instead of a traceback at its first use."""
     import torch  # here, so that prepare/ scripts import this module without torch
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if not torch.cuda.is_available():
-        raise UserError(f"device {device!r}: torch sees no CUDA GPU on this machine; use --device=cpu (or auto)")
     try:
         index = torch.device(device).index
-    except RuntimeError:
+    except (RuntimeError, TypeError):
         raise UserError(f"device {device!r} is not a device name; use cuda, cuda:N, cpu or auto") from None
+    if not device.startswith("cuda"):
+        return device
+    if not torch.cuda.is_available():
+        raise UserError(f"device {device!r}: torch sees no CUDA GPU on this machine; use --device=cpu (or auto)")
     if index is not None and index >= torch.cuda.device_count():
         raise UserError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")

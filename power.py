@@ -18,7 +18,8 @@ p_X; power exact, summed over all (n + 1)² outcomes. "Separated" is p < alpha, 
 
 Fisher's power is not monotone in n at these sizes (the test is discrete): the n required is the
 smallest n from which on every n up to --max_n reaches the target power. Output: a markdown table of
-the power by n (2 to two past the n required), then the n required; with --n, the power at that n.
+the power by n (2 to two past the n required, at most --max_n; if the power is never reached, 2 to 10
+and --max_n), then the n required; with --n, the power at that n.
 Bad input (welch: an sd < 0 or both 0; paired: an sd <= 0; a rate outside [0, 1]; n < 2; alpha or power
 outside (0, 1)) exits 2 with one line.
 """
@@ -171,7 +172,7 @@ def main(argv):
     except ValueError as e:
         raise UserError(str(e)) from None
     print(f"{what}, two-sided alpha = {a.alpha:g}\n\n| n per arm | power |\n|---|---|")
-    for m in (range(2, min(a.max_n, n + 2) + 1) if n else [*range(2, min(a.max_n, 10) + 1), a.max_n]):
+    for m in (range(2, min(a.max_n, n + 2) + 1) if n else sorted({*range(2, min(a.max_n, 10) + 1), a.max_n})):
         print(f"| {m} | {powers[m]:.3f} |")
     if n:
         print(f"\n{a.power:.0%} power from n = {n} runs per arm on (every n from there to --max_n = {a.max_n})")

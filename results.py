@@ -372,7 +372,8 @@ def metric_values(runs, split, extrapolation=(), retrieval=()):
 
 def welch(a, b):
     """Welch's t-test of mean(b) − mean(a): (difference, (CI low, CI high) at 95 %, two-sided p). Both groups
-    need >= 2 values; with no spread in either group the interval and p are nan."""
+    need >= 2 values. With no spread in either group the interval shrinks to the difference, and p is nan
+    for equal means (t = 0 / 0; printed "nan", separated "—") and 0 for unequal ones."""
     from scipy import stats
     with warnings.catch_warnings():  # identical values: scipy warns, the result is still defined or nan
         warnings.simplefilter("ignore", RuntimeWarning)

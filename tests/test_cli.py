@@ -145,3 +145,47 @@ def test_autocast_context_runs_matmuls_in_the_dtype():
         with ctx:
             assert (a @ a).dtype == torch.bfloat16
     assert (a @ a).dtype == torch.float32
+    with autocast_context("cpu", "float16"):  # a float16 run's forward passes run in float16, not float32
+        assert (a @ a).dtype == torch.float16
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_misspelled_device_is_refused_in_one_line_by_every_script(monkeypatch, capsys, cuda):
+    """'gpu', 'cdua', 'cuda1', 'CPU': a name torch does not know exits 2 naming the valid ones, with or without a
+    GPU (not a traceback at the first tensor moved there); names torch knows pass through."""
+    import torch
+
+    import bench
+    import sample
+    import train
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
+    for name in ("gpu", "cdua", "cuda1", "CPU", "cpu0", ""):
+        with pytest.raises(UserError, match=f"device {name!r} is not a device name; use cuda, cuda:N, cpu or auto"):
+            resolve_device(name)
+    assert [resolve_device(d) for d in ("cpu", "cpu:0", "meta")] == ["cpu", "cpu:0", "meta"]
+    for main, argv in ((train.main, ["--device=gpu", "--max_iters=1"]), (sample.main, ["--device=gpu"]),
+                       (bench.main, ["--device=gpu", "--only=memory"])):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        out = capsys.readouterr()
+        assert e.value.code == 2 and out.out == "", main
+        assert out.err.strip().splitlines()[-1].endswith("device 'gpu' is not a device name; use cuda, cuda:N, cpu or auto")
+        assert "Traceback" not in out.err
+
+
+def test_bench_on_cuda_without_a_gpu_exits_2_before_any_benchmark(monkeypatch, capsys):
+    import torch
+
+    import bench
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    ran = []
+    for name in ("bench_train_step", "bench_attention", "bench_memory", "bench_decode"):
+        monkeypatch.setattr(bench, name, lambda *a, _n=name, **k: ran.append(_n) or [])
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(SystemExit) as e:
+            bench.main([f"--device={device}", "--rounds=5"])
+        out = capsys.readouterr()
+        assert e.value.code == 2 and out.out == "" and ran == []
+        assert out.err.strip().splitlines()[-1].endswith(
+            f"device {device!r}: torch sees no CUDA GPU on this machine; use --device=cpu (or auto)")

@@ -450,3 +450,25 @@ def test_an_empty_document_in_the_offsets_is_accepted_and_changes_nothing(setup)
     off = np.concatenate([[0], np.cumsum(DOCS)])  # 0 300 340 540 604 734
     np.r_[off[:2], 300, off[2:]].astype(np.int64).tofile(tmp_path / "data" / "toy" / "test.docs.bin")
     assert key(ee.run([runs[1], *common])) == want
+
+
+def test_a_gpu_run_names_its_gpus_in_every_csv_row(setup, monkeypatch):
+    """--device=cuda (or auto) on a machine with two H100s (mocked: CUDA calls answer as there, the arithmetic
+    stays on this CPU): each row's machine column names the GPUs, not the host CPU; --device=cpu names the CPU."""
+    tmp_path, tokens, runs, common = setup
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    def on_cpu(f):  # the device argument "cuda" becomes "cpu"
+        return lambda *a: f(*(("cpu" if isinstance(x, str) and x == "cuda" else x) for x in a))
+    for name in ("load_checkpoint", "build_model", "_tokens"):
+        monkeypatch.setattr(ee, name, on_cpu(getattr(ee, name)))
+    argv = [*runs[1:], *[c for c in common if c != "--device=cpu"], "--max_tokens=64", "--dtype=float32"]
+    gpus = "2 x NVIDIA H100 80GB HBM3"
+    for device, machine in (("cuda", gpus), ("auto", gpus), ("cpu", provenance.cpu_model())):
+        rows = ee.run(argv + [f"--device={device}"])
+        with open(tmp_path / "out" / "extrapolation.csv") as f:
+            got = list(csv.DictReader(f))
+        assert len(got) == len(rows) == len(LENGTHS)
+        assert all(g["machine"].startswith(machine) for g in got), (device, got[0]["machine"])

@@ -3,6 +3,7 @@
 registered."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -143,3 +144,54 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys):
         power.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def _table(out):
+    """The printed table's rows as [(n, power text)]."""
+    return [(int(c[0]), c[1]) for c in (ln.strip("|").split("|") for ln in out.splitlines() if ln.startswith("| "))
+            if c[0].strip().isdigit()]
+
+
+def _paired_reference(diff, sd, n, alpha=0.05):
+    """The paired t-test's power straight from scipy: P(T > t) + P(T < -t), T noncentral t (n - 1, diff sqrt(n) / sd)."""
+    t = stats.t.ppf(1 - alpha / 2, n - 1)
+    ncp = diff * math.sqrt(n) / sd
+    return stats.nct.sf(t, n - 1, ncp) + stats.nct.cdf(-t, n - 1, ncp)
+
+
+def test_the_table_runs_from_2_to_two_past_the_n_it_reports_and_brackets_it(capsys):
+    power.main(["paired", "1", "1", "--max_n=30"])
+    out = capsys.readouterr().out
+    rows = _table(out)
+    assert [m for m, _ in rows] == list(range(2, 13))
+    for m, text in rows:
+        assert text.strip() == f"{_paired_reference(1, 1, m):.3f}", m
+    n = int(out.split("from n = ")[1].split()[0])
+    assert n == 10 and _paired_reference(1, 1, n - 1) < 0.8 <= _paired_reference(1, 1, n)
+    power.main(["paired", "1", "1", "--max_n=10"])  # reached at --max_n itself: no row past it
+    out = capsys.readouterr().out
+    assert [m for m, _ in _table(out)] == list(range(2, 11)) and "from n = 10 runs per arm" in out
+
+
+@pytest.mark.parametrize("max_n, want", [(14, [*range(2, 11), 14]), (6, [2, 3, 4, 5, 6]), (10, list(range(2, 11)))])
+def test_a_power_never_reached_prints_2_to_10_and_max_n_each_once(max_n, want, capsys):
+    power.main(["paired", "0.1", "1", f"--max_n={max_n}"])
+    out = capsys.readouterr().out
+    rows = _table(out)
+    assert [m for m, _ in rows] == want
+    for m, text in rows:
+        assert text.strip() == f"{_paired_reference(0.1, 1, m):.3f}", m
+    assert out.rstrip().endswith(f"80% power is not reached by n = {max_n} runs per arm (--max_n)")
+    assert "from n =" not in out
+
+
+def test_the_target_counts_as_reached_and_alpha_as_not_separated():
+    # n_required: power >= target reaches it (a curve that hits 0.8 exactly at n = 3)
+    assert power.n_required({2: 0.5, 3: 0.8, 4: 0.9}.get, max_n=4)[0] == 3
+    # Fisher at n = 2: the smallest two-sided p is 1/6 + 1/6 = 1/3 (2 of 4 runs solved, all in one arm; by hand
+    # from the hypergeometric 1/6, 4/6, 1/6). "Separated" is p < alpha, as in results.py: at alpha = that p nothing
+    # separates, just above it the two one-arm outcomes do, with probability 0.99^4 + 0.01^4
+    p_min = power.fisher_pvalues(2).min()
+    assert p_min == pytest.approx(1 / 3)
+    assert power.fisher_power(0.99, 0.01, 2, alpha=p_min) == 0.0
+    assert power.fisher_power(0.99, 0.01, 2, alpha=p_min * 1.0001) == pytest.approx(0.99 ** 4 + 0.01 ** 4)

@@ -125,3 +125,61 @@ def test_machine_commit_and_libraries_name_what_results_py_compares():
     prov["device"]["gpus"] = {"NVIDIA H100 80GB HBM3": 8}
     assert provenance.machine(prov) == "8 x NVIDIA H100 80GB HBM3"
     assert provenance.machine(None) == provenance.commit(None) == provenance.libraries({}) == "unknown"
+
+
+# ---- round five (issue 43): what tells two runs apart ----
+
+def test_library_versions_are_the_installed_ones_triton_included_and_a_triton_change_is_a_mix(tmp_path):
+    import platform
+
+    import triton
+    import results
+    assert provenance.library_versions() == {"python": platform.python_version(), "torch": torch.__version__,
+                                             "triton": triton.__version__, "numpy": np.__version__}
+    here = provenance.provenance()
+    assert provenance.libraries(here) == (f"torch {torch.__version__}, triton {triton.__version__}, "
+                                          f"numpy {np.__version__}, python {platform.python_version()}")
+    other = json.loads(json.dumps(here))
+    other["versions"]["triton"] = "3.9.0"
+    assert provenance.libraries(other) != provenance.libraries(here)
+    runs = []  # two runs of one setting, the second on another Triton: results.py warns that they mix libraries
+    for i, p in enumerate((here, other)):
+        config = {"dataset": "toy", "pos_encoding": "pope", "seed": i, "out_dir": f"out/{i}"}
+        m = {"dataset": "toy", "config": config, "provenance": p, "test": {"loss": 1.0, "ppl": 2.7, "acc": 0.5}}
+        (tmp_path / f"{i}.json").write_text(json.dumps(m))
+        runs.append(str(tmp_path / f"{i}.json"))
+    notes = results.summarize(runs)[2]["notes"]
+    assert len(notes) == 1 and "mixes library versions" in notes[0] and "triton 3.9.0" in notes[0]
+
+
+def test_a_gpu_run_records_how_many_gpus_of_each_kind(monkeypatch):
+    names = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: names[i])
+    info = provenance.device_info("cuda:1")
+    assert info["device"] == "cuda:1" and info["gpus"] == {"NVIDIA A100-SXM4-80GB": 2, "NVIDIA H100 80GB HBM3": 1}
+    assert provenance.machine({"device": info}) == "2 x NVIDIA A100-SXM4-80GB, 1 x NVIDIA H100 80GB HBM3"
+    names[:] = names[:1]  # one GPU of the same kind is another machine
+    assert provenance.machine({"device": provenance.device_info("cuda")}) == "1 x NVIDIA A100-SXM4-80GB"
+    cpu = provenance.device_info("cpu")  # a CPU run on a GPU machine names the CPU
+    assert cpu["gpus"] == {} and provenance.machine({"device": cpu}).startswith(provenance.cpu_model())
+    assert provenance.flat(provenance.provenance(device="cuda", world_size=8))["world_size"] == "8"
+
+
+def test_the_same_token_ids_from_another_tokenizer_are_other_data(tmp_path):
+    seq = (np.arange(4000) % 50).astype(np.uint16)
+    folders = {}
+    for name, chars in (("a", "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWX"),
+                        ("b", "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "abcdefghijklmnopqrstuvwx"),
+                        ("c", "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWX")):
+        path = tmp_path / name
+        with BinWriter(str(path / "train.bin"), np.uint16) as w:
+            w.write(seq)
+        write_meta(str(path), {"dataset": "d", "vocab_size": 50, "dtype": "uint16", "layout": "stream",
+                               "splits": {"train": {"file": "train.bin", "shape": [len(seq)], "tokens": len(seq)}},
+                               "loss": "all", "tokenizer": {"kind": "char", "chars": chars}})
+        folders[name] = provenance.dataset_fingerprint(str(path))
+    assert folders["a"]["splits"] == folders["b"]["splits"]  # the same bytes in the .bin
+    assert folders["a"]["digest"] != folders["b"]["digest"]  # but another tokenizer: other text
+    assert folders["a"]["digest"] == folders["c"]["digest"]  # the same preparation in another folder: the same

@@ -237,3 +237,152 @@ def test_arms_scored_with_different_protocols_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         results.main(paths + ["--compare=pos_encoding", "--extrapolation=4096"])
     assert e.value.code == 2 and "different protocols (sliding, tiled)" in capsys.readouterr().err
+
+
+# ---- round five (issue 43): the CSV's columns, printed p-values, no spread, repeated seeds, provenance counts ----
+
+def _csv_rows(text):
+    return {r["metric"]: r for r in csv.DictReader(io.StringIO(text))}
+
+
+def test_compare_csv_columns_are_b_minus_a_with_the_low_end_first_against_scipy(tmp_path, capsys):
+    # unequal arms (A: 3 runs, B: 4), B below A, paired off (B has a seed A lacks): every column by its name
+    a, b = [2.10, 2.30, 2.05], [1.60, 1.75, 1.52, 1.90]
+    paths = arms(tmp_path, a, b)
+    rows = _csv_rows(results.main([*paths, "--compare=pos_encoding", "--csv"]))
+    r = rows["test loss (nats)"]
+    ref = stats.ttest_ind(b, a, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    assert (r["a"], r["b"], r["a_n"], r["b_n"]) == ("pope", "rope", "3", "4")
+    assert float(r["a_mean"]) == pytest.approx(sum(a) / 3) and float(r["b_mean"]) == pytest.approx(sum(b) / 4)
+    assert float(r["a_sd"]) == pytest.approx(stats.tstd(a)) and float(r["b_sd"]) == pytest.approx(stats.tstd(b))
+    assert float(r["diff"]) == pytest.approx(sum(b) / 4 - sum(a) / 3) and float(r["diff"]) < 0
+    assert float(r["ci_low"]) == pytest.approx(ci.low) and float(r["ci_high"]) == pytest.approx(ci.high)
+    assert float(r["ci_low"]) < float(r["diff"]) < float(r["ci_high"])
+    assert float(r["p"]) == pytest.approx(ref.pvalue)
+    assert r["paired_diff"] == r["paired_ci_low"] == r["paired_ci_high"] == r["paired_p"] == ""
+    # paired: seeds 1..3 in both arms, B − A per seed = −0.5, −0.3, −0.6
+    b3 = [2.10 - 0.5, 2.30 - 0.3, 2.05 - 0.6]
+    (tmp_path / "p").mkdir()
+    r = _csv_rows(results.main([*arms(tmp_path / "p", a, b3), "--compare=pos_encoding", "--csv"]))["test loss (nats)"]
+    ref = stats.ttest_rel(b3, a)
+    ci = ref.confidence_interval(0.95)
+    assert float(r["paired_diff"]) == pytest.approx(-1.4 / 3)
+    assert float(r["paired_ci_low"]) == pytest.approx(ci.low) and float(r["paired_ci_high"]) == pytest.approx(ci.high)
+    assert float(r["paired_ci_low"]) < float(r["paired_ci_high"]) < 0
+    assert float(r["paired_p"]) == pytest.approx(ref.pvalue)
+    # the markdown of the same comparison: B − A, then [low, high], for Welch and paired
+    out = results.main([*arms(tmp_path / "p", a, b3), "--compare=pos_encoding"])
+    cells = [x.strip() for x in next(ln for ln in out.splitlines() if ln.startswith("| test loss")).strip("|").split("|")]
+    w = stats.ttest_ind(b3, a, equal_var=False).confidence_interval(0.95)
+    assert cells[3] == f"{-1.4 / 3:+.4f} [{w.low:+.4f}, {w.high:+.4f}]"
+    assert cells[6] == f"{-1.4 / 3:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]"
+
+
+def test_small_p_values_print_with_two_significant_digits_not_as_zero(tmp_path):
+    # B − A = −1 with a tiny spread: p of order 1e-7; Welch and paired p both print as scipy's value, 2 digits
+    a = [5.00, 5.01, 4.99, 5.02]
+    b = [x - 1.0 + e for x, e in zip(a, [0.001, -0.002, 0.0015, 0.0])]
+    out = results.main([*arms(tmp_path, a, b), "--compare=pos_encoding"])
+    line = next(ln for ln in out.splitlines() if ln.startswith("| test loss"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    welch_p, paired_p = stats.ttest_ind(b, a, equal_var=False).pvalue, stats.ttest_rel(b, a).pvalue
+    assert welch_p < 1e-5 and paired_p < 1e-5
+    assert cells[4] == f"{welch_p:.2g}" and float(cells[4]) == pytest.approx(welch_p, rel=0.05)
+    assert cells[5] == "yes"
+    assert cells[7] == f"{paired_p:.2g}" and float(cells[7]) == pytest.approx(paired_p, rel=0.05)
+    # at and above 0.001: three decimals, within half a unit of the third
+    for p in (0.001, 0.0123, 0.5):
+        assert abs(float(results._p(p)) - p) <= 0.0005 and len(results._p(p).split(".")[1]) == 3
+    for p in (0.00099, 3.2e-5, 1e-300):
+        assert float(results._p(p)) == pytest.approx(p, rel=0.05) and float(results._p(p)) > 0
+
+
+def test_a_metric_with_no_spread_in_either_arm_is_not_called_separated_or_not(tmp_path):
+    # every run of both arms solves the task (acc 1.0): the accuracy difference is 0 with no spread; the t-test
+    # is undefined (0 / 0), so p is nan and "separated" is a dash, in the markdown and in the CSV
+    a, b = [1.0, 1.2, 1.1], [1.3, 1.5, 1.35]
+    paths = arms(tmp_path, a, b, accs={"pope": [1.0] * 3, "rope": [1.0] * 3})
+    c = results.compare(paths, "pos_encoding")
+    diff, (lo, hi), p = row(c, "test acc")["welch"]
+    assert diff == 0 and p != p
+    out = results.compare_markdown(c)
+    cells = [x.strip() for x in next(ln for ln in out.splitlines() if ln.startswith("| test acc")).strip("|").split("|")]
+    assert cells[1] == "100.00 ± 0.00 (3)" and cells[4] == "nan" and cells[5] == "—"
+    r = _csv_rows(results.compare_csv(c))["test acc (%)"]
+    assert r["a_sd"] == r["b_sd"] == "0.0" and r["p"] == "nan"
+    # the loss row beside it is an ordinary test
+    assert row(c, "test loss")["welch"][2] == pytest.approx(stats.ttest_ind(b, a, equal_var=False).pvalue)
+
+
+def test_arms_that_repeat_a_seed_are_not_paired(tmp_path):
+    a, b = [1.0, 1.4, 1.2], [1.5, 1.6, 1.9]
+    # A runs seeds 1, 1, 2 (the same seed twice, in two folders), B 1, 1, 2: the multisets agree, yet a pair per
+    # seed does not exist
+    paths = []
+    for arm, losses, seeds in (("pope", a, [1, 1, 2]), ("rope", b, [1, 1, 2])):
+        for i, (loss, seed) in enumerate(zip(losses, seeds)):
+            paths.append(write_run(tmp_path, f"{arm}-{i}", loss, seed=seed, provenance=prov(), pos_encoding=arm))
+    c = results.compare(paths, "pos_encoding")
+    assert c["rows"][0]["paired"] is None and "same seeds" in c["paired_why"]
+    assert c["rows"][0]["welch"][2] == pytest.approx(stats.ttest_ind(b, a, equal_var=False).pvalue)
+    # A 1, 2, 3 and B 1, 2, 2, 3: the same set of seeds, but B repeats one
+    (tmp_path / "b").mkdir()
+    paths = arms(tmp_path / "b", [1.0, 1.4, 1.2], [1.5, 1.6, 1.9, 1.7], seeds_b=[1, 2, 2, 3])
+    paths = [p for p in paths if p.endswith(("pope-s1.json", "pope-s2.json", "pope-s3.json"))] + \
+        [write_run(tmp_path / "b", f"rope-{i}", x, seed=s, provenance=prov(), pos_encoding="rope")
+         for i, (x, s) in enumerate(zip([1.5, 1.6, 1.9, 1.7], [1, 2, 2, 3]))]
+    c = results.compare(paths, "pos_encoding")
+    assert c["rows"][0]["paired"] is None and "same seeds" in c["paired_why"]
+    assert "paired: not computed (the arms do not hold the same seeds" in results.compare_markdown(c)
+
+
+def test_machine_and_commit_counts_count_runs_not_processes_in_arms_of_unequal_size(tmp_path, capsys):
+    # A: 3 runs, one of them resumed twice on the same machine and commit; B: 2 runs. Each run counts once.
+    paths = arms(tmp_path, [1.0, 1.2, 1.1], [1.5, 1.7])
+    m = json.load(open(paths[0]))
+    m["provenance_earlier"] = [prov(), prov()]
+    open(paths[0], "w").write(json.dumps(m))
+    out = results.main([*paths, "--compare=pos_encoding"])
+    assert "machines: A AMD EPYC (AVX512) x3; B AMD EPYC (AVX512) x2" in out
+    assert "n = 3) vs rope (B, n = 2)" in out
+    assert capsys.readouterr().err == ""  # one machine, one commit, one library set: nothing to warn about
+    by, rows, info = results.summarize(paths)
+    assert info["machines"] == {"AMD EPYC (AVX512)": 5} and info["notes"] == []
+    # the resumed run's second process ran another commit: that run counts under both commits, once each
+    m["provenance_earlier"] = [prov(), prov(commit="d" * 40)]
+    open(paths[0], "w").write(json.dumps(m))
+    c = results.compare(paths, "pos_encoding")
+    assert c["notes"][0] == "warning: the group pos_encoding=pope mixes commits (cccccccccccc x3, dddddddddddd x1)"
+    assert c["notes"][1] == "warning: the two arms differ in commits (see each arm's provenance)"
+    # arms of unequal size on one machine do not "differ in machines"
+    (tmp_path / "u").mkdir()
+    c = results.compare(arms(tmp_path / "u", [1.0, 1.2, 1.1, 1.3], [1.5, 1.7]), "pos_encoding")
+    assert c["notes"] == []
+    r = row(c, "test loss")
+    assert r["a"][2] == 4 and r["b"][2] == 2
+    assert r["welch"][2] == pytest.approx(stats.ttest_ind([1.5, 1.7], [1.0, 1.2, 1.1, 1.3], equal_var=False).pvalue)
+
+
+def test_solved_csv_columns_hold_k_n_and_wilsons_ends_in_order(tmp_path):
+    accs = {"pope": [0.95, 0.97, 0.2, 0.91, 0.99], "rope": [0.3, 0.92, 0.25, 0.4, 0.1]}
+    paths = arms(tmp_path, [1.0, 1.1, 1.2, 1.3, 1.4], [1.5, 1.6, 1.7, 1.8, 1.9], accs=accs)
+    table = list(csv.DictReader(io.StringIO(results.main([*paths, "--solved=0.9", "--csv"]))))
+    for r, k in zip(table, (4, 1)):
+        ci = stats.binomtest(k, 5).proportion_ci(0.95, method="wilson")
+        assert (r["solved_k"], r["solved_n"]) == (str(k), "5")
+        assert float(r["solved_ci_low"]) == pytest.approx(ci.low) and float(r["solved_ci_high"]) == pytest.approx(ci.high)
+    solved = _csv_rows(results.main([*paths, "--compare=pos_encoding", "--solved=0.9", "--csv"]))[
+        "solved (acc >= 0.9), Fisher"]
+    assert float(solved["a_mean"]) == 0.8 and float(solved["b_mean"]) == 0.2 and float(solved["diff"]) == pytest.approx(-0.6)
+    assert float(solved["p"]) == pytest.approx(stats.fisher_exact([[4, 1], [1, 4]]).pvalue)
+
+
+def test_two_seeds_per_arm_are_paired_too(tmp_path):
+    # B − A per seed = 0.5, 0.7: mean 0.6, sd 0.1 sqrt 2, t = 0.6 / 0.1 = 6 with 1 df, where Student's t is
+    # Cauchy's distribution: two-sided p = 1 − (2 / π) atan 6, and t_{0.975, 1} = tan(0.475 π) = 12.706
+    c = results.compare(arms(tmp_path, [1.0, 2.0], [1.5, 2.7]), "pos_encoding")
+    diff, (lo, hi), p = row(c, "test loss")["paired"]
+    half = math.tan(0.475 * math.pi) * 0.1
+    assert diff == pytest.approx(0.6) and p == pytest.approx(1 - 2 * math.atan(6) / math.pi)
+    assert (lo, hi) == (pytest.approx(0.6 - half), pytest.approx(0.6 + half))

@@ -110,3 +110,23 @@ def test_bad_sampling_settings_exit_2_with_one_line(run_dir, capsys, arg, words,
                          "--attn_backend=torch", arg])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and words in err, err
+
+
+def test_top_k_none_keeps_every_token_as_zero_and_the_whole_vocabulary_do():
+    """complete(top_k=None), the function's documented "every token", samples as top_k=0 and as top_k = the
+    vocabulary size (which keeps every token by definition); top_k=1 is greedy and differs at this temperature."""
+    from model import GPT, GPTConfig
+    from sample import complete
+    torch.manual_seed(0)
+    # 300 ids: more than sample.py's default top_k (200), so "every token" and "the default" differ
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=300, pos_encoding="pope")).eval()
+    encode, decode = (lambda s: [int(c) for c in s]), (lambda ids: " ".join(map(str, ids)))
+    kw = dict(max_new_tokens=24, temperature=3.0, num_samples=3, seed=7, device="cpu")
+    every = complete(model, encode, decode, "1234", top_k=None, **kw)
+    assert len(every) == 3 and all(s.startswith("1 2 3 4 ") for s in every) and len(set(every)) > 1
+    assert every == complete(model, encode, decode, "1234", top_k=0, **kw)
+    assert every == complete(model, encode, decode, "1234", top_k=300, **kw)
+    assert every != complete(model, encode, decode, "1234", top_k=200, **kw)
+    assert every != complete(model, encode, decode, "1234", top_k=1, **kw)
+    with pytest.raises(ValueError, match="top_k >= 0"):
+        complete(model, encode, decode, "1234", top_k=-1, **kw)

@@ -119,8 +119,49 @@ def test_resume_in_float16_from_a_run_without_grad_scaler(toy_stream, tmp_path, 
     assert "note: the checkpoint has no GradScaler state" in capsys.readouterr().err
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert ckpt["iter_num"] == 4 and ckpt["scaler"]["scale"] > 0
-    run(common + ["--max_iters=6", "--init_from=resume", "--dtype=float16"])
+    m = run(common + ["--max_iters=6", "--init_from=resume", "--dtype=float16"])
     assert "GradScaler" not in capsys.readouterr().err
+    # two resumes: three processes, the two before the last in order (the first one's float32 run included)
+    ckpt6 = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert len(ckpt6["provenance"]) == 3 and ckpt6["provenance"][:2] == ckpt["provenance"]
+    assert m["provenance_earlier"] == ckpt["provenance"] and len(m["provenance_earlier"]) == 2
+    assert m["provenance"] == ckpt6["provenance"][2] and m["provenance"]["world_size"] == 1
+
+
+def test_the_float16_note_is_printed_only_where_a_fresh_loss_scale_starts(capsys):
+    """_load_scaler: the note for a float16 resume of a checkpoint without scaler state, on the first process
+    only; nothing for a scaler that is off (bf16 / fp32 now, whatever the checkpoint) or that has a state."""
+    fresh = torch.amp.GradScaler("cpu", enabled=True, init_scale=2.0 ** 10)
+    state = fresh.state_dict()
+    for enabled, saved, master in ((False, {}, True), (False, state, True), (True, state, True), (True, {}, False)):
+        scaler = torch.amp.GradScaler("cpu", enabled=enabled)
+        train._load_scaler(scaler, saved, master)
+        assert capsys.readouterr().err == "", (enabled, saved, master)
+        if enabled:
+            assert scaler.get_scale() == (2.0 ** 10 if saved else 2.0 ** 16)
+    train._load_scaler(torch.amp.GradScaler("cpu", enabled=True), {}, True)
+    err = capsys.readouterr().err
+    assert err.startswith("note: the checkpoint has no GradScaler state") and len(err.strip().splitlines()) == 1
+
+
+def test_multi_node_ddp_puts_each_process_on_its_local_gpu(monkeypatch):
+    """torchrun on two nodes of 8 GPUs: global rank 9 is GPU 1 of the second node (LOCAL_RANK), not GPU 9; the
+    process group is NCCL on CUDA and gloo on CPU; the world size is the group's. torch.distributed and CUDA
+    are mocked."""
+    calls = []
+    monkeypatch.setenv("RANK", "9")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setattr(train.dist, "init_process_group", lambda backend: calls.append(("init", backend)))
+    monkeypatch.setattr(train.dist, "get_rank", lambda: 9)
+    monkeypatch.setattr(train.dist, "get_world_size", lambda: 16)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    for given in ("cuda", "cuda:3"):
+        calls.clear()
+        assert train._processes(given) == (True, "cuda:1", 9, 1, 16)
+        assert calls == [("init", "nccl"), ("set_device", "cuda:1")]
+    calls.clear()
+    assert train._processes("cpu") == (True, "cpu", 9, 1, 16) and calls == [("init", "gloo")]
 
 
 def test_single_process_on_cuda_n_uses_device_n(monkeypatch):
@@ -217,6 +258,7 @@ def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
     ma = json.load(open(os.path.join(one, "metrics.json")))
     mb = json.load(open(os.path.join(two, "metrics.json")))
     assert ma["test"]["targets"] == mb["test"]["targets"] == 200
+    assert (ma["provenance"]["world_size"], mb["provenance"]["world_size"]) == (1, 2)
     np.testing.assert_allclose(mb["test"]["loss"], ma["test"]["loss"], rtol=1e-5)
     ra, rb = _log_rows(one), _log_rows(two)
     for i in ra:  # the same global batch per iteration: the same tokens per step, the same FLOPs per token
