@@ -1,6 +1,6 @@
 """Train a GPT with RoPE or PoPE. One process or DDP:
 
-    python train.py                                   # CPU: PoPE on character-level Shakespeare (~10 min)
+    python train.py                                   # CPU: PoPE on character-level Shakespeare
     python train.py --pos_encoding=rope --out_dir=out-shakespeare-char-rope   # the same with RoPE
     python train.py config/train_owt_pope.py          # a paper run
     torchrun --standalone --nproc_per_node=8 train.py config/train_owt_pope.py
@@ -42,7 +42,7 @@ from provenance import provenance
 
 # -----------------------------------------------------------------------------
 # defaults: the PoPE run of the CPU length-extrapolation experiment (README, quick start): a 4 x 128
-# model on character-level Shakespeare at a context of 256, about 10 minutes on 2 CPU cores. The same
+# model on character-level Shakespeare at a context of 256 (its time on a CPU: README). The same
 # run with --pos_encoding=rope, then eval_extrapolate.py at 1x..16x the context, shows the paper's effect.
 # I/O
 out_dir = "out-shakespeare-char-pope"
@@ -79,7 +79,7 @@ pope_use_delta = True  # learnable phase bias delta; False: the "no delta" ablat
 attn_backend = "auto"  # PoPE attention: 'auto' (Triton on CUDA) | 'triton' | 'torch'
 # AdamW with linear warmup then cosine decay to min_lr
 learning_rate = 1e-3
-max_iters = 3000  # 3000 x 8 x 256 characters: ~1.3 epochs; 9 min 38 s in all on 2 quiet cores (README)
+max_iters = 3000  # 3000 x 8 x 256 characters: ~1.3 epochs
 weight_decay = 0.01
 beta1 = 0.9
 beta2 = 0.99

@@ -1,4 +1,4 @@
-"""power.py: the power of Welch's, the paired t- and Fisher's tests and the n a study needs, against independent references
+"""study/power.py: the power of Welch's, the paired t- and Fisher's tests and the n a study needs, against independent references
 (scipy's tests applied to simulated or enumerated outcomes) and the numbers docs/cpu_scale.md section 5
 registered."""
 
