@@ -20,7 +20,7 @@ A run folder (train.py's out_dir) holds two checkpoints, both written atomically
                    process's torch RNG states, and {"seed", "iter_num"} (batches are drawn from both)
 
 save_checkpoint writes them; load_checkpoint / load_run read them (sample.py, eval_extrapolate.py,
-eval_downstream.py, analyze.py, train.py's resume); load_finetune_checkpoint checks a checkpoint
+study/eval_downstream.py, study/analyze.py, train.py's resume); load_finetune_checkpoint checks a checkpoint
 against a fine-tune's settings (FINETUNE_FREE). One file defines the format, not a copy per script.
 """
 

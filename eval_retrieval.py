@@ -66,7 +66,7 @@ from cli import (DTYPES, UserError, atomic_open, atomic_write, autocast_context,
 from eval_extrapolate import display_names, inspect_run, parse_lengths
 from model import ABSOLUTE_ENCODINGS
 from provenance import FLAT_COLUMNS, flat, provenance
-from results import wilson
+from study.results import wilson  # the Wilson interval every study table uses
 
 FILLER_SENTENCES = (" The grass is green.", " The sky is blue.", " The sun is yellow.", " Here we go.",
                     " There and back again.")  # Landmark Attention's filler, one unit per sentence

@@ -3,7 +3,7 @@
 At CPU scale a seed is a draw that depends on the machine (the same seed on an AVX2 and an AVX512 CPU
 can leave a plateau or not), so every result records what produced it. train.py stores
 `provenance(...)` in metrics.json and in its checkpoints, eval_extrapolate.py in every CSV row
-(`flat(...)`), and results.py warns when a group of runs mixes machines, commits or libraries.
+(`flat(...)`), and study/results.py warns when a group of runs mixes machines, commits or libraries.
 
     {"code":     {"commit": "5e30c42...", "dirty": False},        # "unknown" outside a git checkout
      "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "triton": "3.7.1", "numpy": "2.4.6"},

@@ -1,6 +1,6 @@
 """Train a GPT with RoPE or PoPE. One process or DDP:
 
-    python train.py                                   # CPU: PoPE on character-level Shakespeare (~10 min)
+    python train.py                                   # CPU: PoPE on character-level Shakespeare
     python train.py --pos_encoding=rope --out_dir=out-shakespeare-char-rope   # the same with RoPE
     python train.py config/train_owt_pope.py          # a paper run
     torchrun --standalone --nproc_per_node=8 train.py config/train_owt_pope.py
@@ -42,7 +42,7 @@ from provenance import provenance
 
 # -----------------------------------------------------------------------------
 # defaults: the PoPE run of the CPU length-extrapolation experiment (README, quick start): a 4 x 128
-# model on character-level Shakespeare at a context of 256, about 10 minutes on 2 CPU cores. The same
+# model on character-level Shakespeare at a context of 256 (its time on a CPU: README). The same
 # run with --pos_encoding=rope, then eval_extrapolate.py at 1x..16x the context, shows the paper's effect.
 # I/O
 out_dir = "out-shakespeare-char-pope"
@@ -79,7 +79,7 @@ pope_use_delta = True  # learnable phase bias delta; False: the "no delta" ablat
 attn_backend = "auto"  # PoPE attention: 'auto' (Triton on CUDA) | 'triton' | 'torch'
 # AdamW with linear warmup then cosine decay to min_lr
 learning_rate = 1e-3
-max_iters = 3000  # 3000 x 8 x 256 characters: ~1.3 epochs; 9 min 38 s in all on 2 quiet cores (README)
+max_iters = 3000  # 3000 x 8 x 256 characters: ~1.3 epochs
 weight_decay = 0.01
 beta1 = 0.9
 beta2 = 0.99
@@ -108,156 +108,43 @@ def main(argv):
     config = configure(DEFAULTS, argv, renamed=RENAMED_FIELDS)
     cfg = SimpleNamespace(**config)
     t_start = time.time()
-
-    # --- processes, device, precision
-    ddp, dev, rank, local_rank, world_size = _processes(resolve_device(cfg.device))
-    master = rank == 0
-    if cfg.gradient_accumulation_steps % world_size:
-        raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by the "
-                        f"{world_size} processes (it is the global number of micro-batches per step)")
-    grad_accum = cfg.gradient_accumulation_steps // world_size
-    device_type = "cuda" if dev.startswith("cuda") else "cpu"
-    ptdtype_name = resolve_dtype(cfg.dtype, dev)
-    ctx = autocast_context(dev, ptdtype_name)
-    torch.manual_seed(cfg.seed + rank)
-    if device_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    use_compile = (device_type == "cuda") if cfg.compile is None else cfg.compile
-
-    # --- data
-    data_dir = os.path.join(cfg.data_root, cfg.dataset)
-    if auto_preparable(cfg.dataset) and not os.path.exists(os.path.join(data_dir, "meta.json")):
-        if master:
-            print(f"preparing {cfg.dataset} into {data_dir} (first run only)")
-            auto_prepare(cfg.dataset, data_dir)
-        if ddp:
-            dist.barrier()
-    def open_data(block_size):  # the dataset and its fixed val batches; a split too short for block_size: one line
-        try:
-            data = Dataset(data_dir, batch_size=cfg.batch_size, block_size=block_size, grad_accum=grad_accum,
-                           seed=cfg.seed, rank=rank, world_size=world_size)
-            if block_size is None:
-                return data, None
-            val_batches = data.fixed_batches("val", cfg.eval_iters)
-            if not cfg.eval_only:
-                data.train_batch(0, 0)  # the same check for train (stateless: the run still draws this batch)
-            return data, val_batches
-        except (FileNotFoundError, ValueError) as e:
-            raise UserError(str(e)) from None
-
-    data, _ = open_data(None)  # meta.json only: the block_size is the checkpoint's for a resumed run (below)
+    run = setup_processes(cfg)
+    data_dir = prepare_data(cfg, run)
+    data, _ = open_data(cfg, run, data_dir, None)  # meta.json only: a resumed run's block_size is its checkpoint's
     tokenizer = tokenizer_to_checkpoint(data.meta, data_dir)
-    prov = provenance(data_dir, dev, world_size)  # the code, libraries, machine and data of this process
-    prov_earlier = []  # a resumed run's earlier processes (from ckpt.pt)
-    if master:
+    prov = provenance(data_dir, run.dev, run.world_size)  # the code, libraries, machine and data of this process
+    if run.master:
         os.makedirs(cfg.out_dir, exist_ok=True)
-
-    # --- model and optimizer: GPTConfig's fields are settings of this script, but vocab_size (the data's)
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    iter_num, best_val_loss, checkpoint = 0, float("inf"), None
-    model_args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
-    model_args["vocab_size"] = _round_vocab(data.vocab_size)
-    if cfg.init_from == "resume":
-        if not os.path.exists(ckpt_path):
-            raise UserError(f"init_from='resume' but {ckpt_path} does not exist; train with init_from='scratch' first")
-        checkpoint = load_checkpoint(cfg.out_dir, "ckpt.pt", dev)
-        model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
-        saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
-        config.update({k: saved[k] for k in model_args if k in saved and k in config and k != "attn_backend"})
-        cfg = SimpleNamespace(**config)
-        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
-        prov_earlier = list(checkpoint.get("provenance") or [])
-    elif cfg.init_from == "finetune":
-        checkpoint = load_finetune_checkpoint(cfg.init_ckpt, model_args, cfg.out_dir, dev, tokenizer)
-        if master:
-            print(f"fine-tuning the weights of {cfg.init_ckpt} (iter {checkpoint.get('iter_num')}) at block_size "
-                  f"{model_args['block_size']}, rope_scaling {model_args['rope_scaling']}; fresh optimizer and schedule")
-    elif cfg.init_from != "scratch":
-        raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
-    data, val_batches = open_data(model_args["block_size"])
-    if master:
-        print(f"{world_size} process(es) on {dev} in {ptdtype_name}; global batch "
-              f"{cfg.gradient_accumulation_steps * cfg.batch_size} sequences of <= {model_args['block_size']} tokens "
-              "per step")
-    try:
-        gptconf = GPTConfig(**model_args)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    model = GPT(gptconf)
-    if checkpoint is not None:
-        model.load_state_dict(checkpoint["model"])
-    model.to(dev)
-    raw_model = model
-    scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype_name == "float16"))
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
-    if cfg.init_from == "resume":  # a fine-tune starts with a fresh optimizer
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        _load_scaler(scaler, checkpoint["scaler"], master)
-        _restore_rng(checkpoint["rng"], rank, world_size, dev)
-    checkpoint = None  # free its memory
-    if use_compile:
-        model = torch.compile(model)
-    if ddp:
-        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
-    if master:
-        print(f"{cfg.pos_encoding} GPT: {raw_model.get_num_params() / 1e6:.2f}M parameters, "
-              f"{cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide")
-    peak = cfg.peak_flops or device_peak_flops(dev, ptdtype_name)
-
-    def to_dev(x, y):
-        if device_type == "cuda":
-            return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
-        return x.to(dev), y.to(dev)
-
-    @torch.no_grad()
-    def evaluate(batches):
-        """Token-weighted mean loss (nats), perplexity and accuracy over the targets != -1 of
-        `batches` (already sharded by rank), summed across processes."""
-        raw_model.eval()
-        tot = torch.zeros(3, dtype=torch.float64, device=dev)  # loss sum, correct, count
-        for x, y in batches:
-            x, y = to_dev(x, y)
-            with ctx:
-                logits, _ = raw_model(x)
-            mask = y != -1
-            logits, y = logits[mask].float(), y[mask]
-            tot += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
-                                (logits.argmax(-1) == y).sum().double(), mask.sum().double()])
-        if ddp:
-            dist.all_reduce(tot)
-        raw_model.train()
-        loss = (tot[0] / tot[2]).item()
-        return {"loss": loss, "ppl": math.exp(min(loss, 700)), "acc": (tot[1] / tot[2]).item(), "targets": int(tot[2])}
-
-    def log(row):
-        with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
-            f.write(json.dumps(row) + "\n")
-        if cfg.wandb_log:
-            wandb.log(row, step=row["iter"])
-
-    if cfg.wandb_log and master and not cfg.eval_only:
+    start = initial_state(cfg, config, run, data, tokenizer)  # scratch, resume or finetune
+    cfg = SimpleNamespace(**config)  # a resumed run's model settings are its checkpoint's
+    data, val_batches = open_data(cfg, run, data_dir, start.model_args["block_size"])
+    model, raw_model, optimizer, scaler = build_model(cfg, run, start)
+    iter_num, best_val_loss, prov_earlier = start.iter_num, start.best_val_loss, start.prov_earlier
+    ckpt_path = start.ckpt_path
+    peak = cfg.peak_flops or device_peak_flops(run.dev, run.dtype)
+    wandb = None
+    if cfg.wandb_log and run.master and not cfg.eval_only:
         import wandb
         wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=config)
 
     # --- training loop: eval/checkpoint at the top of iteration iter_num (= steps done so far)
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    t0, loss_acc, tokens_seen = time.time(), torch.zeros((), device=dev), 0  # this rank's loss sum, input tokens
+    t0, loss_acc, tokens_seen = time.time(), torch.zeros((), device=run.dev), 0  # this rank's loss sum, input tokens
     t_loop, iter_start = t0, iter_num  # for the ETA: this process's pace, evaluations included
     last_log = iter_num  # loss_acc sums the steps since: fewer than log_interval after a resume off the grid
     while not cfg.eval_only:
         if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters:
-            val = evaluate(val_batches)
+            val = evaluate(raw_model, val_batches, run)
             if not math.isfinite(val["loss"]):
                 raise UserError(f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
                                 f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
-            rng = _gather_rng(ddp, world_size, dev)
-            if master:
+            rng = _gather_rng(run.ddp, run.world_size, run.dev)
+            if run.master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
-                log({"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
+                log(cfg, wandb, {"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
                 if iter_num > 0 or cfg.init_from == "finetune":  # a fine-tune's step 0 has real weights too
                     save_checkpoint(cfg.out_dir, model=raw_model, optimizer=optimizer, scaler=scaler,
-                                    model_args=asdict(gptconf), config=config, iter_num=iter_num,
+                                    model_args=asdict(raw_model.config), config=config, iter_num=iter_num,
                                     best_val_loss=min(best_val_loss, val["loss"]), rng=rng, tokenizer=tokenizer,
                                     provenance=prov_earlier + [prov], best=val["loss"] < best_val_loss)
             best_val_loss = min(best_val_loss, val["loss"])
@@ -269,15 +156,15 @@ def main(argv):
             lr = get_lr(iter_num, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, decay_iters)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        for micro_step in range(grad_accum):
-            x, y = to_dev(*data.train_batch(iter_num, micro_step))
-            if ddp:  # all-reduce gradients only on the last micro-step
-                model.require_backward_grad_sync = micro_step == grad_accum - 1
-            with ctx:
+        for micro_step in range(run.grad_accum):
+            x, y = to_device(*data.train_batch(iter_num, micro_step), run.dev)
+            if run.ddp:  # all-reduce gradients only on the last micro-step
+                model.require_backward_grad_sync = micro_step == run.grad_accum - 1
+            with run.ctx:
                 _, loss = model(x, y)
             loss_acc += loss.detach()
             tokens_seen += x.numel()
-            scaler.scale(loss / grad_accum).backward()
+            scaler.scale(loss / run.grad_accum).backward()
         if cfg.grad_clip:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
@@ -288,36 +175,220 @@ def main(argv):
         iter_num += 1
 
         if iter_num % cfg.log_interval == 0:
-            totals = torch.stack([loss_acc.double(), torch.tensor(float(tokens_seen), device=dev, dtype=torch.float64)])
-            if ddp:
-                dist.all_reduce(totals)  # the whole job's: every rank's inputs count, whatever their width
-            loss_sum, tokens = totals.tolist()
+            loss_sum, tokens = _job_totals(loss_acc, tokens_seen, run)
             steps = iter_num - last_log
-            lossf = loss_sum / (grad_accum * world_size * steps)
+            lossf = loss_sum / (run.grad_accum * run.world_size * steps)
             loss_acc.zero_()
             if not math.isfinite(lossf):
                 raise UserError(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
                                 f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
             dt = (time.time() - t0) / steps
-            tok_per_iter = tokens / steps
-            seq_len = tok_per_iter / (cfg.gradient_accumulation_steps * cfg.batch_size)
             t0, tokens_seen, last_log = time.time(), 0, iter_num
-            if master:  # tok/s of the whole job; MFU per device (as nanoGPT): one device's tokens over its peak
-                mfu = raw_model.estimate_mfu(tok_per_iter / world_size, seq_len, dt, peak)
-                mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
-                print(f"iter {iter_num}/{cfg.max_iters}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
-                      f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}, "
-                      + progress(iter_num, iter_start, cfg.max_iters, time.time() - t_start, time.time() - t_loop))
-                log({"iter": iter_num, "loss": lossf, "lr": lr, "ms_per_iter": 1000 * dt,
+            if run.master:
+                report_step(cfg, run, wandb, raw_model, iter_num, lossf, lr, dt, tokens / steps, peak,
+                            progress(iter_num, iter_start, cfg.max_iters, time.time() - t_start, time.time() - t_loop))
+
+    metrics = final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss, prov, prov_earlier,
+                               t_start, argv)
+    if run.ddp:
+        # Free the DDP wrapper (its reducer holds the process group) while the group is alive: freed after
+        # destroy_process_group, its gloo group's destructor joins a worker thread that waits for the GIL
+        # the destructor holds, and one rank can hang at exit.
+        del model
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+    return metrics
+
+
+def setup_processes(cfg):
+    """One process or DDP (torchrun), the device, the compute dtype and its autocast context, the per-rank
+    seed and TF32 -> a namespace: ddp, dev ('cpu', 'cuda:N'), rank, local_rank, world_size, master,
+    grad_accum (this process's micro-batches per step), device_type, dtype (its name), ctx, compile.
+    Raises UserError when gradient_accumulation_steps is not divisible by the number of processes."""
+    ddp, dev, rank, local_rank, world_size = _processes(resolve_device(cfg.device))
+    if cfg.gradient_accumulation_steps % world_size:
+        raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by the "
+                        f"{world_size} processes (it is the global number of micro-batches per step)")
+    device_type = "cuda" if dev.startswith("cuda") else "cpu"
+    dtype = resolve_dtype(cfg.dtype, dev)
+    run = SimpleNamespace(ddp=ddp, dev=dev, rank=rank, local_rank=local_rank, world_size=world_size,
+                          master=rank == 0, grad_accum=cfg.gradient_accumulation_steps // world_size,
+                          device_type=device_type, dtype=dtype, ctx=autocast_context(dev, dtype),
+                          compile=(device_type == "cuda") if cfg.compile is None else cfg.compile)
+    torch.manual_seed(cfg.seed + rank)
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return run
+
+
+def prepare_data(cfg, run):
+    """The dataset's folder, data_root/dataset. An auto_preparable dataset missing there is built first, by
+    rank 0, while the other ranks wait."""
+    data_dir = os.path.join(cfg.data_root, cfg.dataset)
+    if auto_preparable(cfg.dataset) and not os.path.exists(os.path.join(data_dir, "meta.json")):
+        if run.master:
+            print(f"preparing {cfg.dataset} into {data_dir} (first run only)")
+            auto_prepare(cfg.dataset, data_dir)
+        if run.ddp:
+            dist.barrier()
+    return data_dir
+
+
+def open_data(cfg, run, data_dir, block_size):
+    """(the Dataset in data_dir for this rank, its cfg.eval_iters fixed val batches); block_size None:
+    meta.json only, and no batches. A split too short for block_size raises UserError (one line)."""
+    try:
+        data = Dataset(data_dir, batch_size=cfg.batch_size, block_size=block_size, grad_accum=run.grad_accum,
+                       seed=cfg.seed, rank=run.rank, world_size=run.world_size)
+        if block_size is None:
+            return data, None
+        val_batches = data.fixed_batches("val", cfg.eval_iters)
+        if not cfg.eval_only:
+            data.train_batch(0, 0)  # the same check for train (stateless: the run still draws this batch)
+        return data, val_batches
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(str(e)) from None
+
+
+def initial_state(cfg, config, run, data, tokenizer):
+    """Where training starts, by init_from: 'scratch'; 'resume' (out_dir/ckpt.pt: its model settings,
+    written back into `config`, its iteration, best val loss and earlier processes' provenance); 'finetune'
+    (init_ckpt's weights only; checkpoint.load_finetune_checkpoint checks what may change). GPTConfig's
+    fields are settings of this script, but vocab_size (the data's, rounded up to a multiple of 64).
+    -> a namespace: model_args, checkpoint (None from scratch), iter_num, best_val_loss, prov_earlier,
+    ckpt_path. Raises UserError for a missing ckpt.pt or an unknown init_from."""
+    start = SimpleNamespace(ckpt_path=os.path.join(cfg.out_dir, "ckpt.pt"), checkpoint=None, iter_num=0,
+                            best_val_loss=float("inf"), prov_earlier=[])
+    model_args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
+    model_args["vocab_size"] = _round_vocab(data.vocab_size)
+    if cfg.init_from == "resume":
+        if not os.path.exists(start.ckpt_path):
+            raise UserError(f"init_from='resume' but {start.ckpt_path} does not exist; train with "
+                            "init_from='scratch' first")
+        checkpoint = load_checkpoint(cfg.out_dir, "ckpt.pt", run.dev)
+        model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
+        saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
+        config.update({k: saved[k] for k in model_args if k in saved and k in config and k != "attn_backend"})
+        start.checkpoint, start.iter_num = checkpoint, checkpoint["iter_num"]
+        start.best_val_loss = checkpoint["best_val_loss"]
+        start.prov_earlier = list(checkpoint.get("provenance") or [])
+    elif cfg.init_from == "finetune":
+        start.checkpoint = load_finetune_checkpoint(cfg.init_ckpt, model_args, cfg.out_dir, run.dev, tokenizer)
+        if run.master:
+            print(f"fine-tuning the weights of {cfg.init_ckpt} (iter {start.checkpoint.get('iter_num')}) at "
+                  f"block_size {model_args['block_size']}, rope_scaling {model_args['rope_scaling']}; fresh "
+                  "optimizer and schedule")
+    elif cfg.init_from != "scratch":
+        raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
+    start.model_args = model_args
+    return start
+
+
+def build_model(cfg, run, start):
+    """The GPT of start.model_args with start.checkpoint's weights, its AdamW and GradScaler (a resumed run
+    also gets its optimizer, scaler and RNG states back; a fine-tune starts them fresh), compiled and
+    DDP-wrapped as cfg and run say -> (model: what the step calls, raw_model: the GPT, optimizer, scaler).
+    Raises UserError for model settings GPTConfig refuses."""
+    if run.master:
+        print(f"{run.world_size} process(es) on {run.dev} in {run.dtype}; global batch "
+              f"{cfg.gradient_accumulation_steps * cfg.batch_size} sequences of <= "
+              f"{start.model_args['block_size']} tokens per step")
+    try:
+        gptconf = GPTConfig(**start.model_args)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    model = GPT(gptconf)
+    if start.checkpoint is not None:
+        model.load_state_dict(start.checkpoint["model"])
+    model.to(run.dev)
+    raw_model = model
+    scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
+                                           run.device_type)
+    if cfg.init_from == "resume":  # a fine-tune starts with a fresh optimizer
+        optimizer.load_state_dict(start.checkpoint["optimizer"])
+        _load_scaler(scaler, start.checkpoint["scaler"], run.master)
+        _restore_rng(start.checkpoint["rng"], run.rank, run.world_size, run.dev)
+    start.checkpoint = None  # free its memory (on the device) before compiling
+    if run.compile:
+        model = torch.compile(model)
+    if run.ddp:
+        model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
+    if run.master:
+        print(f"{cfg.pos_encoding} GPT: {raw_model.get_num_params() / 1e6:.2f}M parameters, "
+              f"{cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide")
+    return model, raw_model, optimizer, scaler
+
+
+def to_device(x, y, dev):
+    """A batch (x, y) on dev: through pinned memory, without blocking, on CUDA."""
+    if dev.startswith("cuda"):
+        return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
+    return x.to(dev), y.to(dev)
+
+
+@torch.no_grad()
+def evaluate(raw_model, batches, run):
+    """Token-weighted mean loss (nats), perplexity and accuracy over the targets != -1 of `batches`
+    (already sharded by rank), summed across processes -> {"loss", "ppl", "acc", "targets"}."""
+    raw_model.eval()
+    tot = torch.zeros(3, dtype=torch.float64, device=run.dev)  # loss sum, correct, count
+    for x, y in batches:
+        x, y = to_device(x, y, run.dev)
+        with run.ctx:
+            logits, _ = raw_model(x)
+        mask = y != -1
+        logits, y = logits[mask].float(), y[mask]
+        tot += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
+                            (logits.argmax(-1) == y).sum().double(), mask.sum().double()])
+    if run.ddp:
+        dist.all_reduce(tot)
+    raw_model.train()
+    loss = (tot[0] / tot[2]).item()
+    return {"loss": loss, "ppl": math.exp(min(loss, 700)), "acc": (tot[1] / tot[2]).item(), "targets": int(tot[2])}
+
+
+def log(cfg, wandb, row):
+    """Append row to out_dir/log.jsonl, and to wandb when it is on (rank 0 only)."""
+    with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+    if wandb is not None:
+        wandb.log(row, step=row["iter"])
+
+
+def _job_totals(loss_acc, tokens_seen, run):
+    """(loss sum, input tokens) since the last log, of the whole job: every rank's inputs count."""
+    totals = torch.stack([loss_acc.double(), torch.tensor(float(tokens_seen), device=run.dev, dtype=torch.float64)])
+    if run.ddp:
+        dist.all_reduce(totals)
+    return totals.tolist()
+
+
+def report_step(cfg, run, wandb, raw_model, iter_num, lossf, lr, dt, tok_per_iter, peak, pace):
+    """Print and log a training step's line: loss (nats), time per step (dt, seconds), tok/s of the whole
+    job, and MFU per device (as nanoGPT): one device's tokens over its peak FLOP/s."""
+    seq_len = tok_per_iter / (cfg.gradient_accumulation_steps * cfg.batch_size)
+    mfu = raw_model.estimate_mfu(tok_per_iter / run.world_size, seq_len, dt, peak)
+    mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
+    print(f"iter {iter_num}/{cfg.max_iters}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
+          f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}, {pace}")
+    log(cfg, wandb, {"iter": iter_num, "loss": lossf, "lr": lr, "ms_per_iter": 1000 * dt,
                      "tokens_per_s": tok_per_iter / dt, "mfu": mfu})
 
-    # --- final evaluation of the best checkpoint on the full val and test splits
+
+def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss, prov, prov_earlier, t_start,
+                     argv):
+    """best.pt (or, without one, the current weights) on the full val and test splits -> the metrics,
+    written atomically to out_dir/metrics.json by rank 0 with the run's config and provenance; a text run
+    then prints its summary (text_run_summary)."""
     best_path = os.path.join(cfg.out_dir, "best.pt")
-    if ddp:
+    if run.ddp:
         dist.barrier()  # rank 0 may still be writing best.pt
     if os.path.exists(best_path):
-        raw_model.load_state_dict(load_checkpoint(cfg.out_dir, "best.pt", dev)["model"])
-    elif master:
+        raw_model.load_state_dict(load_checkpoint(cfg.out_dir, "best.pt", run.dev)["model"])
+    elif run.master:
         print(f"warning: {best_path} not found; evaluating the current weights")
     metrics = {"dataset": cfg.dataset, "pos_encoding": cfg.pos_encoding, "iter_num": iter_num,
                "best_val_loss_fixed_batches": best_val_loss, "checkpoint": best_path,
@@ -326,8 +397,8 @@ def main(argv):
         metrics["provenance_earlier"] = prov_earlier  # the processes before the last resume, oldest first
     for split in ("val", "test"):
         if data.has_split(split):
-            metrics[split] = evaluate(data.full_split_batches(split))
-    if master:
+            metrics[split] = evaluate(raw_model, data.full_split_batches(split), run)
+    if run.master:
         atomic_write_json(os.path.join(cfg.out_dir, "metrics.json"), metrics)
         for split in ("val", "test"):
             if split in metrics:
@@ -336,15 +407,7 @@ def main(argv):
                       f"over {m['targets']:,} targets")
         print(f"checkpoint: {best_path}\nmetrics: {os.path.join(cfg.out_dir, 'metrics.json')}")
         if data.meta.get("layout") == "stream" and (data.meta.get("tokenizer") or {}).get("kind") in ("char", "gpt2"):
-            text_run_summary(metrics, cfg, argv, dev)
-    if ddp:
-        # Free the DDP wrapper (its reducer holds the process group) while the group is alive: freed after
-        # destroy_process_group, its gloo group's destructor joins a worker thread that waits for the GIL
-        # the destructor holds, and one rank hangs at exit (seen under load with torch 2.13).
-        del model
-        gc.collect()
-        dist.barrier()
-        dist.destroy_process_group()
+            text_run_summary(metrics, cfg, argv, run.dev)
     return metrics
 
 

@@ -7,11 +7,8 @@
 #   by hash: train 849,164 / val 60,000 / test 40,000 DNA tokens. Reference points (nats/token):
 #   ln 4107 = 8.320 (uniform); the train 6-mer unigram entropy 8.083; a unigram model of train
 #   scores 8.058 on test.
-# Budget: one core (OMP_NUM_THREADS=1), user+sys CPU time measured with /usr/bin/time on the 2-core dev
-#   machine under load: PoPE ~0.74 s/iter, RoPE ~0.65 s/iter (2 rows of 1000 tokens a step); startup +
-#   the final full val/test evaluation ~15-22 s, a periodic evaluation ~2.5 s. A 1000-step PoPE run took
-#   775 CPU-s (12.9 min; test 7.854 nats, below the unigram 8.058); 1200 steps -> ~15.5 CPU-minutes for
-#   PoPE, ~13.5 for RoPE; the wall time equals it on a free core. 1200 x 2 rows = ~2.8 epochs of train.
+# Budget: 1200 x 2 rows = ~2.8 epochs of train, on one core (OMP_NUM_THREADS=1); measured CPU time per step
+#   and per run: docs/cpu_scale.md, "What the CPU configs cost".
 # The RoPE run shares every setting:
 #   apt-get install kleborate-examples && python prepare/genome.py --source kleborate-examples
 #   OMP_NUM_THREADS=1 python train.py config/train_genome_cpu.py --seed=1337 --out_dir=out-genome-cpu-pope-s1337

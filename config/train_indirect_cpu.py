@@ -4,9 +4,9 @@
 # p = 0.64). The search and every earlier run: docs/indirect_indexing_cpu.md, entries 7 and 13.
 # A variant of the paper's task, not the task itself: 8 letters (A-H), strings of 6-8 distinct letters,
 # shifts up to ±2, 6 (source, shift, target) queries per row with the loss on every target. Each query
-# is the paper's task on the row's string. The data (1M/10k/10k rows, about 25 s) is built on first use:
+# is the paper's task on the row's string. The data (1M/10k/10k rows) is built on first use:
 #   python prepare/indirect_indexing.py --n_letters=8 --min_len=6 --max_len=8 --max_shift=2 --n_queries=6
-# PoPE (this file): about 14 minutes on one core (OMP_NUM_THREADS=1). RoPE, the same run otherwise:
+# PoPE (this file), on one core (OMP_NUM_THREADS=1). RoPE, the same run otherwise:
 #   python train.py config/train_indirect_cpu.py --pos_encoding=rope --out_dir=out-indirect-cpu-rope
 # Measured test accuracy (all query targets, best.pt): README, "The paper at CPU scale". A seed does not fix
 # the outcome: the same seed on another CPU can differ.

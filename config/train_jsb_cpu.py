@@ -4,11 +4,8 @@
 # numbers of this config are not comparable to those, only its RoPE/PoPE direction is.
 # Data: prepare/jsb.py --source music21 (offline): 368 four-part chorales shuffled (seed 1337) into
 #   221/73/74 pieces, rows of 2048 tokens (median 768 real), vocab 90; ~194k train tokens.
-# Budget: one core (OMP_NUM_THREADS=1), user+sys CPU time measured with /usr/bin/time on the 2-core dev
-#   machine under load: PoPE ~1.6 s/iter, RoPE ~1.2 s/iter (4 rows, ~4.6k tokens a step); startup +
-#   the final full val/test evaluation ~22 s, a periodic evaluation ~4 s. Full 600-step runs (seed
-#   1337): PoPE 948 CPU-s (15.8 min; test 0.7222 nats), RoPE 675 CPU-s (11.2 min; test 0.7207), both
-#   at once beside other jobs (wall 27 and 23 min); on a free core the wall time is the CPU time.
+# Budget: one core (OMP_NUM_THREADS=1); measured CPU time per step and per run: docs/cpu_scale.md,
+#   "What the CPU configs cost".
 #   600 x 4 rows = ~11 epochs of the 222 train rows: hence the paper's dropout 0.2, and best.pt by val.
 # The RoPE run shares every setting:
 #   python prepare/jsb.py --source music21

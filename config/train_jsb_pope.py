@@ -3,7 +3,7 @@
 # Data: prepare/jsb.py, rows of 2048 tokens (512 16th-note steps x 4 voices), vocab 90.
 # Budget: ~4.7M non-embedding params (12 * 6 * 256^2); 3000 iters x 4 rows x 2048 = 24.6M token slots;
 #   ~6 * 4.7M * 24.6M = 0.7 PFLOP + attention (12 * 6 * 2048 * 256 per token) ~0.9 PFLOP -> ~1.6 PFLOP,
-#   seconds of pure compute; overhead-bound in practice: ~5-10 min on one A100 (or a few hours on CPU).
+#   seconds of pure compute; overhead-bound in practice.
 # The paper uses RMSNorm (model.py's norm).
 #   python prepare/jsb.py --input Jsb16thSeparated.json   (or no --input: downloads it)
 #   python train.py config/train_jsb_pope.py

@@ -4,7 +4,7 @@
 # Budget: ~10.6M non-embedding params (12 * 6 * 384^2); 60,000 iters x 16 rows x 2048 = 1.97B token slots;
 #   6 * 10.6M * 1.97B = 1.25e17 FLOP + attention (12 * 6 * 2048 * 384 per token) 1.1e17 = ~2.4e17 FLOP
 #   (+~25% for PoPE's extra score term) -> ~1 h at a sustained 80 TFLOP/s (one A100, bf16); a small model
-#   like this is memory-bound, so plan ~2-4 A100-hours, ~10 h in fp32 on a 24 GB consumer card.
+#   like this is memory-bound, so plan for more.
 # The paper uses RMSNorm (model.py's norm).
 #   python prepare/maestro.py --input maestro-v3.0.0/
 #   python train.py config/train_maestro_pope.py

@@ -1,4 +1,4 @@
-"""analyze.py: PNGs are written, and the numbers behind them equal a direct computation from the weights."""
+"""study/analyze.py: PNGs are written, and the numbers behind them equal a direct computation from the weights."""
 
 import math
 import os

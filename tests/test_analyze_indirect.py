@@ -1,4 +1,4 @@
-"""analyze_indirect.py: attention weights recomputed from captured queries and keys agree with the
+"""study/analyze_indirect.py: attention weights recomputed from captured queries and keys agree with the
 model's own attention; the attention picture and the learning curves draw what they claim."""
 
 import json

@@ -1,4 +1,4 @@
-"""eval_downstream.py: the lm-evaluation-harness adapter against direct computations with the model.
+"""study/eval_downstream.py: the lm-evaluation-harness adapter against direct computations with the model.
 
 References are computed independently of the adapter: one sequence at a time (no batching, no
 padding), log-softmax in float64, with a full forward pass (no KV cache). Attention weights are scaled up so
@@ -185,7 +185,7 @@ def save_run(folder, tokenizer):
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     fast_tm = ed.task_manager
-    monkeypatch.setattr(ed, "task_manager", lambda p="": fast_tm(p, include_defaults=False))  # index eval_tasks/ only
+    monkeypatch.setattr(ed, "task_manager", lambda p="": fast_tm(p, include_defaults=False))  # index study/eval_tasks/ only
     good = save_run(tmp_path / "gpt2run", {"kind": "gpt2"})
     char = save_run(tmp_path / "charrun", {"kind": "char", "itos": list("ab")})
     cases = [([str(tmp_path / "empty")], "no checkpoint at"),

@@ -1,4 +1,4 @@
-"""docs/runs/lane.sh, the experiment queue: each line trained once, resumed after a kill, copied to
+"""study/lane.sh, the experiment queue: each line trained once, resumed after a kill, copied to
 docs/runs/NAME.json with the wall and CPU time of every process, the after-command run once, a run that
 another lane holds left to it. The lane runs for real (bash, flock, /usr/bin/time) in a sandbox whose
 train.py is a stub that writes what train.py writes (ckpt.pt, best.pt, log.jsonl, metrics.json) in
@@ -14,7 +14,7 @@ import time
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LANE = os.path.join(REPO, "docs", "runs", "lane.sh")
+LANE = os.path.join(REPO, "study", "lane.sh")
 STUB = r'''"""train.py's outputs, instantly: --out_dir=D [--seed=S] [--init_from=resume] [--fail=1]."""
 import json, os, sys
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
@@ -39,7 +39,8 @@ def repo(tmp_path):
     """A sandbox repository: the real lane.sh and cli.py (linked), a stub train.py, an empty docs/runs."""
     root = tmp_path / "repo"
     (root / "docs" / "runs").mkdir(parents=True)
-    os.symlink(LANE, root / "docs" / "runs" / "lane.sh")
+    (root / "study").mkdir()
+    os.symlink(LANE, root / "study" / "lane.sh")
     os.symlink(os.path.join(REPO, "cli.py"), root / "cli.py")
     (root / "train.py").write_text(STUB)
     return root
@@ -56,7 +57,7 @@ def queue(root, name, *lines, newline_at_end=True):
 def lane(root, *queues):
     """Run one lane to its end: (stdout's messages without their timestamps, seconds it took)."""
     t = time.time()
-    p = subprocess.run(["bash", str(root / "docs" / "runs" / "lane.sh"), *queues], cwd=root, capture_output=True,
+    p = subprocess.run(["bash", str(root / "study" / "lane.sh"), *queues], cwd=root, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and p.stderr == "", p.stderr
     return [re.sub(r"^\S+Z ", "", line) for line in p.stdout.splitlines()], time.time() - t
@@ -107,7 +108,7 @@ def test_a_lane_killed_between_training_and_copy_finishes_the_run_next_time(repo
     trains neither again, runs a's after-command and writes both records."""
     kill = "[ -f out/a/killed ] || { touch out/a/killed; kill -9 $PPID; }; echo ok > out/a/after.txt"
     q = queue(repo, "q.tsv", ("b", "out/b", "--seed=2"), ("a", "out/a", "--seed=1", kill))
-    p = subprocess.run(["bash", str(repo / "docs" / "runs" / "lane.sh"), q], cwd=repo, capture_output=True, text=True,
+    p = subprocess.run(["bash", str(repo / "study" / "lane.sh"), q], cwd=repo, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == -9 and (repo / "out" / "a" / "metrics.json").exists()
     assert not (repo / "docs" / "runs" / "a.json").exists() and not (repo / "out" / "a" / "after.done").exists()
@@ -131,7 +132,7 @@ def test_empty_fields_stay_in_place_and_every_queue_file_is_read(repo):
     assert "skipped x: no OUT_DIR (the second field)" in log
     assert calls(repo, "out/f") == ["--seed=4 --out_dir=out/f"] and calls(repo, "out/g") == ["--seed=5 --out_dir=out/g"]
     assert sorted(os.listdir(repo / "docs" / "runs")) == ["e.json", "e.log.jsonl", "f.json", "f.log.jsonl", "g.json",
-                                                          "g.log.jsonl", "lane.sh"]
+                                                          "g.log.jsonl"]
 
 
 TIME_V = """\tCommand being timed: "python train.py --out_dir=out/r"

@@ -1,4 +1,4 @@
-"""power.py: the power of Welch's, the paired t- and Fisher's tests and the n a study needs, against independent references
+"""study/power.py: the power of Welch's, the paired t- and Fisher's tests and the n a study needs, against independent references
 (scipy's tests applied to simulated or enumerated outcomes) and the numbers docs/cpu_scale.md section 5
 registered."""
 
@@ -189,7 +189,7 @@ def test_the_target_counts_as_reached_and_alpha_as_not_separated():
     # n_required: power >= target reaches it (a curve that hits 0.8 exactly at n = 3)
     assert power.n_required({2: 0.5, 3: 0.8, 4: 0.9}.get, max_n=4)[0] == 3
     # Fisher at n = 2: the smallest two-sided p is 1/6 + 1/6 = 1/3 (2 of 4 runs solved, all in one arm; by hand
-    # from the hypergeometric 1/6, 4/6, 1/6). "Separated" is p < alpha, as in results.py: at alpha = that p nothing
+    # from the hypergeometric 1/6, 4/6, 1/6). "Separated" is p < alpha, as in study/results.py: at alpha = that p nothing
     # separates, just above it the two one-arm outcomes do, with probability 0.99^4 + 0.01^4
     p_min = power.fisher_pvalues(2).min()
     assert p_min == pytest.approx(1 / 3)

@@ -142,7 +142,7 @@ def test_library_versions_are_the_installed_ones_triton_included_and_a_triton_ch
     other = json.loads(json.dumps(here))
     other["versions"]["triton"] = "3.9.0"
     assert provenance.libraries(other) != provenance.libraries(here)
-    runs = []  # two runs of one setting, the second on another Triton: results.py warns that they mix libraries
+    runs = []  # two runs of one setting, the second on another Triton: study/results.py warns that they mix libraries
     for i, p in enumerate((here, other)):
         config = {"dataset": "toy", "pos_encoding": "pope", "seed": i, "out_dir": f"out/{i}"}
         m = {"dataset": "toy", "config": config, "provenance": p, "test": {"loss": 1.0, "ppl": 2.7, "acc": 0.5}}

@@ -1,4 +1,4 @@
-"""results.py: grouping by the settings that differ, mean ± sample sd per group (against numbers worked out
+"""study/results.py: grouping by the settings that differ, mean ± sample sd per group (against numbers worked out
 by hand), the markdown and CSV outputs, the extrapolation column, and every bad input's exit 2."""
 
 import csv
@@ -240,7 +240,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_the_script_exits_2_on_its_own(tmp_path):
-    p = subprocess.run([sys.executable, os.path.join(REPO, "results.py"), str(tmp_path)], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, os.path.join(REPO, "study/results.py"), str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr == f"error: {tmp_path} holds no metrics.json: the run has not finished " \
         "(train.py writes it at the end; an interrupted run resumes with --init_from=resume)\n"
 

@@ -1,4 +1,4 @@
-"""results.py --compare and --solved: differences with their 95 % intervals and p-values against scipy and
+"""study/results.py --compare and --solved: differences with their 95 % intervals and p-values against scipy and
 against textbook cases worked by hand, solve rates with Wilson intervals and Fisher's test, the provenance
 warnings, and every bad input's exit 2."""
 

@@ -1,4 +1,4 @@
-"""results.py --compare --retrieval: eval_retrieval.py's passkey and copy accuracies per run, compared
+"""study/results.py --compare --retrieval: eval_retrieval.py's passkey and copy accuracies per run, compared
 between two arms like the other metrics (values by hand, the test against scipy), and bad input."""
 
 import csv

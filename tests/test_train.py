@@ -585,7 +585,7 @@ def test_the_first_log_after_a_resume_off_the_log_grid_averages_the_steps_it_sum
 def test_metrics_json_wall_time_in_seconds_and_written_atomically(tiny_indirect, tmp_path, monkeypatch):
     """wall_time_s is the run's seconds (here at least the 2 x 0.3 s spent saving checkpoints, at most the
     call's own time); a crash while metrics.json is written (here: serialising it) leaves the last complete
-    file, never a truncated one that results.py would read as a finished run."""
+    file, never a truncated one that study/results.py would read as a finished run."""
     import time
     out = str(tmp_path / "out")
     common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=1"]

@@ -1,14 +1,14 @@
 """Pictures of indirect-indexing runs: learning curves, and where the final token attends.
 
-    python analyze_indirect.py curves out-ii-pope-s1 out-ii-rope-s1 ...     # -> assets/indirect_indexing_curves.png
-    python analyze_indirect.py attention out-ii-pope-s1 out-ii-rope-s1      # -> assets/indirect_indexing_attention.png
-    python analyze_indirect.py attention RUN RUN --example=3 --text='ABCDEFGH,C,+2,E' --out=figs/att.png
+    python study/analyze_indirect.py curves out-ii-pope-s1 out-ii-rope-s1 ...     # -> assets/indirect_indexing_curves.png
+    python study/analyze_indirect.py attention out-ii-pope-s1 out-ii-rope-s1      # -> assets/indirect_indexing_attention.png
+    python study/analyze_indirect.py attention RUN RUN --example=3 --text='ABCDEFGH,C,+2,E' --out=figs/att.png
 
 curves     val accuracy (train.py's periodic evaluation on its fixed val batches, logged in each run's
            log.jsonl as val_acc: the share of target tokens predicted right) against the step, one line
            per run, coloured by pos_encoding; a dotted line at chance, 1/K for K letters. A RUN is a run
            folder or a run's record in docs/runs (NAME.json, with its log beside it as NAME.log.jsonl,
-           as docs/runs/lane.sh keeps them), so the curves can be drawn again once out/ is gone.
+           as study/lane.sh keeps them), so the curves can be drawn again once out/ is gone.
 attention  the final token's attention (softmax weights over the row's positions) on one test row, one
            heatmap per run side by side: rows are layer x head, columns the row's characters; the last
            query's source letter (blue) and target letter (red) are marked in the string. The row is the
@@ -30,6 +30,8 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: cli.py, model.py ...
 
 from analyze import capture_qk
 from checkpoint import load_checkpoint, load_codec, load_run, tokenizer_from_checkpoint
@@ -64,7 +66,7 @@ def read_curve(run):
     path = run_files(run)[0]
     if not os.path.isfile(path):
         raise UserError(f"no {path}: give run folders written by train.py, or docs/runs records kept with "
-                        f"their NAME.log.jsonl by docs/runs/lane.sh")
+                        f"their NAME.log.jsonl by study/lane.sh")
     acc = {}
     with open(path) as f:
         for line in f:
@@ -307,13 +309,13 @@ def _save(fig, path):
 @exit_on_user_error
 def main(argv):
     if not argv or argv[0] not in OUTPUTS:
-        raise UserError("usage: python analyze_indirect.py curves|attention RUN [RUN ...] [--out=PNG] (see its docstring)")
+        raise UserError("usage: python study/analyze_indirect.py curves|attention RUN [RUN ...] [--out=PNG] (see its docstring)")
     command, rest = argv[0], argv[1:]
     runs = [a for a in rest if not a.startswith("--")]
     cfg = configure(DEFAULTS, [a for a in rest if a.startswith("--")])
     if not runs:
         raise UserError(f"give one or more run folders (or docs/runs/NAME.json records): "
-                        f"python analyze_indirect.py {command} out-a out-b")
+                        f"python study/analyze_indirect.py {command} out-a out-b")
     out = cfg["out"] or OUTPUTS[command]
     if command == "curves":
         path = plot_curves(runs, out, cfg["ckpt"])

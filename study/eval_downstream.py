@@ -1,13 +1,13 @@
 """Zero-shot downstream evaluation of run folders through EleutherAI's lm-evaluation-harness.
 
-    python eval_downstream.py out-owt-124m-rope out-owt-124m-pope
-    python eval_downstream.py out-owt-124m-pope --tasks=lambada_openai,piqa --limit=200
-    python eval_downstream.py out-x --tasks=my_task --include_path=my_tasks/   # local task YAMLs
+    python study/eval_downstream.py out-owt-124m-rope out-owt-124m-pope
+    python study/eval_downstream.py out-owt-124m-pope --tasks=lambada_openai,piqa --limit=200
+    python study/eval_downstream.py out-x --tasks=my_task --include_path=my_tasks/   # local task YAMLs
 
 The paper's table (section "Downstream tasks"): zero-shot accuracy on LAMBADA (OpenAI's detokenized
 version), BLiMP (mean over its 67 subtasks), CBT (mean over CN and NE), HellaSwag, PIQA and ARC-Easy,
 and their average. `TASKS` names the harness task and metric of each column. CBT is not in the
-harness: its task definition ships in eval_tasks/cbt/ and is always on the include path.
+harness: its task definition ships in study/eval_tasks/cbt/ and is always on the include path.
 
 `GPTLM` is an `lm_eval` model (registered as "pope-gpt") that wraps this repo's GPT and its GPT-2
 tokenizer, found through checkpoint.py like sample.py finds it. Every model sees at most block_size
@@ -28,6 +28,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: cli.py, model.py ...
 
 from checkpoint import load_codec, load_run, tokenizer_from_checkpoint
 from cli import UserError, atomic_write, atomic_write_json, exit_on_user_error, resolve_device
@@ -185,7 +187,7 @@ def build_lm(out_dir, ckpt="best.pt", batch_size=16, device="cpu", attn_backend=
 
 def task_manager(include_path="", include_defaults=True):
     """lm_eval TaskManager over the harness's tasks (unless include_defaults=False: indexing them
-    takes seconds), eval_tasks/ and the comma-separated folders of include_path.
+    takes seconds), study/eval_tasks/ and the comma-separated folders of include_path.
 
     Raises UserError if a folder does not exist."""
     from lm_eval.tasks import TaskManager
@@ -234,7 +236,7 @@ def main(argv):
     dev = resolve_device(cfg["device"])
     tasks = [t for t in cfg["tasks"].split(",") if t]
     if not runs:
-        raise UserError("give one or more run folders: python eval_downstream.py out-owt-124m-pope [--tasks=...]")
+        raise UserError("give one or more run folders: python study/eval_downstream.py out-owt-124m-pope [--tasks=...]")
     lms = [build_lm(r, cfg["ckpt"], cfg["batch_size"], dev, cfg["attn_backend"]) for r in runs]
     tm = task_manager(cfg["include_path"])
     unknown = [t for t in tasks if t not in tm.all_tasks]

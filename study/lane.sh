@@ -2,8 +2,8 @@
 # One lane of an experiment queue: runs the QUEUE files' lines one after another, resumably. Start
 # one lane per core; each takes the next line that no other lane holds (a lock on OUT_DIR/lane.lock,
 # released when its process ends, so a killed lane's run is taken up again by the next lane started):
-#   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv > lane0.log 2>&1 &
-#   nohup bash docs/runs/lane.sh docs/runs/QUEUE.tsv > lane1.log 2>&1 &
+#   nohup bash study/lane.sh docs/runs/QUEUE.tsv > lane0.log 2>&1 &
+#   nohup bash study/lane.sh docs/runs/QUEUE.tsv > lane1.log 2>&1 &
 # A QUEUE line: NAME <tab> OUT_DIR <tab> train.py arguments [<tab> a command run after training]; one tab
 # between fields, an empty field stays empty (NAME<tab>OUT_DIR<tab><tab>CMD: no train.py arguments).
 # Lines starting with # are comments; a queue file's last line needs no newline.
@@ -18,7 +18,7 @@
 # copy.csv (eval_retrieval.py), docs/runs/NAME.passkey.csv and NAME.copy.csv.
 set -u
 (( $# >= 1 )) || { echo "usage: lane.sh QUEUE.tsv [QUEUE.tsv ...]" >&2; exit 2; }
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."  # the repo root: train.py, docs/runs/
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 while IFS= read -r line; do
   # split at every tab: with IFS=$'\t' two tabs would count as one (tab is IFS whitespace), so an empty
@@ -44,14 +44,14 @@ while IFS= read -r line; do
     nice -n 19 bash -c "$after" < /dev/null >> "$out/after.log" 2>&1 && touch "$out/after.done" \
       || echo "$(date -u +%FT%TZ) FAILED after-command of $name"
   fi
-  # the curve (for analyze_indirect.py curves once out/ is gone) and the extrapolation scores, each copied
+  # the curve (for study/analyze_indirect.py curves once out/ is gone) and the extrapolation scores, each copied
   # atomically, then the record NAME.json last: it marks the run done, so a kill leaves nothing half-copied
   cp "$out/log.jsonl" "docs/runs/$name.log.jsonl.tmp" && mv "docs/runs/$name.log.jsonl.tmp" "docs/runs/$name.log.jsonl"
   if [[ -f "$out/extrapolate/extrapolation.csv" ]]; then
     cp "$out/extrapolate/extrapolation.csv" "docs/runs/$name.extrapolation.csv.tmp" \
       && mv "docs/runs/$name.extrapolation.csv.tmp" "docs/runs/$name.extrapolation.csv"
   fi
-  for task in passkey copy; do  # eval_retrieval.py --out_dir=OUT_DIR/retrieval (results.py --retrieval)
+  for task in passkey copy; do  # eval_retrieval.py --out_dir=OUT_DIR/retrieval (study/results.py --retrieval)
     if [[ -f "$out/retrieval/$task.csv" ]]; then
       cp "$out/retrieval/$task.csv" "docs/runs/$name.$task.csv.tmp" && mv "docs/runs/$name.$task.csv.tmp" "docs/runs/$name.$task.csv"
     fi

@@ -173,7 +173,7 @@ def test_a_maestro_run_stores_its_tokenizer_json_in_best_pt(tmp_path):
 
 
 def test_metrics_json_holds_the_runs_settings_and_its_whole_wall_time(tmp_path, monkeypatch):
-    """metrics.json, which results.py groups and times runs by: "config" is every train.py setting as
+    """metrics.json, which study/results.py groups and times runs by: "config" is every train.py setting as
     this run used it (DEFAULTS, then the command line), and wall_time_s (seconds) spans the whole run,
     each logged training step included. train.py reads a fake clock here that ticks 1 s per reading."""
     char_dataset(str(tmp_path / "data" / "toychar"))
@@ -195,7 +195,7 @@ def test_metrics_json_holds_the_runs_settings_and_its_whole_wall_time(tmp_path, 
 def test_eval_only_resume_with_the_out_dir_alone_scores_and_records_the_checkpoints_model(trained_run):
     """`--eval_only=True --init_from=resume` without the run's model flags (here 2 x 32 at block_size 32,
     where the defaults say 4 x 128 at 256): metrics.json names the checkpoint's model, whose settings
-    results.py groups by, and scores it at its own block_size: the numbers the run itself wrote."""
+    study/results.py groups by, and scores it at its own block_size: the numbers the run itself wrote."""
     first = json.load(open("out-x-pope/metrics.json"))
     again = train.main(["--eval_only=True", "--init_from=resume", "--out_dir=out-x-pope", "--dataset=toychar",
                         "--data_root=data", "--attn_backend=torch", "--compile=False", "--device=cpu"])

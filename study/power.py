@@ -1,11 +1,11 @@
 """How many runs per arm a comparison needs before it is run, or what power a given number has: the
-calculation behind a pre-registered study (docs/cpu_scale.md, section 5). results.py reads the runs
+calculation behind a pre-registered study (docs/cpu_scale.md, section 5). study/results.py reads the runs
 afterwards, with the same tests.
 
-    python power.py welch 0.0165 0.0153 0.0058        # difference B − A, sd of A, sd of B: power by n
-    python power.py welch 0.374 0.243 0.132 --n=4       # the power 4 runs per arm have
-    python power.py fisher 7/9 1/9                       # solve rates of A and B (k/n or a fraction)
-    python power.py paired 0.380 0.0057                  # mean and sd of the per-seed differences B − A
+    python study/power.py welch 0.0165 0.0153 0.0058        # difference B − A, sd of A, sd of B: power by n
+    python study/power.py welch 0.374 0.243 0.132 --n=4       # the power 4 runs per arm have
+    python study/power.py fisher 7/9 1/9                       # solve rates of A and B (k/n or a fraction)
+    python study/power.py paired 0.380 0.0057                  # mean and sd of the per-seed differences B − A
 
 Welch: the two-sided Welch t-test at level alpha of two normal arms with n runs each and the given
 sds; power from the noncentral t with the Welch-Satterthwaite degrees of freedom of those sds (the
@@ -14,7 +14,7 @@ usual approximation: the test itself uses the sample sds). Paired: the two-sided
 that run the same seeds on one machine, where a seed fixes much of the outcome in both (section 5, C: the
 per-seed values of the two arms correlate at r = 0.9997). Fisher: the two-sided Fisher exact test of the
 2 x 2 table of solved / not solved with n runs per arm, each run of arm X solving with probability
-p_X; power exact, summed over all (n + 1)² outcomes. "Separated" is p < alpha, as in results.py.
+p_X; power exact, summed over all (n + 1)² outcomes. "Separated" is p < alpha, as in study/results.py.
 
 Fisher's power is not monotone in n at these sizes (the test is discrete): the n required is the
 smallest n from which on every n up to --max_n reaches the target power. Output: a markdown table of
@@ -25,12 +25,15 @@ outside (0, 1)) exits 2 with one line.
 """
 
 import argparse
+import os
 import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: cli.py, model.py ...
+
 from cli import UserError, exit_on_user_error
-from results import ALPHA  # "separated": p < ALPHA, two-sided, as results.py reads the runs
+from results import ALPHA  # "separated": p < ALPHA, two-sided, as study/results.py reads the runs
 
 POWER = 0.8
 

