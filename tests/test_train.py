@@ -492,7 +492,7 @@ def test_quick_start_builds_the_indirect_indexing_data(tmp_path, small_indirect_
 # --- the default run: character-level Shakespeare, built on first use, and what it prints at the end ----
 
 
-SONNETS = os.path.join(REPO, "texts", "shakespeare_sonnets.txt")  # packaged: stands in for the PyPI sdist
+SONNETS = os.path.join(REPO, "study", "texts", "shakespeare_sonnets.txt")  # packaged: stands in for the PyPI sdist
 
 
 def test_default_run_builds_the_text_learns_and_prints_loss_sample_and_next_commands(tmp_path, capsys, monkeypatch):
