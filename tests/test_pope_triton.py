@@ -427,16 +427,17 @@ def test_bad_backend_raises():
         pope.pope_attention(q, k, v, backend="cuda")
 
 
-def test_torch_compile_keeps_custom_op_in_graph():
+def test_torch_compile_keeps_custom_op_in_graph(tmp_path, monkeypatch):
     """fullgraph=True fails on a graph break, so the autograd.Function around the custom ops (with their fake
-    kernels) must trace, backward included."""
+    kernels) must trace, backward included; the default backend (Inductor, a fresh cache) runs the graph."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     q, k, v, delta = _inputs(1, 2, 20, 20, 16, 16, True, torch.float32)
 
     def f(q, k, v, delta):
         return pope.pope_attention(q, k, v, delta, backend="triton", q_offset=0).sum()
 
     torch._dynamo.reset()
-    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(f, fullgraph=True)
     got = compiled(q, k, v, delta)
     got.backward()
     grads = [t.grad.clone() for t in (q, k, v, delta)]
