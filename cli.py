@@ -12,6 +12,7 @@ dataset, a bad setting) and decorates its main() with exit_on_user_error. Anythi
 keeps its traceback.
 """
 
+import argparse
 import contextlib
 import functools
 import json
@@ -40,6 +41,14 @@ def exit_on_user_error(main):
             print(f"error: {e}" + (f"\n{e.details}" if e.details else ""), file=sys.stderr)
             sys.exit(2)
     return wrapper
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose errors (an unknown flag, a bad value) raise UserError, so that under
+    exit_on_user_error they print one line naming `--help` and exit 2, instead of usage + message."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see python {self.prog} --help)")
 
 
 def note_renamed(old, new):

@@ -91,8 +91,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from checkpoint import build_model, describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_from_checkpoint
-from cli import (DTYPES, UserError, atomic_open, atomic_write, autocast_context, exit_on_user_error, note_renamed,
-                 resolve_device, resolve_dtype)
+from cli import (DTYPES, ArgumentParser, UserError, atomic_open, atomic_write, autocast_context, exit_on_user_error,
+                 note_renamed, resolve_device, resolve_dtype)
 from data import Dataset
 from model import ABSOLUTE_ENCODINGS, GPTConfig
 from provenance import FLAT_COLUMNS, flat, provenance
@@ -479,11 +479,6 @@ def write_plot(path, rows, runs, train_lengths, dataset, protocol="tiled"):
 
 # ---- command line ----
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2 (main), instead of usage + message
-        raise UserError(f"{message} (see python eval_extrapolate.py --help)")
-
-
 def parse_lengths(text):
     try:
         lengths = sorted({int(t) for t in text.split(",") if t.strip()})
@@ -523,7 +518,7 @@ def select(protocol, offsets, max_length, max_tokens, seed):
 
 
 def parse_args(argv):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="eval_extrapolate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (train.py out_dir) holding best.pt")
     p.add_argument("--dataset", default="pg19", help="prepared dataset folder under --data_root")
     p.add_argument("--data_root", default="data")

@@ -61,8 +61,8 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import build_model, load_checkpoint, load_codec, tokenizer_from_checkpoint
-from cli import (DTYPES, UserError, atomic_open, atomic_write, autocast_context, exit_on_user_error, resolve_device,
-                 resolve_dtype)
+from cli import (DTYPES, ArgumentParser, UserError, atomic_open, atomic_write, autocast_context, exit_on_user_error,
+                 resolve_device, resolve_dtype)
 from eval_extrapolate import display_names, inspect_run, parse_lengths
 from model import ABSOLUTE_ENCODINGS
 from provenance import FLAT_COLUMNS, flat, provenance
@@ -350,11 +350,6 @@ def write_plot(path, pk_rows, cp_rows, runs, lengths, train_length, names):
 
 # ---- command line ----
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2 (main), instead of usage + message
-        raise UserError(f"{message} (see python eval_retrieval.py --help)")
-
-
 def parse_floats(text, name, low=None, high=None):
     try:
         vals = sorted({float(t) for t in text.split(",") if t.strip()})
@@ -366,7 +361,7 @@ def parse_floats(text, name, low=None, high=None):
 
 
 def parse_args(argv):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="eval_retrieval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (train.py out_dir) holding best.pt")
     p.add_argument("--tasks", default="passkey,copy", help="comma-separated: passkey, copy")
     p.add_argument("--lengths", default=None, help="comma-separated window lengths in tokens (overrides --multiples)")

@@ -74,17 +74,12 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: cli.py, model.py ...
 
 import provenance as prov
-from cli import UserError, exit_on_user_error
+from cli import ArgumentParser, UserError, exit_on_user_error
 
 # Settings that name, log or place a run rather than change what it trains: never a reason to split groups.
 IGNORED = ("seed", "out_dir", "wandb_log", "wandb_project", "wandb_run_name", "init_from", "init_ckpt",
            "eval_only", "data_root", "device", "compile", "attn_backend", "log_interval", "peak_flops")
 NOT_SET = "(not set)"
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2 (main), instead of usage + message
-        raise UserError(f"{message} (see python study/results.py --help)")
 
 
 def load_run(path):
@@ -620,7 +615,7 @@ def parse_lengths(text):
 
 @exit_on_user_error
 def main(argv):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="study/results.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="*", help="run folders holding metrics.json, or copies of a metrics.json")
     p.add_argument("--by", default="", help="comma-separated settings to group by (default: those that differ)")
     p.add_argument("--split", default="test", choices=["val", "test"])

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from cli import (UserError, atomic_open, atomic_write, atomic_write_json, autocast_context, exit_on_user_error,
+from cli import (ArgumentParser, UserError, atomic_open, atomic_write, atomic_write_json, autocast_context, exit_on_user_error,
                  resolve_device, resolve_dtype)
 
 
@@ -30,6 +30,21 @@ def test_user_error_exits_2_with_one_line_and_other_errors_keep_their_traceback(
     assert e.value.code == 2 and capsys.readouterr().err == "error: unknown config key 'q'\nvalid keys:\n  a = 1\n"
     with pytest.raises(KeyError):
         main("bug")
+
+
+@pytest.mark.parametrize("script", ["eval_retrieval", "eval_extrapolate", "study.results"])
+def test_a_bad_flag_is_one_line_naming_the_scripts_help_and_exit_2(script, capsys):
+    import importlib
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as e:
+        module.main(["some-run", "--no_such_flag=1"])
+    err = capsys.readouterr().err
+    name = script.replace(".", "/") + ".py"
+    assert e.value.code == 2 and err == f"error: unrecognized arguments: --no_such_flag=1 (see python {name} --help)\n"
+    p = ArgumentParser(prog="x.py")
+    p.add_argument("--n", type=int)
+    with pytest.raises(UserError, match=r"^argument --n: invalid int value: 'a' \(see python x.py --help\)$"):
+        p.parse_args(["--n=a"])
 
 
 def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
