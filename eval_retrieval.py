@@ -43,8 +43,10 @@ copy loss/accuracy per length, seconds per length), and in --out_dir, written at
   copy.csv      one row per (model, length): run, label, length, multiple, distance, trials, targets,
                 loss_second, acc_second, loss_first, acc_first, seconds, provenance
   retrieval.png passkey accuracy (Wilson intervals) and second-copy accuracy vs length, one line per model
-Bad input (no best.pt, a length too short for the passkey prompt, a tokenizer that cannot spell it, a
-depth outside [0, 1], trials < 1, ...) prints one line and exits with code 2.
+Lengths shorter than the passkey prompt without filler (102 characters with a 5-symbol key) get no
+passkey row (a note says which; copying still runs them): a context-64 model's passkey starts at 2x.
+Bad input (no best.pt, every length too short for the passkey prompt, a tokenizer that cannot spell it,
+a depth outside [0, 1], trials < 1, ...) prints one line and exits with code 2.
 """
 
 import argparse
@@ -435,8 +437,15 @@ def run(argv):
             except ValueError as e:
                 raise UserError(f"{r['run']}: its tokenizer cannot spell the passkey prompt ({e})") from None
             print(f"{r['label']} {r['run']}: passkey keys of {a.key_len} symbols from {r['alphabet']!r}")
+            need = sum(map(len, passkey_parts(encode, r["alphabet"][0] * a.key_len))) - 1  # the prompt, no filler
+            short = [L for L in lengths if L < need]
+            if len(short) == len(lengths):
+                raise UserError(f"every length is shorter than the passkey prompt without filler ({need} tokens): "
+                                "use longer --lengths, or --tasks=copy")
+            if short:
+                print(f"note: the passkey prompt needs {need} tokens: passkey at {', '.join(map(str, short))} left empty")
             res = run_passkey(model, encode, r["alphabet"], lengths, depths, a.trials, a.key_len, a.seed,
-                              max_length, device, autocast, skip)
+                              max_length, device, autocast, [*skip, *short])
             for (L, d), (k, n, secs) in res.items():
                 rate, (lo, hi) = wilson(k, n)
                 pk_rows.append(dict(common, length=L, multiple=L / ctx, depth=d, trials=n, correct=k, accuracy=rate,

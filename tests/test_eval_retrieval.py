@@ -228,7 +228,7 @@ def test_command_line_writes_tables_csvs_and_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--lengths=50"], "shorter than the passkey prompt"),
+    (["--lengths=50,60"], "every length is shorter than the passkey prompt without filler (102 tokens)"),
     (["--depths=0,1.5"], "--depths must lie in"),
     (["--trials=0"], "--trials must be >= 1"),
     (["--tasks=needle"], "--tasks must name"),
@@ -241,6 +241,18 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, extra, message):
         er.main([a, "--trials=1", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}", "--device=cpu", *extra])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_passkey_skips_the_lengths_its_prompt_does_not_fit_and_copy_runs_them(tmp_path, capsys):
+    """A context-64 model: its 1x is shorter than the 102-character passkey prompt (5-digit key), so passkey starts at
+    the first length that holds it while copying covers every length."""
+    itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
+    tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
+    a = save_run(str(tmp_path / "a"), tok, len(itos), block_size=64)
+    pk, cp = er.run([a, "--multiples=1,1.5,2", "--depths=0", "--trials=1", "--copy_trials=1",
+                     f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    assert "passkey prompt needs 102 tokens: passkey at 64, 96 left empty" in capsys.readouterr().out
+    assert [r["length"] for r in pk] == [128] and [r["length"] for r in cp] == [64, 96, 128]
 
 
 def test_a_tokenizer_without_text_runs_copy_only(tmp_path, capsys):
