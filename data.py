@@ -16,6 +16,7 @@ import torch
 PREPARE_COMMANDS = {
     "jsb_music21": "python prepare/jsb.py --source music21",
     "genome_klebsiella": "python prepare/genome.py --source kleborate-examples",
+    "shakespeare_char_copyrand32": "python prepare/shakespeare_copymix.py --p_random=1 --min_span=4 --max_span=32",
 }
 
 

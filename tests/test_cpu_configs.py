@@ -114,7 +114,9 @@ def test_genome_cpu_config_trains_on_the_source_layout(fake_kleborate, tmp_path)
 
 @pytest.mark.parametrize("name, command", [("jsb_music21", "python prepare/jsb.py --source music21"),
                                            ("genome_klebsiella", "python prepare/genome.py --source kleborate-examples"),
-                                           ("maestro", "python prepare/maestro.py")])
+                                           ("maestro", "python prepare/maestro.py"),
+                                           ("shakespeare_char_copyrand32", "python prepare/shakespeare_copymix.py "
+                                            "--p_random=1 --min_span=4 --max_span=32")])
 def test_missing_dataset_names_its_prepare_command(tmp_path, name, command):
     with pytest.raises(FileNotFoundError, match=f"Run: {command} --out_dir="):
         Dataset(str(tmp_path / name))

@@ -37,3 +37,19 @@ def test_random_spans_are_repeated_exactly():
     assert (n_spans, n_copied) == (30, 30) and len(mixed) == 600 and 7 not in mixed.tolist()
     pairs = mixed.reshape(30, 2, 10)
     assert (pairs[:, 0] == pairs[:, 1]).all() and len({tuple(p) for p in pairs[:, 0]}) == 30
+
+
+def test_the_copy_cpu_config_trains_on_the_mix_its_comment_prepares(tmp_path):
+    """config/train_copy_cpu.py (issue 44's retrieval setting) on the mix its comment's command makes
+    (min_span 4, max_span 32, all repeats random), small: the run keeps the config's model and context."""
+    import train
+    root = str(tmp_path)
+    char_dataset(os.path.join(root, "shakespeare_char"), "to be or not to be, that is the question. " * 200, "chars")
+    cm.main(["--source_dir", os.path.join(root, "shakespeare_char"), "--p_random=1", "--min_span=4", "--max_span=32",
+             "--out_dir", os.path.join(root, "shakespeare_char_copyrand32")])
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    metrics = train.main([os.path.join(repo, "config", "train_copy_cpu.py"), "--max_iters=2", "--eval_iters=1",
+                          "--batch_size=2", f"--data_root={root}", f"--out_dir={tmp_path / 'out'}"])
+    cfg = metrics["config"]
+    assert metrics["dataset"] == "shakespeare_char_copyrand32"
+    assert (cfg["n_layer"], cfg["n_embd"], cfg["block_size"], cfg["learning_rate"], cfg["min_lr"]) == (2, 128, 64, 3e-3, 3e-4)
