@@ -13,7 +13,7 @@
 #   OMP_NUM_THREADS=1 python train.py config/train_copy_cpu.py --seed=1337 --out_dir=out-copy-cpu-pope-s1337
 #   OMP_NUM_THREADS=1 python train.py config/train_copy_cpu.py --seed=1337 --pos_encoding=rope --out_dir=out-copy-cpu-rope-s1337
 #   python train.py config/finetune_shakespeare_char_drope.py --dataset=shakespeare_char_copyrand32 \
-#       --block_size=64 --batch_size=64 --init_ckpt=out-copy-cpu-rope-s1337/best.pt --out_dir=out-copy-cpu-drope-s1337
+#       --n_layer=2 --block_size=64 --batch_size=64 --init_ckpt=out-copy-cpu-rope-s1337/best.pt --out_dir=out-copy-cpu-drope-s1337
 #   python eval_retrieval.py out-copy-cpu-rope-s1337 --multiples=1,2,4,8,16,32 --out_dir=out-copy-cpu-rope-s1337/retrieval
 out_dir = 'out-copy-cpu-pope'
 dataset = 'shakespeare_char_copyrand32'

@@ -44,7 +44,8 @@ SIMD level, or GPUs), code commits or library versions gets one "warning:" line 
 differs; runs from before train.py recorded provenance count as "unknown" and are still read.
 
 --compare=KEY: the runs must fall into exactly two groups by KEY and differ in nothing else (change one
-thing). For each metric (loss, ppl, accuracy, and each --extrapolation length), the difference of the
+thing), but the settings --allow=KEY,... names: those that belong to the method compared, such as DroPE's
+recalibration recipe against its RoPE run (the caption names them). For each metric (loss, ppl, accuracy, and each --extrapolation length), the difference of the
 means B − A (A: the group of the first run given) with its 95 % confidence interval and p-value from
 Welch's t-test (two-sided; scipy.stats.ttest_ind, equal_var=False); and, when both groups hold the
 same seeds, each once, and every run's provenance names one and the same machine, the paired
@@ -414,14 +415,16 @@ def pairing(a_runs, b_runs):
     return sorted(seeds_a, key=repr), ""
 
 
-def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=()):
+def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(), allow=()):
     """Two arms that differ in the setting `key` only: per metric, Welch's difference B − A (A: the arm of the
     first run given), its 95 % CI and p; the paired one when pairing() allows; with `solved` (a test accuracy
-    threshold in [0, 1]) the solve counts, Wilson intervals and Fisher's exact test.
+    threshold in [0, 1]) the solve counts, Wilson intervals and Fisher's exact test. `allow`: settings the arms
+    may also differ in because they are part of the method compared (DroPE's recalibration recipe against
+    the RoPE run it starts from); they are named in the output ("allowed").
 
     Returns {"key", "arms": [(value, runs), (value, runs)], "rows": [{"metric", "a": (mean, sd, n), "b": ...,
     "welch": (diff, ci, p), "paired": (diff, ci, p) or None}], "paired_why", "solved": None or {"threshold",
-    "a": (k, n, rate, ci), "b": ..., "fisher": (odds ratio, p)}, "dataset", "split", "notes"}.
+    "a": (k, n, rate, ci), "b": ..., "fisher": (odds ratio, p)}, "dataset", "split", "notes", "allowed"}.
     Raises UserError for the bad input the module docstring lists.
     """
     if solved is not None and not 0 <= solved <= 1:
@@ -435,10 +438,11 @@ def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(
     if len(groups) != 2:
         raise UserError(f"--compare={key} splits the runs into {len(groups)} group(s) "
                         f"({', '.join(_value(v[0]) for v, _ in groups)}); give the runs of exactly two values")
-    other = [k for k in differing_keys(configs) if k != key]
+    other = [k for k in differing_keys(configs) if k != key and k not in allow]
     if other:
         raise UserError(f"the two arms also differ in {', '.join(other)}; a comparison changes one setting: give "
-                        f"only the runs that differ in {key}")
+                        f"only the runs that differ in {key} (or --allow them, if they are part of the method)")
+    allowed = [k for k in differing_keys(configs) if k in allow]
     (va, a_runs), (vb, b_runs) = groups
     seeds, why = pairing(a_runs, b_runs)
     if solved is None:
@@ -459,7 +463,7 @@ def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(
             row["paired"] = paired([by_seed_a[s] for s in seeds], [by_seed_b[s] for s in seeds])
         rows.append(row)
     out = {"key": key, "arms": [(_value(va[0]), a_runs), (_value(vb[0]), b_runs)], "rows": rows, "paired_why": why,
-           "solved": None, "dataset": runs[0]["metrics"]["dataset"], "split": split, "notes": []}
+           "solved": None, "dataset": runs[0]["metrics"]["dataset"], "split": split, "notes": [], "allowed": allowed}
     if solved is not None:
         ks = [sum(r["metrics"][split]["acc"] >= solved for r in members) for members in (a_runs, b_runs)]
         ns = [len(a_runs), len(b_runs)]
@@ -494,6 +498,8 @@ def compare_markdown(c):
              f"B − A with its 95 % CI; Welch's t-test, two-sided; separated: p < {ALPHA}",
              f"machines: A {_counted(provenance_counts(a_runs, 'machines'))}; "
              f"B {_counted(provenance_counts(b_runs, 'machines'))}", ""]
+    if c.get("allowed"):
+        lines[-1:] = [f"allowed: the arms also differ in {', '.join(c['allowed'])} (part of the method, --allow)", ""]
     head = ["metric", f"A: {a}", f"B: {b}", "B − A [95 % CI]", "p (Welch)", "separated"]
     paired_on = any(r["paired"] for r in c["rows"])
     if paired_on:
@@ -627,15 +633,21 @@ def main(argv):
                    help="count runs with accuracy >= THRESHOLD (in [0, 1]): k / n, Wilson CI; Fisher with --compare")
     p.add_argument("--retrieval", default="", metavar="TASK@L,...",
                    help="with --compare: eval_retrieval.py accuracies, e.g. passkey@256,copy@4096")
+    p.add_argument("--allow", default="", metavar="KEY,...",
+                   help="with --compare: settings the arms may also differ in, as part of the method (e.g. DroPE's "
+                        "recalibration: learning_rate,max_iters,...); named in the caption")
     a = p.parse_args(argv)
     lengths = parse_lengths(a.extrapolation)
     retrieval = parse_retrieval(a.retrieval)
     if retrieval and not a.compare:
         raise UserError("--retrieval applies with --compare=KEY only")
+    if a.allow and not a.compare:
+        raise UserError("--allow applies with --compare=KEY only")
     if a.compare:
         if a.by:
             raise UserError("--compare=KEY groups by KEY itself; drop --by")
-        c = compare(a.runs, a.compare.strip(), a.split, lengths, a.solved, retrieval)
+        allow = [k.strip() for k in a.allow.split(",") if k.strip()]
+        c = compare(a.runs, a.compare.strip(), a.split, lengths, a.solved, retrieval, allow)
         for note in c["notes"]:
             print(note, file=sys.stderr)
         text = (compare_csv if a.csv else compare_markdown)(c)

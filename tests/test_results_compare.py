@@ -211,6 +211,29 @@ def test_arms_that_differ_in_more_than_one_thing_or_hold_one_run_are_refused(tmp
     assert c["solved"]["b"][:2] == (0, 1) and row(c, "test loss")["welch"] is None
 
 
+def test_allow_lets_the_arms_differ_in_the_methods_own_settings_and_names_them(tmp_path, capsys):
+    """DroPE against its RoPE runs: a recalibration with its own learning rate and length. --allow names
+    the settings that belong to the method; any other difference is still refused, and the numbers are
+    the plain comparison's (the same Welch test on the same values)."""
+    rope = [write_run(tmp_path, f"rope-s{s}", x, seed=s, provenance=prov(), pos_encoding="rope")
+            for s, x in ((1, 1.0), (2, 2.0), (3, 3.0))]
+    drope = [write_run(tmp_path, f"drope-s{s}", x, seed=s, provenance=prov(), pos_encoding="none",
+                       learning_rate=3e-4, max_iters=60) for s, x in ((1, 3.0), (2, 4.0), (3, 5.0))]
+    with pytest.raises(SystemExit) as e:
+        results.main(rope + drope + ["--compare=pos_encoding"])
+    assert e.value.code == 2 and "also differ in learning_rate, max_iters" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        results.main(rope + drope + ["--compare=pos_encoding", "--allow=learning_rate"])
+    assert e.value.code == 2 and "also differ in max_iters; " in capsys.readouterr().err
+    text = results.main(rope + drope + ["--compare=pos_encoding", "--allow=max_iters, learning_rate"])
+    assert "allowed: the arms also differ in learning_rate, max_iters (part of the method, --allow)" in text
+    c = results.compare(rope + drope, "pos_encoding", allow=("learning_rate", "max_iters"))
+    assert c["rows"][0]["welch"][0] == pytest.approx(2.0) and c["rows"][0]["paired"][0] == pytest.approx(2.0)
+    with pytest.raises(SystemExit) as e:
+        results.main(rope + ["--allow=learning_rate"])
+    assert e.value.code == 2 and "--allow applies with --compare=KEY only" in capsys.readouterr().err
+
+
 def test_pairing_needs_a_known_machine_and_a_resume_on_another_machine_counts(tmp_path):
     a, b = [1.0, 2.0, 3.0], [3.0, 4.5, 5.0]
     (tmp_path / "old").mkdir()
