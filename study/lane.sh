@@ -10,7 +10,9 @@
 # A run whose record docs/runs/NAME.json is there (with NAME.extrapolation.csv where an after-command
 # writes one) is done, also in a fresh checkout without out/ (a study that spans sessions); delete the
 # record to run it again. A run whose OUT_DIR/metrics.json exists is not trained again; one with
-# OUT_DIR/ckpt.pt resumes (--init_from=resume). The after-command runs once (marker OUT_DIR/after.done). Each run gets one
+# OUT_DIR/ckpt.pt resumes (--init_from=resume). A line whose arguments hold --init_ckpt=RUN/best.pt (a DroPE
+# or YaRN fine-tune) waits while another lane trains RUN and is skipped while RUN has no metrics.json, so it
+# never starts from an unfinished run. The after-command runs once (marker OUT_DIR/after.done). Each run gets one
 # core (OMP_NUM_THREADS=1) at low priority; /usr/bin/time -v writes its wall and CPU time to
 # OUT_DIR/time.txt. Results are copied to docs/runs/NAME.json (metrics.json plus wall and CPU time),
 # the training log to docs/runs/NAME.log.jsonl (the curve) and, if the after-command wrote
@@ -33,6 +35,18 @@ while IFS= read -r line; do
   [[ -f "$out/metrics.json" && -f "docs/runs/$name.json" && ( -z "${after:-}" || -f "$out/after.done" ) ]] && continue
   exec {lock}> "$out/lane.lock"
   flock -n "$lock" || { exec {lock}>&-; continue; }   # another lane holds this run
+  if [[ ! -f "$out/metrics.json" && "$args" =~ --init_ckpt=([^ ]+) ]]; then
+    # a fine-tune (DroPE, YaRN) starts from another line's run: wait while a lane trains that run, and never
+    # start from a run that has not finished (its best.pt would be an intermediate one)
+    src="$(dirname "${BASH_REMATCH[1]}")"
+    if [[ -d "$src" && ! -f "$src/metrics.json" ]]; then
+      exec {srclock}> "$src/lane.lock"; flock "$srclock"; exec {srclock}>&-
+    fi
+    if [[ ! -f "$src/metrics.json" ]]; then
+      echo "$(date -u +%FT%TZ) skipped $name: the run it starts from ($src) has not finished; a later lane takes it"
+      exec {lock}>&-; continue
+    fi
+  fi
   if [[ ! -f "$out/metrics.json" ]]; then
     resume=""; [[ -f "$out/ckpt.pt" ]] && resume="--init_from=resume"
     echo "$(date -u +%FT%TZ) start $name: python train.py $args --out_dir=$out $resume"

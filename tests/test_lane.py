@@ -192,6 +192,30 @@ def test_a_run_another_lane_holds_is_left_to_it(repo):
     assert calls(repo, "out/h") == ["--seed=1 --out_dir=out/h"] and log[-2:] == ["done h", "lane finished"]
 
 
+def test_a_fine_tune_waits_for_the_run_it_starts_from_and_never_starts_from_an_unfinished_one(repo):
+    """d fine-tunes r's best.pt (DroPE): with r unfinished and no lane on it, d is skipped (r's best.pt
+    is an intermediate one); with r's lock held by a lane, d waits until that lane lets go, then runs
+    once r has finished."""
+    import threading
+    q = queue(repo, "q.tsv", ("d", "out/d", "--seed=1 --init_ckpt=out/r/best.pt"))
+    (repo / "out" / "r").mkdir(parents=True)
+    (repo / "out" / "r" / "best.pt").write_text("an intermediate best.pt")
+    log, _ = lane(repo, q)
+    assert calls(repo, "out/d") == [] and log[0] == ("skipped d: the run it starts from (out/r) has not finished; "
+                                                     "a later lane takes it")
+    held = open(repo / "out" / "r" / "lane.lock", "w")
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def finish_r():  # the other lane: r finishes 1.5 s later, then its lock is released
+        time.sleep(1.5)
+        (repo / "out" / "r" / "metrics.json").write_text("{}")
+        held.close()
+    threading.Thread(target=finish_r).start()
+    log, seconds = lane(repo, q)
+    assert seconds >= 1.5 and calls(repo, "out/d") == ["--seed=1 --init_ckpt=out/r/best.pt --out_dir=out/d"]
+    assert log[-2:] == ["done d", "lane finished"]
+
+
 def test_a_committed_record_is_done_in_a_fresh_checkout_without_out(repo):
     """A study spans sessions: the next checkout has docs/runs/NAME.json but no out/. Its runs are not trained
     again (that would redraw them, on another machine, and overwrite the record); the others are."""
