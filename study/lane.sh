@@ -19,6 +19,7 @@
 # OUT_DIR/extrapolate/extrapolation.csv, docs/runs/NAME.extrapolation.csv; OUT_DIR/retrieval/passkey.csv and
 # copy.csv (eval_retrieval.py), docs/runs/NAME.passkey.csv and NAME.copy.csv.
 set -u
+{  # the whole script is read before it runs, so editing lane.sh (a git pull) cannot break a running lane
 (( $# >= 1 )) || { echo "usage: lane.sh QUEUE.tsv [QUEUE.tsv ...]" >&2; exit 2; }
 cd "$(dirname "$0")/.."  # the repo root: train.py, docs/runs/
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -88,3 +89,5 @@ PY
   exec {lock}>&-
 done < <(awk 1 "$@")   # awk 1: every line ends with a newline, also a file's last
 echo "$(date -u +%FT%TZ) lane finished"
+exit 0
+}

@@ -216,6 +216,20 @@ def test_a_fine_tune_waits_for_the_run_it_starts_from_and_never_starts_from_an_u
     assert log[-2:] == ["done d", "lane finished"]
 
 
+def test_editing_lane_sh_while_a_lane_runs_does_not_break_it(repo):
+    """A git pull that changes lane.sh rewrites the file a running lane reads; bash reads a script as it
+    goes, so without the braces around lane.sh's body the lane dies at its next command ('syntax error')."""
+    import shutil
+    os.remove(repo / "study" / "lane.sh")
+    shutil.copy(LANE, repo / "study" / "lane.sh")  # a file of the sandbox's own, rewritten in place below
+    edit = ("{ head -n 2 study/lane.sh; printf '# an edit that shifts every byte after it%.0s\\n' 1 2 3; "
+            "tail -n +3 study/lane.sh; } > edited.sh && cat edited.sh > study/lane.sh")
+    q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1", edit), ("b", "out/b", "--seed=2"))
+    log, _ = lane(repo, q)
+    assert "# an edit" in (repo / "study" / "lane.sh").read_text()
+    assert log[-1] == "lane finished" and calls(repo, "out/b") == ["--seed=2 --out_dir=out/b"]
+
+
 def test_a_committed_record_is_done_in_a_fresh_checkout_without_out(repo):
     """A study spans sessions: the next checkout has docs/runs/NAME.json but no out/. Its runs are not trained
     again (that would redraw them, on another machine, and overwrite the record); the others are."""
