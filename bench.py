@@ -198,7 +198,8 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
     the same tokens and positions every round, prefill excluded. A round's figure is its median step time. The
     models take turns in `rounds` interleaved rounds; time_vs_rope is the median (min-max) of the per-round
     PoPE/RoPE ratios at the same context. cache_bytes_per_token: KVCache.cache_bytes() / max_len (keys and
-    values, all layers, fp32); rotation_bytes_per_token: PoPE's rotation table (one for all layers) per position.
+    values, all layers, fp32); rotation_bytes_per_token: the model's rotation table (GPT.rotation, one for all
+    layers: RoPE's cos/sin, PoPE's 2d-wide rows) per position.
     """
     prompt_len = min(contexts)
     prompt = torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
@@ -238,11 +239,11 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
     per_round = interleaved({key: (lambda key=key: decode_round(key)) for key in states}, device, rounds)
     rows = []
     for (pe, kv, ctx), (model, cache, _) in states.items():
-        table = sum(t.numel() * t.element_size() for t in getattr(cache, "_rotations", {}).values())
+        table = model.rotation[0].numel() * model.rotation.element_size()  # one row: the whole model's, per position
         rows.append({"pos_encoding": pe, "n_kv_head": kv or n_head, "context": ctx,
                      "ms_per_token": 1000 * statistics.median(per_round[pe, kv, ctx]),
                      "cache_bytes_per_token": cache.cache_bytes() // cache.max_len,
-                     "rotation_bytes_per_token": table // cache.max_len})
+                     "rotation_bytes_per_token": table})
         if pe == "pope":
             rows[-1]["time_vs_rope"] = fmt_ratio(ratio_stats(per_round["pope", kv, ctx], per_round["rope", kv, ctx]))
     return sorted(rows, key=lambda r: (r["n_kv_head"], r["context"], r["pos_encoding"] != "rope"))

@@ -142,22 +142,40 @@ def rope_frequencies(head_dim, rope_theta=10000.0, scaling=1.0, original_block_s
     return (1 - gamma) * freqs / scaling + gamma * freqs
 
 
+def rope_table(n_positions, head_dim, rope_theta=10000.0, scaling=1.0, original_block_size=0, device=None):
+    """RoPE's rotations for positions 0..n_positions-1: (n_positions, head_dim) float32 [cos | sin] of
+    s * theta_i radians, theta_i = rope_frequencies(head_dim, rope_theta, scaling, original_block_size) (YaRN
+    when scaling > 1). The phases are formed in float64 and rounded only after cos/sin, so the table is exact to
+    float32 at any position (a float32 angle is off by up to ~5e-4 rad at 10k tokens). GPT keeps one as a buffer
+    (GPT.rotation): the compiled step reads rows of it and computes no cos/sin."""
+    freqs = rope_frequencies(head_dim, rope_theta, scaling, original_block_size, device=device)
+    angle = torch.arange(n_positions, device=device, dtype=torch.float64)[:, None] * freqs
+    return torch.cat((torch.cos(angle), torch.sin(angle)), dim=-1).float()
+
+
+def rope_rotate(x, table):
+    """Rotate channel pairs (c, c + d/2) of x (B, H, T, d) by the rows of `table` (T, d) float32 [cos | sin]
+    (rope_table's rows for x's positions). Computed in float32 even under bf16 autocast; x's dtype out."""
+    h = x.shape[-1] // 2
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        cos, sin = table[:, :h], table[:, h:]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.to(x.dtype)
+
+
 def apply_rope(x, positions, rope_theta=10000.0, freqs=None):
     """Rotate channel pairs (c, c + d/2) of x (B, H, T, d) by positions * freqs[c] radians.
 
     positions: (T,) absolute token positions. freqs: (d/2,) radians per token (rope_frequencies);
-    default rope_theta^(-2c/d). The angle and its cos/sin are computed in float32 even under bf16
-    autocast (at 10k tokens the angle reaches 1e4 rad); the result has x's dtype.
+    default rope_theta^(-2c/d). The angle is formed in float64 and its cos/sin rounded to float32 (at 10k
+    tokens the angle reaches 1e4 rad); the rotation runs in float32 even under bf16 autocast (rope_rotate);
+    the result has x's dtype. The model reads the same rotations from its table instead (rope_table).
     """
     d = x.shape[-1]
-    if freqs is None:
-        freqs = rope_frequencies(d, rope_theta, device=x.device)
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        angle = positions.float()[:, None] * freqs.float()  # (T, d/2) radians
-        cos, sin = torch.cos(angle), torch.sin(angle)
-        x1, x2 = x.float().chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.to(x.dtype)
+    freqs = rope_frequencies(d, rope_theta, device=x.device) if freqs is None else freqs.double()
+    angle = positions.double()[:, None] * freqs  # (T, d/2) radians
+    return rope_rotate(x, torch.cat((torch.cos(angle), torch.sin(angle)), dim=-1).float())
 
 
 def alibi_slopes(n_head):
@@ -201,8 +219,8 @@ class KVCache:
              for both backends. PoPE's score mu_q mu_k cos((s - t) theta_c + delta_c) is the real part of
              conj(mu_q e^{i(t theta - delta)}) mu_k e^{i s theta}: delta rides on the query and a key's
              rotation e^{i s theta} is the same for every head and layer, so it is rotated in at attention
-             time from one (max_len, 2d) float32 table (`rotation`, shared by all layers; not counted in
-             cache_bytes: 8d bytes per position for the whole model).
+             time from the model's one float32 table (GPT.rotation, (>= max_len, 2d), shared by all layers;
+             not counted in cache_bytes: 8d bytes per position for the whole model).
     Size of a full cache: n_layer * B * n_kv_head * max_len * 2d elements, for every encoding, in the dtype
     of the keys (the model's activations, or the autocast dtype); cache_bytes gives it.
     `q_offset` is the number of tokens already in the cache = the absolute position of the next token.
@@ -212,15 +230,6 @@ class KVCache:
         self.n_layer, self.max_len, self.q_offset = n_layer, max_len, 0
         self.k = [None] * n_layer
         self.v = [None] * n_layer
-        self._rotations = {}
-
-    def rotation(self, head_dim, rope_theta, device):
-        """PoPE's (max_len, 2 * head_dim) float32 table [cos(s theta_c) | sin(s theta_c)]
-        (pope.pope_rotation_table), built on first use and shared by every layer."""
-        key = (head_dim, float(rope_theta), str(device))
-        if key not in self._rotations:
-            self._rotations[key] = pope_rotation_table(self.max_len, head_dim, rope_theta, device=device)
-        return self._rotations[key]
 
     def cache_bytes(self):
         """Bytes held by the allocated key and value buffers, all layers."""
@@ -238,6 +247,20 @@ class KVCache:
         self.k[layer][:, :, start:end] = k
         self.v[layer][:, :, start:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+def rotation_table(config, n_positions, device=None):
+    """The (n_positions, width) float32 table of rotations for positions 0..n_positions-1 that config's encoding
+    reads, or None: RoPE rope_table (width head_dim; head_dim/2 for rope_half; YaRN frequencies when
+    rope_scaling > 1), PoPE pope_rotation_table (width 2 * head_dim), None for the other encodings."""
+    hd = config.n_embd // config.n_head
+    if config.pos_encoding in ("rope", "rope_half"):
+        n_rot = hd if config.pos_encoding == "rope" else hd // 2
+        return rope_table(n_positions, n_rot, config.rope_theta, config.rope_scaling, config.rope_original_block_size,
+                          device)
+    if config.pos_encoding == "pope":
+        return pope_rotation_table(n_positions, hd, config.rope_theta, device=device)
+    return None
 
 
 def split_heads(qkv, n_head, n_kv_head):
@@ -280,25 +303,27 @@ class CausalSelfAttention(nn.Module):
             slopes[:config.n_head // 2] = alibi_slopes(config.n_head // 2).float()
             self.register_buffer("alibi_slopes", slopes, persistent=False)
 
-    def forward(self, x, kv_cache=None):
+    def forward(self, x, rotation=None, kv_cache=None):
+        """x (B, T, n_embd) -> (B, T, n_embd). rotation: the encoding's rotation_table with at least q_offset + T
+        rows (GPT passes its buffer GPT.rotation); None builds one for this call."""
         B, T, C = x.shape
         q, k, v = split_heads(self.c_attn(x), self.n_head, self.n_kv_head)
         q_offset = kv_cache.q_offset if kv_cache is not None else 0
         cfg = self.config
+        if rotation is None:
+            rotation = rotation_table(cfg, q_offset + T, x.device)
         if cfg.pos_encoding in ("rope", "rope_half"):
-            positions = torch.arange(q_offset, q_offset + T, device=x.device)
-            n_rot = self.head_dim if cfg.pos_encoding == "rope" else self.head_dim // 2
-            freqs = rope_frequencies(n_rot, cfg.rope_theta, cfg.rope_scaling, cfg.rope_original_block_size,
-                                     device=x.device)
-            q, k = (torch.cat((apply_rope(t[..., :n_rot], positions, freqs=freqs), t[..., n_rot:]), dim=-1)
-                    if n_rot < self.head_dim else apply_rope(t, positions, freqs=freqs) for t in (q, k))
+            rows = rotation[q_offset:q_offset + T]
+            n_rot = rows.shape[-1]
+            q, k = (torch.cat((rope_rotate(t[..., :n_rot], rows), t[..., n_rot:]), dim=-1)
+                    if n_rot < self.head_dim else rope_rotate(t, rows) for t in (q, k))
             if cfg.rope_scaling != 1.0:  # YaRN temperature: logits times (0.1 ln s + 1)^2
                 m = yarn_attention_factor(cfg.rope_scaling)
                 q, k = q * m, k * m
         if kv_cache is not None and cfg.pos_encoding != "pope":
             k, v = kv_cache.update(self.layer_idx, k, v)
         if cfg.pos_encoding == "pope":
-            y = self._pope(q, k, v, kv_cache, q_offset)
+            y = self._pope(q, k, v, kv_cache, q_offset, rotation)
         elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
             bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=q_offset)  # (n_head, T, Tk): per query head
             # 4-D (1, n_head, T, Tk): SDPA's fused CPU kernel takes it (and grouped heads); a 3-D mask sends it
@@ -310,21 +335,20 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def _pope(self, q, k, v, kv_cache, q_offset):
+    def _pope(self, q, k, v, kv_cache, q_offset, rotation):
         """PoPE attention of queries at positions q_offset..; with a KV cache, the new keys' magnitudes are
         appended (pope_key_magnitude) and the queries attend over the cache (pope_attention_decode, delta in
         the queries). A prompt into an empty cache attends over its own raw keys, as the full forward."""
         cfg = self.config
         kw = dict(causal=True, rope_theta=cfg.rope_theta, q_offset=q_offset, magnitude=cfg.pope_magnitude,
-                  backend=cfg.attn_backend)
+                  backend=cfg.attn_backend, rotation=rotation)
         if kv_cache is None:
             return pope_attention(q, k, v, self.pope_delta, **kw)
         mu = pope_key_magnitude(k, cfg.pope_magnitude)
         mu_all, v_all = kv_cache.update(self.layer_idx, mu, v.to(mu.dtype))
         if q_offset == 0:
             return pope_attention(q, k, v, self.pope_delta, **kw)
-        rotation = kv_cache.rotation(self.head_dim, cfg.rope_theta, q.device)
-        return pope_attention_decode(q, mu_all, v_all, self.pope_delta, rotation=rotation, **kw)
+        return pope_attention_decode(q, mu_all, v_all, self.pope_delta, **kw)
 
 
 class MLP(nn.Module):
@@ -346,8 +370,8 @@ class Block(nn.Module):
         self.ln_2 = nn.RMSNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, kv_cache=None):
-        x = x + self.attn(self.ln_1(x), kv_cache)
+    def forward(self, x, rotation, kv_cache=None):
+        x = x + self.attn(self.ln_1(x), rotation, kv_cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -366,6 +390,9 @@ class GPT(nn.Module):
         if config.pos_encoding == "sinusoidal":  # fixed: not a parameter, not saved in checkpoints
             self.register_buffer("wpe_sinusoidal", sinusoidal_embedding(config.block_size, config.n_embd),
                                  persistent=False)
+        # the encoding's rotations, one table for every layer (not saved in checkpoints): rows grow by powers of two
+        # when a longer context comes (ensure_positions), so no step computes cos/sin (issue 51)
+        self.register_buffer("rotation", rotation_table(config, config.block_size), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
@@ -378,6 +405,17 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
+
+    @torch.compiler.disable  # runs eagerly: a compiled forward breaks its graph here only when the table grows
+    def _grow_rotation(self, n_positions):
+        rows = 1 << (n_positions - 1).bit_length()  # a power of two: a sweep over lengths grows it a few times
+        self.rotation = rotation_table(self.config, rows, device=self.rotation.device)
+
+    def ensure_positions(self, n_positions):
+        """Make GPT.rotation hold at least n_positions rows (positions 0..n_positions-1), growing it to the next
+        power of two; a no-op for encodings without a table. Called by hidden_states for every forward."""
+        if self.rotation is not None and n_positions > self.rotation.shape[0]:
+            self._grow_rotation(n_positions)
 
     def get_num_params(self):
         """Number of parameters (the tied embedding counted once)."""
@@ -397,8 +435,9 @@ class GPT(nn.Module):
             else:
                 x = x + self.wpe_sinusoidal[q_offset:q_offset + T]
         x = self.transformer.drop(x)
+        self.ensure_positions((kv_cache.q_offset if kv_cache is not None else 0) + idx.shape[1])
         for block in self.transformer.h:
-            x = block(x, kv_cache)
+            x = block(x, self.rotation, kv_cache)
         if kv_cache is not None:
             kv_cache.q_offset += idx.shape[1]
         return self.transformer.ln_f(x)
@@ -441,6 +480,7 @@ class GPT(nn.Module):
             raise ValueError(f"pos_encoding={self.config.pos_encoding!r} is absolute: prompt + max_new_tokens = "
                              f"{idx.shape[1] + max_new_tokens} exceeds block_size {self.config.block_size}")
         cache = KVCache(self.config.n_layer, idx.shape[1] + max_new_tokens)
+        self.ensure_positions(cache.max_len)  # the table grows once, before the first step
         hidden = self.hidden_states(idx, cache)
         for i in range(max_new_tokens):
             logits = self.lm_head(hidden[:, -1, :]).float()

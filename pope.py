@@ -35,6 +35,7 @@ query head h uses key/value head h // (H / H_kv).
 This module imports without Triton; only backend='triton' needs it.
 """
 
+import logging
 import math
 import warnings
 from typing import Optional, Tuple
@@ -131,6 +132,36 @@ def polar_to_cartesian(x, positions, freqs, delta=None, magnitude="softplus", dt
     return out.to(dtype or x.dtype)
 
 
+def _cartesian(x, rows, delta=None, magnitude="softplus", scale=1.0, dtype=None):
+    """Raw x (B, H, T, d) and the rotation table's rows for its positions (T, 2d) float32 [cos(s theta) |
+    sin(s theta)] (pope_rotation_table) -> (B, H, T, 2d) scale * mu [cos(phi), sin(phi)] in `dtype` (default
+    x's), mu = magnitude(x), phi = s theta_c + delta_c: delta (H, d) radians (or None) enters by angle addition,
+    cos(a + b) = cos a cos b - sin a sin b, so the only trigonometry is cos/sin of delta's H * d entries.
+    Computed in float32 (float64 for float64 x) under any autocast; O(T d), pointwise: torch.compile fuses it."""
+    d = x.shape[-1]
+    ct = torch.promote_types(x.dtype, torch.float32)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        mu = pope_magnitude(x.to(ct), magnitude)
+        if scale != 1.0:
+            mu = mu * scale
+        cos, sin = rows[:, :d].to(ct), rows[:, d:].to(ct)
+        if delta is not None:
+            cd, sd = torch.cos(delta.to(ct)).unsqueeze(-2), torch.sin(delta.to(ct)).unsqueeze(-2)  # (H, 1, d)
+            cos, sin = cos * cd - sin * sd, sin * cd + cos * sd
+        out = torch.cat((mu * cos, mu * sin), dim=-1)
+    return out.to(dtype or x.dtype)
+
+
+def _rotation_rows(rotation, n_positions, head_dim, rope_theta, device):
+    """`rotation` checked to hold n_positions rows of width 2 * head_dim, or a new pope_rotation_table."""
+    if rotation is None:
+        return pope_rotation_table(n_positions, head_dim, rope_theta, device=device)
+    if rotation.dim() != 2 or rotation.shape[0] < n_positions or rotation.shape[1] != 2 * head_dim:
+        raise ValueError(f"rotation must be (>= {n_positions}, {2 * head_dim}) (pope_rotation_table rows for positions "
+                         f"0..{n_positions - 1}), got {tuple(rotation.shape)}")
+    return rotation
+
+
 def pope_rotation_table(n_positions, head_dim, rope_theta=10000.0, device=None):
     """The keys' rotations e^{i s theta_c} for s = 0..n_positions-1: (n_positions, 2 * head_dim) float32
     [cos(s theta_c) | sin(s theta_c)], phases formed in float64 (pope_frequencies' float32 theta_c).
@@ -157,18 +188,19 @@ def pope_key_magnitude(k, magnitude="softplus", dtype=None):
     return mu.to(dtype or compute_dtype(k, k))
 
 
-def pope_query_decode_form(q, q_offset, delta, rope_theta=10000.0, magnitude="softplus", dtype=None, scale=1.0):
+def pope_query_decode_form(q, q_offset, delta, rope_theta=10000.0, magnitude="softplus", dtype=None, scale=1.0,
+                           rotation=None):
     """Raw queries (B, H, Tq, d) at positions q_offset.. -> (B, H, Tq, 2d) scale * [mu_q cos(psi), mu_q sin(psi)],
     psi = t theta_c - delta_c radians, delta (H_kv, d) of the query's key/value head (query head h uses
     h // (H / H_kv)), or None for 0. Its dot product with a key's [mu_k cos(s theta), mu_k sin(s theta)] is
     mu_q mu_k cos((s - t) theta_c + delta_c): PoPE's score with delta moved from the key to the query.
-    Phases in float64, products in float32, result in `dtype` (default q's).
+    rotation: pope_rotation_table with >= q_offset + Tq rows (None: built here). Phases from the table (delta by
+    angle addition), products in float32, result in `dtype` (default q's). Raises ValueError for a short table.
     """
-    H, d = q.shape[1], q.shape[-1]
-    freqs = pope_frequencies(d, rope_theta, device=q.device)
+    H, Tq, d = q.shape[1], q.shape[2], q.shape[-1]
+    rotation = _rotation_rows(rotation, q_offset + Tq, d, rope_theta, q.device)
     neg = None if delta is None else -delta.repeat_interleave(H // delta.shape[0], dim=0)
-    positions = torch.arange(q_offset, q_offset + q.shape[-2], device=q.device)
-    return polar_to_cartesian(q, positions, freqs, neg, magnitude, dtype, scale)
+    return _cartesian(q, rotation[q_offset:q_offset + Tq], neg, magnitude, scale, dtype)
 
 
 def compute_dtype(q, v):
@@ -279,7 +311,7 @@ def _check(q, k, v, delta, q_offset, magnitude):
 
 
 def pope_attention(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
-                   magnitude="softplus", backend="auto", theta=None):
+                   magnitude="softplus", backend="auto", rotation=None, theta=None):
     """PoPE softmax attention (paper, Method section, the score equation).
 
     Args:
@@ -297,7 +329,9 @@ def pope_attention(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_s
         magnitude: 'softplus' (the paper), or the ablations 'relu' and 'identity'.
         backend: 'auto' (default): the Triton kernel for CUDA tensors whose compute dtype is fp16/bf16
             and that it supports (pope_backend), else 'torch'. 'triton': pope_attention_triton (on CPU only
-            under TRITON_INTERPRET=1, slow, for tests). 'torch': polar_to_cartesian and SDPA.
+            under TRITON_INTERPRET=1, slow, for tests). 'torch': the Cartesian forms and SDPA.
+        rotation: (>= max(q_offset + Tq, Tk), 2d) float32 pope_rotation_table, the phases s theta_c of
+            positions 0.. (GPT.rotation); None builds one for this call (cos/sin of T * d phases in float64).
 
     Returns:
         (B, H, Tq, dv) in v's dtype (in the autocast dtype under autocast, for both backends),
@@ -312,15 +346,15 @@ def pope_attention(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_s
     backend = pope_backend(q, k, v, backend)
     if backend == "triton":
         return pope_attention_triton(q, k, v, delta, causal=causal, rope_theta=rope_theta, sm_scale=sm_scale,
-                                     q_offset=q_offset, magnitude=magnitude)
+                                     q_offset=q_offset, magnitude=magnitude, rotation=rotation)
     if backend != "torch":
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     d, dv, Tq, Tk = q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    freqs = pope_frequencies(d, rope_theta, device=q.device)
+    rotation = _rotation_rows(rotation, max(q_offset + Tq, Tk), d, rope_theta, q.device)
     dtype = compute_dtype(q, v)
-    qc = polar_to_cartesian(q, torch.arange(q_offset, q_offset + Tq, device=q.device), freqs, None, magnitude, dtype)
-    kc = polar_to_cartesian(k, torch.arange(Tk, device=q.device), freqs, delta, magnitude, dtype)
+    qc = _cartesian(q, rotation[q_offset:q_offset + Tq], None, magnitude, 1.0, dtype)
+    kc = _cartesian(k, rotation[:Tk], delta, magnitude, 1.0, dtype)
     v_pad = F.pad(v.to(dtype), (0, 2 * d - dv)) if dv < 2 * d else v.to(dtype)
     return sdpa_attention(qc, kc, v_pad, causal=causal, sm_scale=sm_scale, q_offset=q_offset)[..., :dv]
 
@@ -334,7 +368,7 @@ def pope_attention_decode(q, mu_k, v, delta=None, *, rotation=None, causal=True,
         mu_k: (B, H_kv, Tk, d) key magnitudes (pope_key_magnitude) at positions 0..Tk-1; a slice of the cache.
         v: (B, H_kv, Tk, dv) values.
         delta: (H_kv, d) radians or None; it goes into the queries (pope_query_decode_form).
-        rotation: (>= Tk, 2d) float32 pope_rotation_table, or None to build one for this call.
+        rotation: (>= max(Tk, q_offset + Tq), 2d) float32 pope_rotation_table, or None to build one for this call.
         n_split: Triton only: cache splits (0: pope_kernel.decode_splits).
         Others as pope_attention.
     Returns:
@@ -350,10 +384,7 @@ def pope_attention_decode(q, mu_k, v, delta=None, *, rotation=None, causal=True,
     _check(q, mu_k, v, delta, q_offset, magnitude)
     H_kv, Tk, dv = mu_k.shape[1], mu_k.shape[2], v.shape[-1]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    if rotation is None:
-        rotation = pope_rotation_table(Tk, d, rope_theta, device=q.device)
-    if rotation.shape[0] < Tk or rotation.shape[1] != 2 * d:
-        raise ValueError(f"rotation must be (>= Tk, 2d) = (>= {Tk}, {2 * d}), got {tuple(rotation.shape)}")
+    rotation = _rotation_rows(rotation, max(Tk, q_offset + Tq), d, rope_theta, q.device)
     dtype = compute_dtype(q, v)
     backend = pope_backend(q, mu_k, v, backend)
     if backend not in ("triton", "torch"):
@@ -361,11 +392,11 @@ def pope_attention_decode(q, mu_k, v, delta=None, *, rotation=None, causal=True,
     mu_k, v = mu_k.to(dtype), v.to(dtype)
     if backend == "triton":
         _triton_ready(q, mu_k, v)
-        qd = pope_query_decode_form(q, q_offset, delta, rope_theta, magnitude, dtype, scale=sm_scale * LOG2E)
+        qd = pope_query_decode_form(q, q_offset, delta, rope_theta, magnitude, dtype, sm_scale * LOG2E, rotation)
         if (H // H_kv) * Tq <= pope_kernel.DECODE_MAX_ROWS:
             return pope_kernel.decode(qd, mu_k, v, rotation, causal=causal, q_offset=q_offset, n_split=n_split)[0]
         return pope_kernel.attention(qd, _rotate_keys(mu_k, rotation), v, causal=causal, q_offset=q_offset)[0]
-    qd = pope_query_decode_form(q, q_offset, delta, rope_theta, magnitude, dtype)
+    qd = pope_query_decode_form(q, q_offset, delta, rope_theta, magnitude, dtype, rotation=rotation)
     if Tq == 1 and (not causal or q_offset >= Tk - 1):  # one new token that sees every cached key
         qd, chunk = qd.view(B, H_kv, H // H_kv, 2 * d), _decode_chunk(mu_k)
         scores = torch.cat([_rotated_scores(qd, mu_k[:, :, a:a + chunk], rotation[a:min(a + chunk, Tk)])
@@ -466,123 +497,69 @@ def _triton_ready(q, k, v):
             raise ValueError(reason)
 
 
-# ---- the Triton backend as two custom ops -------------------------------------------------------------------
-# The transform, the kernel and the chain rule live inside pope::triton_forward / pope::triton_backward, so that
-# torch.compile sees two opaque nodes. As an autograd.Function traced by Dynamo, the forward's q~, k~ and the
-# backward's recomputation of them landed in one joint graph; AOTAutograd's CSE merged them and the min-cut
-# partitioner then saved q~ and k~ for the backward: two (B, H, T, 2d) tensors per layer (docs/kernel.md).
+# ---- the Triton backend: the transform in PyTorch (fused by torch.compile), recomputed for the backward ------
+# The Cartesian q~, k~ are pointwise functions of the raw q, k (rows of the rotation table, softplus, delta by
+# angle addition): _triton_region forms them and calls pope_kernel's attention op. Under torch.compile Inductor
+# fuses each side into one generated kernel and the chain rule (with delta's gradient, a reduction over batch and
+# positions: deterministic, no atomics) into the backward's; the only eager work around the kernels is their
+# outputs' allocation inside pope_kernel's ops (6 aten ops per call, forward and backward: bench.py --only=ops).
+# A selective checkpoint keeps q~, k~ out of what the forward saves: every op of the region is recomputed in the
+# backward except the attention op, whose o and lse are kept. Without it autograd (eager) or the min-cut
+# partitioner (compiled; docs/kernel.md) would save q~, k~: two (B, H, T, 2d) tensors per layer.
 
-def _cartesian_operands(q, k, delta, rope_theta, sm_scale, q_offset, magnitude, dtype):
-    """q~ (pre-scaled by sm_scale * log2(e)) and k~ in `dtype`, and the float32 (mu, (cos, sin)) of each."""
-    freqs = pope_frequencies(q.shape[-1], rope_theta, device=q.device)
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        q_cs = _phase_cos_sin(torch.arange(q_offset, q_offset + q.shape[-2], device=q.device), freqs, None)
-        k_cs = _phase_cos_sin(torch.arange(k.shape[-2], device=q.device), freqs, delta)
-        mu_q = pope_magnitude(q.float(), magnitude) * (sm_scale * LOG2E)
-        mu_k = pope_magnitude(k.float(), magnitude)
-        qc = torch.cat((mu_q * q_cs[0], mu_q * q_cs[1]), -1).to(dtype)
-        kc = torch.cat((mu_k * k_cs[0], mu_k * k_cs[1]), -1).to(dtype)
-    return qc, kc, (mu_q, q_cs), (mu_k, k_cs)
+class _QuietCheckpointNote(logging.Filter):
+    """Drops Dynamo's one-time note that a checkpoint with context_fn must hold no in-place op (this one holds none)."""
+
+    def filter(self, record):
+        return "context_fn is passed to torch.utils.checkpoint" not in record.getMessage()
 
 
-@torch.library.custom_op("pope::triton_forward", mutates_args=())
-def _triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor], causal: bool,
-                    rope_theta: float, sm_scale: float, q_offset: int,
-                    magnitude: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Raw q (B, H, Tq, d), k (B, H_kv, Tk, d), v (B, H_kv, Tk, dv) in the compute dtype, delta (H_kv, d) or None
-    -> (o (B, H, Tq, dv), lse (B, H, Tq) float32): the Cartesian transform, then pope_kernel's forward.
-    Layout contract (pope_kernel's module docstring): any input strides; o and lse are contiguous."""
-    qc, kc, _, _ = _cartesian_operands(q, k, delta, rope_theta, sm_scale, q_offset, magnitude, v.dtype)
-    return pope_kernel.attention_forward(qc, kc, v, causal, q_offset)
+logging.getLogger("torch._higher_order_ops.wrap").addFilter(_QuietCheckpointNote())
 
 
-@_triton_forward.register_fake
-def _(q, k, v, delta, causal, rope_theta, sm_scale, q_offset, magnitude):
-    B, H, Tq, _ = q.shape
-    return q.new_empty((B, H, Tq, v.shape[-1]), dtype=v.dtype), q.new_empty((B, H, Tq), dtype=torch.float32)
+def _recompute_all_but_attention():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    save = torch.ops.pope.attention_forward.default
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op is save else CheckpointPolicy.MUST_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
 
 
-@torch.library.custom_op("pope::triton_backward", mutates_args=())
-def _triton_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
-                     o: torch.Tensor, lse: torch.Tensor, causal: bool, rope_theta: float, sm_scale: float,
-                     q_offset: int, magnitude: str,
-                     want_ddelta: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of triton_forward's o -> (dq, dk, dv, ddelta); ddelta is empty (0,) unless want_ddelta.
-    Layout contract (pope_kernel's module docstring): any input strides (do may be a transposed view); every
-    output is contiguous, whatever the strides of q, k, v and delta (model.py's are views of one projection).
-
-    Recomputes q~, k~ (O(T d)), runs the kernel's backward for dq~, dk~, dv and applies the chain rule:
-        d mu = s (cos dX + sin dY),  d raw = d mu * magnitude'(raw),  d phi = s mu (cos dY - sin dX),
-        d delta = sum over batch and key positions of d phi (one deterministic reduction, no atomics).
-    """
-    qc, kc, (_, (cq, sq)), (mu_k, (ck, sk)) = _cartesian_operands(q, k, delta, rope_theta, sm_scale, q_offset,
-                                                                  magnitude, v.dtype)
-    dqc, dkc, dv = pope_kernel.attention_backward(do, qc, kc, v, o, lse, causal, q_offset)
-    d = q.shape[-1]
-    gx, gy = dqc.float().split(d, dim=-1)
-    dq = (cq * gx + sq * gy) * (sm_scale * LOG2E) * _magnitude_grad(q.float(), magnitude)
-    gx, gy = dkc.float().split(d, dim=-1)
-    dk = (ck * gx + sk * gy) * _magnitude_grad(k.float(), magnitude)
-    if want_ddelta and delta is not None:
-        ddelta = (mu_k * (ck * gy - sk * gx)).sum(dim=(0, 2)).to(delta.dtype)
-    else:
-        ddelta = q.new_empty(0, dtype=torch.float32)
-    contiguous = dict(memory_format=torch.contiguous_format)  # the layout contract, whatever q's and k's strides
-    return (dq.to(q.dtype, **contiguous), dk.to(k.dtype, **contiguous), dv.contiguous(),
-            ddelta.contiguous())
-
-
-@_triton_backward.register_fake
-def _(do, q, k, v, delta, o, lse, causal, rope_theta, sm_scale, q_offset, magnitude, want_ddelta):
-    # new_empty, not empty_like: empty_like keeps an input's permutation (model.py's q, k, v are (B, T, H, d) in
-    # memory), the real op's outputs are contiguous, and Inductor reads them through these strides
-    ddelta = delta.new_empty(delta.shape) if want_ddelta and delta is not None else q.new_empty(0, dtype=torch.float32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ddelta
-
-
-def _triton_setup_context(ctx, inputs, output):
-    """Keep only the raw q, k (views of the model's qkv projection, alive anyway), v, delta, o and lse: 2.3 bytes
-    per head channel and token (fp16), against 31 if autograd of the torch transform kept q~, k~ and its
-    float32 intermediates (docs/kernel.md)."""
-    q, k, v, delta, causal, rope_theta, sm_scale, q_offset, magnitude = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, delta, o, lse)
-    ctx.args = (causal, rope_theta, sm_scale, q_offset, magnitude)
-    ctx.mark_non_differentiable(lse)
-
-
-def _triton_backward_formula(ctx, do, dlse):
-    q, k, v, delta, o, lse = ctx.saved_tensors
-    want_ddelta = delta is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, ddelta = _triton_backward(do, q, k, v, delta, o, lse, *ctx.args, want_ddelta)
-    return dq, dk, dv, (ddelta if want_ddelta else None), None, None, None, None, None
-
-
-_triton_forward.register_autograd(_triton_backward_formula, setup_context=_triton_setup_context)
+def _triton_region(q, k, v, delta, rows_q, rows_k, causal, q_offset, magnitude, scale, dtype):
+    qc = _cartesian(q, rows_q, None, magnitude, scale, dtype)
+    kc = _cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
+    return pope_kernel.attention_forward(qc, kc, v.to(dtype), causal, q_offset)[0]
 
 
 def pope_attention_triton(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
-                          magnitude="softplus", theta=None):
+                          magnitude="softplus", rotation=None, theta=None):
     """PoPE attention through pope_kernel's FlashAttention-2 kernels (pope_attention(..., backend='triton')).
 
     Arguments, result and errors as pope_attention. The Cartesian q~ (pre-scaled by sm_scale * log2(e))
-    and k~ are formed here once per call, in float32 from float64 phases, then cast to the compute dtype
-    (v's dtype, or the autocast dtype); the kernel never sees positions or delta. Differentiable in q, k,
-    v and delta (the backward recomputes q~, k~: the custom ops pope::triton_forward / triton_backward). Supported: d, dv in TRITON_HEAD_DIMS;
-    float16 / bfloat16 / float32 (backend='auto' sends fp32 to the torch path); any Tq, Tk >= 1; CUDA
-    tensors, or CPU under TRITON_INTERPRET=1. Determinism and limits: pope_kernel.attention.
+    and k~ are formed from the rotation table's rows in float32 (_cartesian), then cast to the compute dtype
+    (v's dtype, or the autocast dtype); the kernels never see positions or delta. Differentiable in q, k, v
+    and delta; the forward saves the raw q, k, v, delta and the kernel's o, lse, and the backward recomputes
+    q~, k~ (a selective checkpoint). Supported: d, dv in TRITON_HEAD_DIMS; float16 / bfloat16 / float32
+    (backend='auto' sends fp32 to the torch path); any Tq, Tk >= 1; CUDA tensors, or CPU under
+    TRITON_INTERPRET=1. Determinism and limits: pope_kernel.attention.
     """
     rope_theta = _rope_theta(rope_theta, theta)
     _check(q, k, v, delta, q_offset, magnitude)
     _triton_ready(q, k, v)
     if not (q.device == k.device == v.device) or (delta is not None and delta.device != q.device):
         raise ValueError("q, k, v and delta must be on the same device")
-    dtype = compute_dtype(q, v)
-    q, k, v = (t.to(dtype) for t in (q, k, v))
-    v = v if v.stride(-1) == 1 else v.contiguous()
-    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    pope_kernel.check_limits(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q_offset, (v.stride(2),))
-    return _triton_forward(q, k, v, delta, bool(causal), float(rope_theta), sm_scale, int(q_offset), magnitude)[0]
+    Tq, Tk, d = q.shape[2], k.shape[2], q.shape[-1]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    rotation = _rotation_rows(rotation, max(q_offset + Tq, Tk), d, rope_theta, q.device)
+    pope_kernel.check_limits(q.shape[0], q.shape[1], Tq, Tk, q_offset, (v.stride(2),))
+    args = (q, k, v, delta, rotation[q_offset:q_offset + Tq], rotation[:Tk], bool(causal), int(q_offset), magnitude,
+            sm_scale * LOG2E, compute_dtype(q, v))
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, delta)):
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(_triton_region, *args, use_reentrant=False, context_fn=_recompute_all_but_attention,
+                          preserve_rng_state=False, determinism_check="none")
+    return _triton_region(*args)
 
 
 def pope_attention_reference(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,

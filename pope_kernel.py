@@ -35,8 +35,8 @@ Public API (imports nothing from this repo):
     decode(q, mu, v, rot, *, causal, q_offset, n_split) -> (o, lse), not differentiable: the custom op
         pope::decode (decode_forward); decode_splits(bh_kv, Tk), decode_split_table()
 
-Layout contract of the custom ops (every torch.library op in the 'pope' namespace: attention_forward and
-attention_backward here, triton_forward and triton_backward in pope.py, and any op added later): an op
+Layout contract of the custom ops (every torch.library op in the 'pope' namespace: attention_forward,
+attention_backward and decode here, and any op added later): an op
 takes its tensor inputs in any strides (an input whose last dim is not unit-stride is copied first) and
 returns every output contiguous; its fake kernel returns the same shapes, dtypes and contiguous strides,
 built with new_empty(shape), never empty_like(input), which keeps an input's permutation. Inductor lays

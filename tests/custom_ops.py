@@ -26,7 +26,7 @@ NAMESPACE = "pope"
 
 
 def registered_ops():
-    """Names ('pope::triton_forward', ...) of every op registered in the pope namespace."""
+    """Names ('pope::attention_forward', ...) of every op registered in the pope namespace."""
     return sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith(NAMESPACE + "::"))
 
 

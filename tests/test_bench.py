@@ -51,7 +51,7 @@ def test_every_section_runs_at_a_tiny_size():
     assert all("time_vs_rope" in r for r in rows[1::2])
     for rope, pope in zip(rows[0::2], rows[1::2]):  # PoPE's cache: RoPE's bytes per token, exactly
         assert pope["cache_bytes_per_token"] == rope["cache_bytes_per_token"] == 1 * pope["n_kv_head"] * 2 * 16 * 4
-        assert rope["rotation_bytes_per_token"] == 0 and pope["rotation_bytes_per_token"] == 2 * 16 * 4
+        assert rope["rotation_bytes_per_token"] == 16 * 4 and pope["rotation_bytes_per_token"] == 2 * 16 * 4
     rows = bench.bench_decode_attention("cpu", contexts=(16,), n_head=2, d=16, rounds=5, compiled=False)
     assert [r["impl"] for r in rows] == ["rope", "pope_cartesian", "pope"]
 

@@ -1,6 +1,7 @@
 """The default GPU training step, rehearsed on the CPU: torch.compile's default backend (Inductor, its
-partitioner and generated code) on model.py's GPT with attn_backend='triton' (the custom ops
-pope::triton_forward / triton_backward, the Triton kernels in the interpreter), forward and backward.
+partitioner and generated code) on model.py's GPT with attn_backend='triton' (the Cartesian transform in
+PyTorch under a selective checkpoint, the custom ops pope::attention_forward / attention_backward, the Triton
+kernels in the interpreter), forward and backward.
 Loss and every parameter's gradient equal eager's, on the same model and batch. Each test compiles in
 its own fresh Inductor cache (compiled.fresh_inductor). Then train.py itself with the CUDA defaults
 (--compile=True --attn_backend=triton): one and two processes, a resume, the final evaluation.

@@ -2,11 +2,11 @@
 passes: opcheck (schema, fake tensor, autograd registration, AOT dispatch with dynamic shapes) and
 contiguous outputs, on the op calls recorded from model.py's GPT (tests/custom_ops.py).
 
-The calls: q, k, v as views of one c_attn projection (model.split_heads), multi-head and grouped-query,
-fp32 and under fp16 autocast (where q, k, v reach the op cast to fp16, dense in (B, T, H, d) order), with
-and without δ, every magnitude; the backward's dO, a transposed view; the same q, k, v made dense in
-(B, T, H, d) order, as Inductor saves them for the backward; a chunk of queries at q_offset > 0 over more
-keys; and the KV-cache's decoding calls (slices of the preallocated cache, q_offset > 0, Tk > Tq)."""
+The calls: pope.py's Cartesian q~, k~ with v a view of one c_attn projection (model.split_heads), multi-head
+and grouped-query, fp32 and under fp16 autocast, with and without δ, every magnitude; the backward's dO, a
+transposed view; the same v made dense in (B, T, H, d) order, as Inductor saves it for the backward; a chunk
+of queries at q_offset > 0 over more keys; and the KV-cache's decoding calls (slices of the preallocated
+cache, q_offset > 0, Tk > Tq)."""
 
 import pytest
 import torch
@@ -24,8 +24,7 @@ CONFIGS = {
                                torch.float16, False, True),
     "gqa_fp32_identity": (dict(n_head=4, n_kv_head=2, pope_magnitude="identity"), None, False, False),
 }
-FORWARD, BACKWARD = torch.ops.pope.triton_forward.default, torch.ops.pope.triton_backward.default
-BACKWARD_CORE = torch.ops.pope.attention_backward.default
+FORWARD, BACKWARD = torch.ops.pope.attention_forward.default, torch.ops.pope.attention_backward.default
 DECODE = torch.ops.pope.decode.default
 
 
@@ -38,52 +37,44 @@ def _is_token_major(t):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_triton_ops_keep_the_contract_on_the_training_layouts(name):
-    """triton_forward and triton_backward as one eager training step of the model calls them: q, k, v views
-    of the projection (neither contiguous nor dense), dO a transposed view; in one config q, k, v instead
-    dense in (B, T, H, d) order, the layout Inductor saves them in for the backward (where a fake that
-    copied their strides made the compiled step fail)."""
+def test_kernel_ops_keep_the_contract_on_the_training_layouts(name):
+    """attention_forward and attention_backward as one eager training step of the model calls them: the Cartesian
+    q~, k~ that pope.py forms, v a view of the projection (neither contiguous nor dense), dO a transposed view; in
+    one config v instead dense in (B, T, H, d) order, the layout Inductor saves it in for the backward (where a
+    fake that copied its strides made the compiled step fail)."""
     kw, amp, grad, inductor = CONFIGS[name]
     calls = model_op_calls(pope_gpt(**kw), _idx(), autocast=amp)
     assert [op for op, _ in calls] == [FORWARD, BACKWARD]
     (_, fwd), (_, bwd) = calls
-    assert not any(t.is_contiguous() for t in fwd[:3] + bwd[:1]) and _is_token_major(bwd[0])
+    assert not fwd[2].is_contiguous() and not bwd[0].is_contiguous() and _is_token_major(bwd[0])
     if inductor:
-        qkv = tuple(token_major(t) for t in fwd[:3])
-        assert all(_is_token_major(t) and not t.is_contiguous() for t in qkv)
-        fwd, bwd = qkv + fwd[3:], bwd[:1] + qkv + bwd[4:]
+        v = token_major(fwd[2])
+        assert _is_token_major(v) and not v.is_contiguous()
+        fwd, bwd = fwd[:2] + (v,) + fwd[3:], bwd[:3] + (v,) + bwd[4:]
     check_layout_contract([(f"{name} forward", FORWARD, with_grad(fwd) if grad else fwd),
                            (f"{name} backward", BACKWARD, bwd)])
 
 
 def test_ops_keep_the_contract_on_the_cached_and_offset_layouts():
-    """KV-cache decoding as GPT.generate runs it: a prefill of 9 tokens through pope::triton_forward, then
+    """KV-cache decoding as GPT.generate runs it: a prefill of 9 tokens through pope::attention_forward, then
     one-token steps through pope::decode at q_offset 9, 10, 11 (key magnitudes and values as slices of the
-    cache's preallocated buffers, grouped heads); attention_backward as pope::triton_backward calls it in
-    training (contiguous q~, k~, v a view of the projection, a transposed dO); and pope::triton_forward for the
-    last 4 queries of the projection's views (q_offset 8) over all 12 keys."""
+    cache's preallocated buffers, grouped heads); and pope::attention_forward for the last 4 queries of the
+    training step's q~ (q_offset 8, a slice) over all 12 keys."""
     calls = model_op_calls(pope_gpt(n_head=4, n_kv_head=2), _idx(1), decode=3)
-    assert [op for op, _ in calls] == [torch.ops.pope.triton_forward.default] + [DECODE] * 3
+    assert [op for op, _ in calls] == [FORWARD] + [DECODE] * 3
     op, args = calls[2]  # the decoding step at q_offset 10
     q, mu, v, rot, causal, q_offset, n_split = args
     assert (q.shape[1:3], mu.shape[1:3], q_offset) == ((4, 1), (2, 11), 10)
     assert not mu.is_contiguous() and not v.is_contiguous()
     (_, fwd), _ = model_op_calls(pope_gpt(), _idx(2))
-    q_all, k_all, v_all, delta = fwd[:4]
-    chunk = (q_all[:, :, 8:], k_all, v_all, delta, True, 10000.0, fwd[6], 8, "softplus")
-    g = torch.Generator().manual_seed(3)
-    qc, kc = (torch.randn(*t.shape[:3], 2 * t.shape[3], generator=g) for t in (q_all, k_all))
-    o_all, lse_all = pk.attention_forward(qc, kc, v_all, True, 0)
-    do_all = torch.randn(o_all.transpose(1, 2).shape, generator=g).transpose(1, 2)
-    check_layout_contract([
-        ("decoding step", op, args),
-        ("training backward", BACKWARD_CORE, (do_all, qc, kc, v_all, o_all, lse_all, True, 0)),
-        ("query chunk at q_offset 8", FORWARD, chunk)])
+    qc, kc, v_all = fwd[:3]
+    chunk = (qc[:, :, 8:], kc, v_all, True, 8)
+    assert not chunk[0].is_contiguous()
+    check_layout_contract([("decoding step", op, args), ("query chunk at q_offset 8", FORWARD, chunk)])
 
 
 def test_every_pope_op_is_checked():
     """A pope:: op that no case above calls (a new kernel) fails here: add its calls to this file."""
-    checked = {"pope::triton_forward", "pope::triton_backward", "pope::attention_forward",
-               "pope::attention_backward", "pope::decode"}
+    checked = {"pope::attention_forward", "pope::attention_backward", "pope::decode"}
     assert set(registered_ops()) == checked, set(registered_ops()) ^ checked
     assert pope.pope_kernel is pk

@@ -105,23 +105,21 @@ def test_logits_invariant_to_a_common_position_shift(pos_encoding):
 
 def _forward_without_prefix(model, idx, cache):
     """Forward idx at positions cache.q_offset.. attending only to itself: the empty cache slots before
-    cache.q_offset are cut off, and the causal masks shifted to match; PoPE's keys keep their absolute positions
-    through the rotation table's rows from cache.q_offset on, the queries through q_offset."""
+    cache.q_offset are cut off, and the causal masks shifted to match; PoPE's decoding sees the cut cache with
+    the rotation table's rows from cache.q_offset on, so its keys and queries keep their absolute phases."""
     import model as model_mod
-    import pope
     start = cache.q_offset
-    original, original_rotation = model_mod.KVCache.update, model_mod.KVCache.rotation
+    original, decode = model_mod.KVCache.update, model_mod.pope_attention_decode
 
     def update(self, layer, k, v):
         ks, vs = original(self, layer, k, v)
         return ks[:, :, start:], vs[:, :, start:]
 
-    def rotation(self, *args):
-        return original_rotation(self, *args)[start:]
+    def shifted_decode(q, mu, v, delta, *, rotation, q_offset, **kw):  # the cut cache's key j sits at start + j
+        return decode(q, mu, v, delta, rotation=rotation[start:], q_offset=q_offset - start, **kw)
     from unittest import mock
     with mock.patch.object(model_mod.KVCache, "update", update), \
-            mock.patch.object(model_mod.KVCache, "rotation", rotation), \
-            mock.patch.object(pope, "sdpa_attention", _shifted(pope.sdpa_attention, start)), \
+            mock.patch.object(model_mod, "pope_attention_decode", shifted_decode), \
             mock.patch.object(model_mod, "sdpa_attention", _shifted(model_mod.sdpa_attention, start)):
         logits, _ = model(idx, kv_cache=cache)
     return logits
