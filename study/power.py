@@ -6,13 +6,20 @@ afterwards, with the same tests.
     python study/power.py welch 0.374 0.243 0.132 --n=4       # the power 4 runs per arm have
     python study/power.py fisher 7/9 1/9                       # solve rates of A and B (k/n or a fraction)
     python study/power.py paired 0.380 0.0057                  # mean and sd of the per-seed differences B − A
+    python study/power.py tost 0.05 0.0054 0.0047              # equivalence margin, sd of A, sd of B (true diff 0)
+    python study/power.py tost 0.05 0.0054 0.0047 --diff=0.01  # ... with a true difference B − A of 0.01
 
 Welch: the two-sided Welch t-test at level alpha of two normal arms with n runs each and the given
 sds; power from the noncentral t with the Welch-Satterthwaite degrees of freedom of those sds (the
 usual approximation: the test itself uses the sample sds). Paired: the two-sided paired t-test
 (a one-sample t-test of the n per-seed differences B − A, df n − 1), exact for normal differences; for arms
 that run the same seeds on one machine, where a seed fixes much of the outcome in both (section 5, C: the
-per-seed values of the two arms correlate at r = 0.9997). Fisher: the two-sided Fisher exact test of the
+per-seed values of the two arms correlate at r = 0.9997). TOST: Schuirmann's two one-sided Welch tests of equivalence within (−MARGIN, +MARGIN) (study/results.py --tost),
+each at level alpha; the power to conclude equivalence when the true difference is --diff (default 0), from
+the noncentral t of each one-sided test with the Welch-Satterthwaite df of the true sds:
+P(both reject) ~ P(lower rejects) + P(upper rejects) − 1 (Bonferroni's bound, close where the power is high,
+the case a study plans for). Like welch's, an approximation: the true sds' df overstate the test's at small n,
+by up to 0.03 in power at n = 4 to 6 (tests/test_power_tost.py, against the simulated test). Fisher: the two-sided Fisher exact test of the
 2 x 2 table of solved / not solved with n runs per arm, each run of arm X solving with probability
 p_X; power exact, summed over all (n + 1)² outcomes. "Separated" is p < alpha, as in study/results.py.
 
@@ -64,6 +71,28 @@ def paired_power(diff, sd_diff, n, alpha=ALPHA):
     if not sd_diff > 0:
         raise ValueError(f"the sd of the differences must be > 0, got {sd_diff}")
     return _t_test_power(n - 1, diff / (sd_diff / np.sqrt(n)), alpha)
+
+
+def tost_power(margin, sd_a, sd_b, n, diff=0.0, alpha=ALPHA):
+    """Power of TOST (two one-sided Welch t-tests at level `alpha`) to conclude |B − A| < `margin` when the true
+    difference of means is `diff` (|diff| < margin), arms of `n` normal runs with sds `sd_a`, `sd_b`.
+
+    Each one-sided test rejects when its t passes t_{1 − alpha, df} (df: Welch-Satterthwaite of the true sds);
+    P(lower) = P(T(df, (diff + margin) / se) > t), P(upper) = P(T(df, (margin − diff) / se) > t); the power is
+    max(0, P(lower) + P(upper) − 1) (Bonferroni's bound of P(both); with the true sds' df an approximation that
+    runs up to 0.03 above the simulated test at n = 4 to 6). Raises ValueError for n < 2, an
+    sd < 0, both sds 0, margin <= 0, |diff| >= margin, or alpha outside (0, 1)."""
+    from scipy import stats
+    _check(n=n, alpha=alpha)
+    if sd_a < 0 or sd_b < 0 or sd_a == sd_b == 0:
+        raise ValueError(f"the sds must be >= 0 and not both 0, got {sd_a} and {sd_b}")
+    if not margin > 0 or not abs(diff) < margin:
+        raise ValueError(f"the margin must be > 0 and the true difference inside it, got margin {margin}, diff {diff}")
+    va, vb = sd_a ** 2 / n, sd_b ** 2 / n
+    df = (va + vb) ** 2 / ((va ** 2 + vb ** 2) / (n - 1))
+    se, t = np.sqrt(va + vb), stats.t.ppf(1 - alpha, df)
+    lower, upper = (float(stats.nct.sf(t, df, (margin + s * diff) / se)) for s in (1, -1))
+    return max(0.0, lower + upper - 1.0)
 
 
 def _t_test_power(df, ncp, alpha):
@@ -144,14 +173,17 @@ def _number(text):
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("test", choices=["welch", "paired", "fisher"])
-    p.add_argument("values", nargs="+", help="welch: DIFF SD_A SD_B; paired: DIFF SD_DIFF; fisher: RATE_A RATE_B")
+    p.add_argument("test", choices=["welch", "paired", "fisher", "tost"])
+    p.add_argument("values", nargs="+",
+                   help="welch: DIFF SD_A SD_B; paired: DIFF SD_DIFF; fisher: RATE_A RATE_B; tost: MARGIN SD_A SD_B")
+    p.add_argument("--diff", type=float, default=0.0, help="tost: the true difference B − A (default 0)")
     p.add_argument("--n", type=int, default=None, help="runs per arm: print the power at this n only")
     p.add_argument("--alpha", type=float, default=ALPHA, help="two-sided significance level (default 0.05)")
     p.add_argument("--power", type=float, default=POWER, help="the power to reach (default 0.8)")
     p.add_argument("--max_n", type=int, default=100, help="the largest n per arm searched (default 100)")
     a = p.parse_args(argv)
-    takes = {"welch": "DIFF SD_A SD_B", "paired": "DIFF SD_DIFF", "fisher": "RATE_A RATE_B"}[a.test]
+    takes = {"welch": "DIFF SD_A SD_B", "paired": "DIFF SD_DIFF", "fisher": "RATE_A RATE_B",
+             "tost": "MARGIN SD_A SD_B"}[a.test]
     if len(a.values) != len(takes.split()):
         raise UserError(f"{a.test} takes {takes}, got {len(a.values)} values")
     if a.test == "welch":
@@ -162,19 +194,25 @@ def main(argv):
         diff, sd_diff = map(_number, a.values)
         power_at = lambda n: paired_power(diff, sd_diff, n, a.alpha)  # noqa: E731
         what = f"paired t-test: mean difference {diff:g}, sd of the differences {sd_diff:g}"
+    elif a.test == "tost":
+        margin, sd_a, sd_b = map(_number, a.values)
+        power_at = lambda n: tost_power(margin, sd_a, sd_b, n, a.diff, a.alpha)  # noqa: E731
+        what = (f"TOST (two one-sided Welch tests): margin ±{margin:g}, true difference {a.diff:g}, "
+                f"sd {sd_a:g} (A) and {sd_b:g} (B)")
     else:
         r_a, r_b = map(_rate, a.values)
         power_at = lambda n: fisher_power(r_a, r_b, n, a.alpha)  # noqa: E731
         what = f"Fisher's exact test: solve rates {r_a:.3f} (A) and {r_b:.3f} (B)"
+    level = f"alpha = {a.alpha:g} per one-sided test" if a.test == "tost" else f"two-sided alpha = {a.alpha:g}"
     try:
         if a.n is not None:
-            print(f"{what}, two-sided alpha = {a.alpha:g}: power {power_at(a.n):.3f} at n = {a.n} per arm")
+            print(f"{what}, {level}: power {power_at(a.n):.3f} at n = {a.n} per arm")
             return
         _check(n=a.max_n)
         n, powers = n_required(power_at, a.power, a.max_n)
     except ValueError as e:
         raise UserError(str(e)) from None
-    print(f"{what}, two-sided alpha = {a.alpha:g}\n\n| n per arm | power |\n|---|---|")
+    print(f"{what}, {level}\n\n| n per arm | power |\n|---|---|")
     for m in (range(2, min(a.max_n, n + 2) + 1) if n else sorted({*range(2, min(a.max_n, 10) + 1), a.max_n})):
         print(f"| {m} | {powers[m]:.3f} |")
     if n:

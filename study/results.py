@@ -50,6 +50,11 @@ means B − A (A: the group of the first run given) with its 95 % confidence int
 Welch's t-test (two-sided; scipy.stats.ttest_ind, equal_var=False); and, when both groups hold the
 same seeds, each once, and every run's provenance names one and the same machine, the paired
 difference over seeds (scipy.stats.ttest_rel) as well. "separated" means p < 0.05 (two-sided).
+--tost=MARGIN (with --compare; nats, > 0): equivalence of the two arms' --split loss, Schuirmann's two one-sided
+tests (TOST) on Welch's t (unequal variances, Welch-Satterthwaite df): H0 |B − A| >= MARGIN against
+|B − A| < MARGIN; p = the larger of the two one-sided p-values, "equivalent" when p < 0.05, that is when the
+90 % confidence interval of B − A lies inside (−MARGIN, +MARGIN). A test of "no more than MARGIN apart",
+which Welch's test (no difference found) cannot give.
 --solved=THRESHOLD (test accuracy as a fraction, in [0, 1]): per group, the runs with accuracy >=
 THRESHOLD, k / n with its Wilson 95 % interval (scipy.stats.binomtest), and with --compare Fisher's
 exact test (two-sided) of the two groups' k / n; for bimodal outcomes (a run solves a task or stalls).
@@ -390,6 +395,22 @@ def paired(a, b):
     return statistics.fmean(y - x for x, y in zip(a, b)), (float(ci.low), float(ci.high)), float(res.pvalue)
 
 
+def tost(a, b, margin):
+    """Schuirmann's two one-sided tests (TOST) that mean(b) − mean(a) lies within (−margin, +margin), each a
+    one-sided Welch t-test (unequal variances, Welch-Satterthwaite df) at level ALPHA: H0 diff <= −margin and
+    H0 diff >= +margin. Returns (difference, (low, high) of its (1 − 2 ALPHA) = 90 % interval, p = the larger
+    one-sided p); equivalent when p < ALPHA, the same as the 90 % interval inside (−margin, +margin). Both
+    groups need >= 2 values and some spread; margin > 0."""
+    from scipy import stats
+    if not margin > 0:
+        raise ValueError(f"the equivalence margin must be > 0, got {margin}")
+    shifted = lambda d: [x - d for x in b]  # noqa: E731  b − d against a: the test of diff = d
+    low = stats.ttest_ind(shifted(-margin), a, equal_var=False, alternative="greater").pvalue   # H0 diff <= −margin
+    high = stats.ttest_ind(shifted(margin), a, equal_var=False, alternative="less").pvalue     # H0 diff >= +margin
+    ci = stats.ttest_ind(b, a, equal_var=False).confidence_interval(1 - 2 * ALPHA)
+    return statistics.fmean(b) - statistics.fmean(a), (float(ci.low), float(ci.high)), float(max(low, high))
+
+
 def wilson(k, n):
     """(k / n, (low, high)): the rate with its Wilson score 95 % interval (scipy.stats.binomtest)."""
     from scipy import stats
@@ -415,20 +436,24 @@ def pairing(a_runs, b_runs):
     return sorted(seeds_a, key=repr), ""
 
 
-def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(), allow=()):
+def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(), allow=(), tost_margin=None):
     """Two arms that differ in the setting `key` only: per metric, Welch's difference B − A (A: the arm of the
     first run given), its 95 % CI and p; the paired one when pairing() allows; with `solved` (a test accuracy
     threshold in [0, 1]) the solve counts, Wilson intervals and Fisher's exact test. `allow`: settings the arms
     may also differ in because they are part of the method compared (DroPE's recalibration recipe against
-    the RoPE run it starts from); they are named in the output ("allowed").
+    the RoPE run it starts from); they are named in the output ("allowed"). `tost_margin` (nats): TOST
+    equivalence of the split's loss within ±tost_margin (tost()).
 
     Returns {"key", "arms": [(value, runs), (value, runs)], "rows": [{"metric", "a": (mean, sd, n), "b": ...,
     "welch": (diff, ci, p), "paired": (diff, ci, p) or None}], "paired_why", "solved": None or {"threshold",
-    "a": (k, n, rate, ci), "b": ..., "fisher": (odds ratio, p)}, "dataset", "split", "notes", "allowed"}.
+    "a": (k, n, rate, ci), "b": ..., "fisher": (odds ratio, p)}, "tost": None or {"metric", "margin", "diff",
+    "ci90", "p"}, "dataset", "split", "notes", "allowed"}.
     Raises UserError for the bad input the module docstring lists.
     """
     if solved is not None and not 0 <= solved <= 1:
         raise UserError(f"--solved is a test accuracy as a fraction in [0, 1] (e.g. 0.9 for 90 %), got {solved}")
+    if tost_margin is not None and not tost_margin > 0:
+        raise UserError(f"--tost is an equivalence margin in nats, > 0 (e.g. 0.05), got {tost_margin}")
     runs = read_runs(paths, split)
     configs = [r["config"] for r in runs]
     if key not in set().union(*configs):
@@ -463,7 +488,15 @@ def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(
             row["paired"] = paired([by_seed_a[s] for s in seeds], [by_seed_b[s] for s in seeds])
         rows.append(row)
     out = {"key": key, "arms": [(_value(va[0]), a_runs), (_value(vb[0]), b_runs)], "rows": rows, "paired_why": why,
-           "solved": None, "dataset": runs[0]["metrics"]["dataset"], "split": split, "notes": [], "allowed": allowed}
+           "solved": None, "dataset": runs[0]["metrics"]["dataset"], "split": split, "notes": [], "allowed": allowed,
+           "tost": None}
+    if tost_margin is not None:
+        loss = rows[0]  # metric_values' first row: the split's loss in nats
+        a, b = [r["metrics"][split]["loss"] for r in a_runs], [r["metrics"][split]["loss"] for r in b_runs]
+        if len(a) < 2 or len(b) < 2:
+            raise UserError("--tost needs at least 2 runs per arm")
+        diff, ci90, p = tost(a, b, tost_margin)
+        out["tost"] = {"metric": loss["metric"], "margin": tost_margin, "diff": diff, "ci90": ci90, "p": p}
     if solved is not None:
         ks = [sum(r["metrics"][split]["acc"] >= solved for r in members) for members in (a_runs, b_runs)]
         ns = [len(a_runs), len(b_runs)]
@@ -529,6 +562,12 @@ def compare_markdown(c):
         odds, p = s["fisher"]
         lines += ["", f"Fisher's exact test (two-sided): p = {_p(p)}, odds ratio {odds:.3g}: "
                       + ("separated" if p < ALPHA else "not separated") + f" (p < {ALPHA})"]
+    if c.get("tost"):
+        t = c["tost"]
+        lo, hi = t["ci90"]
+        lines += ["", f"TOST (equivalence of the {t['metric']} within ±{t['margin']:g}, two one-sided Welch tests at "
+                      f"{ALPHA}): B − A {_num(t['diff'], 4)}, 90 % CI [{_num(lo, 4)}, {_num(hi, 4)}], p = {_p(t['p'])}: "
+                      + ("equivalent" if t["p"] < ALPHA else "not shown equivalent") + f" (p < {ALPHA})"]
     return "\n".join(lines) + "\n"
 
 
@@ -549,6 +588,11 @@ def compare_csv(c):
         sa, sb = c["solved"]["a"], c["solved"]["b"]
         w.writerow([f"solved (acc >= {c['solved']['threshold']:g}), Fisher", a, repr(sa[2]), "", sa[1], b, repr(sb[2]), "",
                     sb[1], repr(sb[2] - sa[2]), "", "", repr(c["solved"]["fisher"][1]), "", "", "", ""])
+    if c.get("tost"):  # one more row: the TOST of the loss, its 90 % interval in the CI columns, p the larger one-sided p
+        t, r = c["tost"], c["rows"][0]
+        w.writerow([f"{t['metric']}, TOST ±{t['margin']:g} (90 % CI)", a, repr(r["a"][0]), repr(r["a"][1]), r["a"][2], b,
+                    repr(r["b"][0]), repr(r["b"][1]), r["b"][2], repr(t["diff"]), repr(t["ci90"][0]), repr(t["ci90"][1]),
+                    repr(t["p"]), "", "", "", ""])
     return buf.getvalue()
 
 
@@ -633,6 +677,8 @@ def main(argv):
                    help="count runs with accuracy >= THRESHOLD (in [0, 1]): k / n, Wilson CI; Fisher with --compare")
     p.add_argument("--retrieval", default="", metavar="TASK@L,...",
                    help="with --compare: eval_retrieval.py accuracies, e.g. passkey@256,copy@4096")
+    p.add_argument("--tost", type=float, default=None, metavar="MARGIN",
+                   help="with --compare: TOST equivalence of the split's loss within ±MARGIN nats (e.g. 0.05)")
     p.add_argument("--allow", default="", metavar="KEY,...",
                    help="with --compare: settings the arms may also differ in, as part of the method (e.g. DroPE's "
                         "recalibration: learning_rate,max_iters,...); named in the caption")
@@ -643,11 +689,13 @@ def main(argv):
         raise UserError("--retrieval applies with --compare=KEY only")
     if a.allow and not a.compare:
         raise UserError("--allow applies with --compare=KEY only")
+    if a.tost is not None and not a.compare:
+        raise UserError("--tost applies with --compare=KEY only")
     if a.compare:
         if a.by:
             raise UserError("--compare=KEY groups by KEY itself; drop --by")
         allow = [k.strip() for k in a.allow.split(",") if k.strip()]
-        c = compare(a.runs, a.compare.strip(), a.split, lengths, a.solved, retrieval, allow)
+        c = compare(a.runs, a.compare.strip(), a.split, lengths, a.solved, retrieval, allow, a.tost)
         for note in c["notes"]:
             print(note, file=sys.stderr)
         text = (compare_csv if a.csv else compare_markdown)(c)

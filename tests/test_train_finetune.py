@@ -213,3 +213,18 @@ def test_cpu_drope_config_recalibrates_the_quick_start_rope_run():
     arch = ("n_layer", "n_head", "n_embd", "bias", "dataset", "block_size", "batch_size", "gradient_accumulation_steps")
     assert {k: ft[k] for k in arch} == {k: rope[k] for k in arch}
     assert ft["max_iters"] == 0.02 * rope["max_iters"]
+
+
+def test_cpu_yarn_config_fine_tunes_the_quick_start_rope_run_at_4x_with_2_percent_of_its_tokens():
+    from configurator import configure
+    ft = configure(train.DEFAULTS, [os.path.join(REPO, "config/finetune_shakespeare_char_yarn.py")])
+    rope = configure(train.DEFAULTS, ["--pos_encoding=rope", "--out_dir=out-shakespeare-char-rope"])
+    assert ft["init_from"] == "finetune" and ft["init_ckpt"] == os.path.join(rope["out_dir"], "best.pt") != ft["out_dir"]
+    arch = ("n_layer", "n_head", "n_embd", "bias", "dataset", "pos_encoding", "rope_theta", "batch_size",
+            "gradient_accumulation_steps", "weight_decay", "beta1", "beta2", "grad_clip")
+    assert {k: ft[k] for k in arch} == {k: rope[k] for k in arch}
+    assert (ft["rope_scaling"], ft["rope_original_block_size"], ft["block_size"]) == (4.0, rope["block_size"],
+                                                                                     4 * rope["block_size"])
+    tokens = lambda c: c["max_iters"] * c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]  # noqa: E731
+    assert tokens(ft) == 0.02 * tokens(rope)  # the OWT YaRN fine-tune's share: 131M of 6.55B
+    assert ft["learning_rate"] == ft["min_lr"] == rope["learning_rate"] / 10 and ft["lr_decay_iters"] == ft["max_iters"]
