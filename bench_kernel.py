@@ -6,6 +6,7 @@
     python bench_kernel.py --sass [--json]        # no GPU: SASS of the loop bodies, PoPE vs a reference FA kernel
     python bench_kernel.py --spills [--arch 120]  # no GPU: registers / spills of every autotune candidate
     python bench_kernel.py --decode-sass          # no GPU: the decode kernel for sm_80..120 vs a RoPE decode kernel
+    python bench_kernel.py --ops                  # no GPU: eager ops around the kernels per compiled attention call
 
 Implementations (all causal, raw q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
     pope_triton  pope_attention(backend='triton'): the Cartesian transform in torch, then pope_kernel.py's
@@ -209,6 +210,79 @@ def print_table(rows, ratios=True):
             parts = [f"{other} {by[('pope_triton', T, d)] / by[(other, T, d)]:.2f}x"
                      for other in ("rope_sdpa", "pope_flex") if (other, T, d) in by]
             print(f"  T={T:>6} d={d:>4}: " + ", ".join(parts))
+
+
+# ---- eager ops around the kernels (no GPU needed) --------------------------------------------------------
+
+# what the Triton interpreter itself runs to emulate a launch (its tensor copies), and the harness's own ops
+_NOT_AROUND = {"aten::set_", "aten::copy_"}
+
+
+def _outermost_ops(prof):
+    """Names of the outermost aten ops of a torch.profiler run, a launch of a Triton kernel (the interpreter's, or
+    a real one) counted as one 'triton kernel' and its insides skipped; an aten::to that copies nothing is left
+    out (it returns its input)."""
+    events = sorted((e for e in prof.events() if e.name.startswith("aten::") or e.name == "triton kernel"),
+                    key=lambda e: (e.time_range.start, -e.time_range.end))
+    names, end = [], -1
+    for e in events:
+        if e.time_range.start < end:  # inside an op or a launch already counted
+            continue
+        end = e.time_range.end
+        if e.name == "aten::to" and not e.cpu_children:
+            continue
+        names.append(e.name)
+    return names
+
+
+def count_eager_ops(B=2, H=4, H_kv=None, T=64, d=16, delta=True, compiled=True, device="cpu"):
+    """Eager PyTorch ops (each a kernel launch on a GPU) around PoPE's Triton kernels in one attention call,
+    forward and backward, as the compiled training step runs it: a function of a (B, T, 3 H d) projection (q, k,
+    v as its views, as model.py splits them) that calls pope_attention(backend='triton'), compiled with
+    Inductor (compiled=True) and warmed up, then profiled for one call and its backward. Counted: the
+    outermost aten ops; what Inductor generated runs as its own code and is not counted, the inside of an
+    opaque op is. Left out: the interpreter's set_/copy_, an aten::to that copies nothing, and the harness's
+    own three (the loss gradient's ones_like and the two leaves' AccumulateGrad detach).
+    Returns {"ops": n, "by_op": {name: n}, "triton_kernels": launches}. On CPU it needs TRITON_INTERPRET=1 set
+    before pope_kernel is imported (main() sets it)."""
+    import collections
+
+    import triton.runtime.interpreter as interp
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from pope import pope_attention
+    H_kv = H_kv or H
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(B, T, (H + 2 * H_kv) * d, generator=gen).to(device).requires_grad_()
+    dl = (-2 * math.pi * torch.rand(H_kv, d, generator=gen)).to(device).requires_grad_() if delta else None
+
+    def step(qkv, dl):
+        q, k, v = qkv.split((H * d, H_kv * d, H_kv * d), dim=2)
+        q, k, v = (t.view(B, T, -1, d).transpose(1, 2) for t in (q, k, v))
+        return pope_attention(q, k, v, dl, backend="triton").float().pow(2).sum()
+    fn = torch.compile(step) if compiled else step
+    leaves = [t for t in (qkv, dl) if t is not None]
+    for _ in range(2):
+        fn(qkv, dl).backward()
+    for t in leaves:
+        t.grad = None
+    launch = interp.GridExecutor.__call__
+
+    def marked(self, *args, **kwargs):  # the interpreter's launch, marked so that its insides are not counted
+        with record_function("triton kernel"):
+            return launch(self, *args, **kwargs)
+    interp.GridExecutor.__call__ = marked
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn(qkv, dl).backward()
+    finally:
+        interp.GridExecutor.__call__ = launch
+    names = _outermost_ops(prof)
+    by_op = collections.Counter(n for n in names if n not in _NOT_AROUND and n != "triton kernel")
+    harness = collections.Counter({"aten::ones_like": 1, "aten::detach": len(leaves)})
+    by_op.subtract(harness)
+    by_op = {k: v for k, v in by_op.items() if v > 0}
+    return {"ops": sum(by_op.values()), "by_op": by_op, "triton_kernels": names.count("triton kernel")}
 
 
 # ---- compile-only reports (no GPU): SASS of the loop bodies, registers and spills ---------------------
@@ -702,9 +776,21 @@ def main(argv=None):
                    "--spills: only this one")
     p.add_argument("--spills", action="store_true", help="no GPU needed: compile every autotune config for sm_80, "
                    "sm_90, sm_100 and sm_120 and print registers, spills and local-memory ops inside loops")
+    p.add_argument("--ops", action="store_true", help="no GPU needed: eager PyTorch ops around the kernels in one "
+                   "compiled attention call, forward and backward (count_eager_ops)")
     p.add_argument("--decode-sass", action="store_true", help="no GPU needed: the decode kernel compiled for sm_80, "
                    "86, 89, 90, 100, 120: shared memory, spills, loop instructions next to a RoPE decode kernel")
     args = p.parse_args(argv)
+    if args.ops:
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"  # before pope / pope_kernel are imported
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        rows = [dict(case=name, **count_eager_ops(device=device, **kw)) for name, kw in (
+            ("MHA, 4 heads, delta", {}), ("GQA 4/2, no delta", dict(H_kv=2, delta=False)),
+            ("MHA, eager (not compiled)", dict(compiled=False)))]
+        for r in rows:
+            print(f"{r['case']:<28} eager ops {r['ops']:>4}  Triton launches {r['triton_kernels']}  {r['by_op']}")
+        return rows
     if args.decode_sass:
         print(__import__("pope_kernel").decode_split_table(), "\n")
         return decode_sass_report(dtype=args.dtype, as_json=args.json)

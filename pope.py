@@ -519,10 +519,12 @@ logging.getLogger("torch._higher_order_ops.wrap").addFilter(_QuietCheckpointNote
 
 def _recompute_all_but_attention():
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-    save = torch.ops.pope.attention_forward.default
+    # the kernel's o and lse, and cos/sin of delta (H_kv * d numbers): saved, they are buffers that the fused
+    # kernels read, where Inductor would otherwise inline the trigonometry into every element of k~ and its gradient
+    save = (torch.ops.pope.attention_forward.default, torch.ops.aten.cos.default, torch.ops.aten.sin.default)
 
     def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op is save else CheckpointPolicy.MUST_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.MUST_RECOMPUTE
     return create_selective_checkpoint_contexts(policy)
 
 
