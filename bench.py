@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from cli import UserError, autocast_context, resolve_device, resolve_dtype
-from model import GPT, GPTConfig, KVCache, apply_rope
+from model import GPT, GPTConfig, KVCache, apply_rope, device_peak_flops
 from pope import polar_to_cartesian, pope_attention, pope_frequencies
 
 
@@ -117,21 +117,31 @@ def train_step_precision(device, dtype="auto"):
     return name, autocast_context(device, name), scaler
 
 
+STEP_SHAPES = {"cuda": dict(n_layer=12, n_embd=768, n_head=12, T=1024, batch_size=8),  # GPT-2 124M, train_owt
+               "cpu": dict(n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2)}
+
+
 def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2, vocab_size=50304, rounds=6,
-                     n_kv_head=None, dtype="auto"):
-    """ms per AdamW training step (fwd + bwd + step) for rope and pope, stepped in interleaved rounds;
-    returns rows of dicts (with the compute dtype). n_kv_head: key/value heads (grouped-query attention),
-    None = n_head; dtype: 'auto' or a cli.DTYPES name, set up as train.py does (train_step_precision)."""
+                     n_kv_head=None, dtype="auto", compile=None, profile=False):
+    """One AdamW training step (fwd + bwd + step) of the same GPT with rope and pope, in interleaved rounds, as
+    train.py runs it: its compute dtype (train_step_precision) and torch.compile on CUDA (compile=None; True /
+    False force it). Returns one row per encoding: ms per step, tokens/s, MFU (model.estimate_mfu against
+    device_peak_flops; None on a CPU or an unknown GPU), FLOPs per token; PoPE's row adds the PoPE/RoPE time
+    ratio (median and range of the per-round ratios) beside the FLOP ratio (model.flops_per_token) and the
+    torch path's (v padded to 2d: the bound of a CPU step). profile=True adds profile_step's breakdown of one
+    more step of each. n_kv_head: key/value heads (grouped-query attention), None = n_head."""
     steps, models = {}, {}
     name, amp, scaler = train_step_precision(device, dtype)
+    compile = str(device).startswith("cuda") if compile is None else compile
     for pe in ("rope", "pope"):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=T, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                               n_kv_head=n_kv_head, pos_encoding=pe)).to(device)
         opt = model.configure_optimizers(0.01, 1e-4, (0.9, 0.99), str(device).split(":")[0])
         x = torch.randint(0, vocab_size, (batch_size, T), device=device)
+        fwd = torch.compile(model) if compile else model
 
-        def step(model=model, opt=opt, x=x):
+        def step(model=fwd, opt=opt, x=x):
             with amp:
                 _, loss = model(x, x)
             scaler.scale(loss).backward()
@@ -139,16 +149,63 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
             scaler.update()
             opt.zero_grad(set_to_none=True)
         steps[pe], models[pe] = step, model
-    times = interleaved(steps, device, rounds)
+    times = interleaved(steps, device, rounds, warmup=2 if compile else 1)
+    peak = device_peak_flops(device, name)
     rows = []
     for pe, model in models.items():
         dt = statistics.median(times[pe])
-        rows.append({"pos_encoding": pe, "dtype": name, "ms_per_iter": 1000 * dt, "tokens_per_s": batch_size * T / dt,
+        mfu = model.estimate_mfu(batch_size * T, T, dt, peak)
+        rows.append({"pos_encoding": pe, "dtype": name, "compiled": compile, "ms_per_step": 1000 * dt,
+                     "tokens_per_s": batch_size * T / dt, "mfu": "" if mfu is None else f"{100 * mfu:.1f} %",
                      "flops_per_token": model.flops_per_token(T), "torch_path_flops": torch_path_flops_per_token(model, T)})
+        if profile:
+            rows[-1].update(profile_step(steps[pe], device))
     rows[1]["time_ratio"] = fmt_ratio(ratio_stats(times["pope"], times["rope"]))
     rows[1]["flop_ratio"] = rows[1]["flops_per_token"] / rows[0]["flops_per_token"]
     rows[1]["cpu_flop_ratio"] = rows[1]["torch_path_flops"] / rows[0]["torch_path_flops"]
     return rows
+
+
+# kernel (GPU) or op (CPU) names counted as attention: PoPE's Triton kernels (pope_kernel.py), SDPA's flash,
+# memory-efficient, cuDNN and CPU kernels
+ATTENTION_NAMES = ("_fwd_kernel", "_pre_kernel", "_dkdv_kernel", "_dq_kernel", "flash", "fmha", "attention",
+                   "cudnn", "sdpa", "pope::")
+
+
+def profile_step(step, device, n_steps=2):
+    """Where `n_steps` steps' time goes (torch.profiler), in ms per step. CUDA: GPU time in attention kernels
+    (ATTENTION_NAMES), in other kernels, and GPU idle (the step's wall time not covered by any kernel: launch
+    overhead, host work, syncs). CPU: the self time of attention ops and of all other ops, and the wall time
+    not spent in any op (Python, the compiled wrapper)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = str(device).startswith("cuda")
+    step()
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        t = time.perf_counter()
+        for _ in range(n_steps):
+            step()
+        _sync(device)
+        wall = (time.perf_counter() - t) * 1e6
+    events = [e for e in prof.events() if (e.device_type == torch.autograd.DeviceType.CUDA) == cuda]
+    if not cuda:  # outermost CPU ops only: their self and child times are in their total
+        events = [e for e in events if e.cpu_parent is None and e.name != "ProfilerStep*"]
+    attn = sum(e.time_range.elapsed_us() for e in events if any(n in e.name for n in ATTENTION_NAMES))
+    busy = _union_us([(e.time_range.start, e.time_range.end) for e in events])
+    other = sum(e.time_range.elapsed_us() for e in events) - attn
+    per = 1e3 * n_steps
+    return {"attention_ms": attn / per, "other_ms": other / per, "idle_ms": max(wall - busy, 0.0) / per}
+
+
+def _union_us(intervals):
+    """Total length of the union of (start, end) intervals (overlapping kernels on several streams count once)."""
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total, end = total + (b - a), b
+        elif b > end:
+            total, end = total + (b - end), b
+    return total
 
 
 def naive_pope(q, k, v, delta, rope_theta=10000.0):
@@ -347,7 +404,12 @@ def main(argv):
     p.add_argument("--gqa", action="store_true", help="decode: also 8 heads sharing 2 key/value heads")
     p.add_argument("--dtype", default="auto", help="training step's compute dtype: 'auto' (as train.py: bfloat16 on "
                    "a GPU of compute capability >= 8.0, float16 below, float32 on a CPU) | float32 | bfloat16 | float16")
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="step: torch.compile the model ('auto': on for CUDA, off on a CPU, as train.py)")
+    p.add_argument("--profile", action="store_true", help="step: add where the time goes (attention kernels, "
+                   "other kernels, GPU idle; on a CPU the ops' time and the rest)")
     a = p.parse_args(argv)
+    a.compile = {"auto": None, "on": True, "off": False}[a.compile]
     if a.rounds < MIN_ROUNDS:
         p.error(f"--rounds must be at least {MIN_ROUNDS}: a ratio needs several interleaved rounds, got {a.rounds}")
     try:
@@ -360,11 +422,14 @@ def main(argv):
     print(f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {a.rounds} rounds"
           + (f", load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}" if hasattr(os, "getloadavg") else ""))
     if a.only in (None, "step"):
-        print_table(f"training step, 6 layers x 384 wide, T=1024, batch 2, {a.dtype}",
-                    bench_train_step(a.device, vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype))
-        print_table("training step, grouped-query attention: 6 layers x 384 wide, 8 heads, 2 key/value heads, "
-                    f"{a.dtype}", bench_train_step(a.device, vocab_size=a.vocab_size, rounds=a.rounds, n_head=8,
-                                                   n_kv_head=2, dtype=a.dtype))
+        shape = STEP_SHAPES["cuda" if a.device.startswith("cuda") else "cpu"]
+        kw = dict(vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype, compile=a.compile, profile=a.profile)
+        what = f"{shape['n_layer']} layers x {shape['n_embd']} wide, T={shape['T']}, batch {shape['batch_size']}, {a.dtype}"
+        print_table(f"training step, {what}", bench_train_step(a.device, **shape, **kw))
+        if not a.profile:
+            print_table(f"training step, grouped-query attention: {what}, {shape['n_head']} heads sharing "
+                        f"{shape['n_head'] // 4} key/value heads",
+                        bench_train_step(a.device, **{**shape, "n_kv_head": shape["n_head"] // 4}, **kw))
     if a.only in (None, "attn"):
         print_table(f"attention fwd+bwd, T={a.T}, d=64, 8 heads, fp32",
                     bench_attention(a.device, T=a.T, rounds=a.rounds))

@@ -11,6 +11,9 @@ import torch
 
 from model import GPT, GPTConfig
 
+# where the Triton path runs: the GPU where there is one (real kernels), else the CPU under the interpreter
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 @contextlib.contextmanager
 def fresh_inductor(folder):
@@ -29,7 +32,7 @@ def fresh_inductor(folder):
 def pope_gpt(seed=0, **kw):
     """A 1-layer PoPE GPT (n_embd 32 per 2 query heads of width 16, vocab 64) on the Triton backend, δ drawn
     on [-2π, 0], with c_attn scaled up so that attention is peaked (position and phase matter) and lm_head
-    so that the loss's gradient is not flat. kw: GPTConfig fields."""
+    so that the loss's gradient is not flat; on DEV. kw: GPTConfig fields."""
     torch.manual_seed(seed)
     n_head = kw.pop("n_head", 2)
     cfg = GPTConfig(**{"n_layer": 1, "n_head": n_head, "n_embd": 16 * n_head, "block_size": 64,
@@ -41,7 +44,7 @@ def pope_gpt(seed=0, **kw):
             block.attn.c_attn.weight.mul_(8.0)
             block.attn.c_proj.weight.mul_(10.0)
         model.lm_head.weight.mul_(5.0)
-    return model
+    return model.to(DEV)
 
 
 def loss_and_grads(model, step, x, y):

@@ -3,6 +3,8 @@
 from unittest import mock
 
 import pytest
+import time
+
 import torch
 
 import bench
@@ -59,12 +61,35 @@ def test_every_section_runs_at_a_tiny_size():
 def test_train_step_table_reports_pope_over_rope_and_the_whole_batchs_tokens(monkeypatch):
     """With PoPE's steps timed at 3, 4, 6, 6, 8 s against RoPE's 2, 2, 3, 3, 4 s: the ratio is the median of
     the per-round PoPE/RoPE ratios, 2.00 (1.50-2.00); tokens/s counts batch_size x T tokens per step."""
-    monkeypatch.setattr(bench, "interleaved", lambda fns, device, rounds: {
+    monkeypatch.setattr(bench, "interleaved", lambda fns, device, rounds, warmup=1: {
         "rope": [2.0, 2.0, 3.0, 3.0, 4.0], "pope": [3.0, 4.0, 6.0, 6.0, 8.0]})
+    monkeypatch.setattr(bench, "device_peak_flops", lambda device, dtype: 1e6)  # MFU against a 1 MFLOP/s part
     rows = bench.bench_train_step("cpu", n_layer=1, n_embd=32, n_head=2, T=16, batch_size=2, vocab_size=64, rounds=5)
     assert rows[1]["time_ratio"] == "2.00 (1.50-2.00)"
-    assert rows[0]["ms_per_iter"] == 3000.0 and rows[0]["tokens_per_s"] == 2 * 16 / 3.0
-    assert rows[1]["ms_per_iter"] == 6000.0 and rows[1]["tokens_per_s"] == 2 * 16 / 6.0
+    assert rows[0]["ms_per_step"] == 3000.0 and rows[0]["tokens_per_s"] == 2 * 16 / 3.0
+    assert rows[1]["ms_per_step"] == 6000.0 and rows[1]["tokens_per_s"] == 2 * 16 / 6.0
+    for r in rows:  # MFU = FLOPs per token x tokens per step / seconds per step / peak
+        assert r["mfu"] == f"{100 * r['flops_per_token'] * 32 / (r['ms_per_step'] / 1e3) / 1e6:.1f} %"
+    assert not rows[0]["compiled"]  # a CPU step runs eagerly by default, as train.py's
+
+
+def test_profile_splits_a_cpu_step_into_attention_other_ops_and_the_rest():
+    """--profile on a CPU: a step that sleeps 50 ms around one SDPA call and one matmul: the sleep is in no op
+    (idle), SDPA is attention, the matmul is the other ops; every figure is per step."""
+    q = torch.randn(1, 2, 256, 64)
+    w = torch.randn(512, 512)
+
+    def step():
+        time.sleep(0.05)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        w @ w
+    got = bench.profile_step(step, "cpu", n_steps=2)
+    assert got["idle_ms"] >= 45 and got["attention_ms"] > 0 and got["other_ms"] > 0, got
+    assert got["attention_ms"] + got["other_ms"] < got["idle_ms"], got
+
+
+def test_union_of_kernel_intervals_counts_overlap_once():
+    assert bench._union_us([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
 
 
 def test_five_rounds_are_enough_and_four_are_refused(monkeypatch, capsys):

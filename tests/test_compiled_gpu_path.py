@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from compiled import fresh_inductor, loss_and_grads, pope_gpt, relative_errors
+from compiled import DEV, fresh_inductor, loss_and_grads, pope_gpt, relative_errors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # max |compiled - eager| / max |eager| per gradient. fp32: the compiled step runs the same custom ops on
@@ -31,7 +31,7 @@ TOL = {torch.float32: 2e-5, torch.float16: 5e-3}
 
 def _batch(T, seed=0, B=2):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 64, (B, T), generator=g), torch.randint(0, 64, (B, T), generator=g)
+    return torch.randint(0, 64, (B, T), generator=g).to(DEV), torch.randint(0, 64, (B, T), generator=g).to(DEV)
 
 
 def _check(got_loss, want_loss, got, want, tol, what):
@@ -82,7 +82,7 @@ class Arms(nn.Module):
     def forward(self, x, y):
         losses = []
         for model, amp in zip(self.models, self.amps):
-            with torch.autocast("cpu", dtype=amp or torch.float16, enabled=amp is not None):
+            with torch.autocast(DEV, dtype=amp or torch.float16, enabled=amp is not None):
                 losses.append(model(x, y)[1])
         return torch.stack(losses)
 
@@ -136,6 +136,8 @@ def _ddp_rank(rank, world_size, port, cache_dir, out):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs the Triton interpreter (two gloo processes on CPU); "
+                    "train.py's torchrun test below runs DDP on CUDA machines too")
 def test_ddp_of_the_compiled_model_equals_eager(tmp_path):
     """Two gloo processes, each with half of a batch of 4: DDP's averaged gradients equal eager's on the whole
     batch (the losses are means over equal token counts). Slow: each process compiles (minutes)."""

@@ -13,7 +13,7 @@ import torch
 
 import pope
 import pope_kernel as pk
-from compiled import pope_gpt
+from compiled import DEV, pope_gpt
 from custom_ops import check_layout_contract, model_op_calls, registered_ops, token_major, with_grad
 
 B, T = 2, 12
@@ -29,7 +29,7 @@ DECODE = torch.ops.pope.decode.default
 
 
 def _idx(seed=0, T=T):
-    return torch.randint(0, 64, (B, T), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, 64, (B, T), generator=torch.Generator().manual_seed(seed)).to(DEV)
 
 
 def _is_token_major(t):

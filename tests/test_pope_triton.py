@@ -463,12 +463,12 @@ def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
 
     from model import GPT, GPTConfig
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=H, n_embd=H * d, block_size=T, vocab_size=64, attn_backend=backend))
-    x = torch.randint(0, 64, (B, T))
+    model = GPT(GPTConfig(n_layer=2, n_head=H, n_embd=H * d, block_size=T, vocab_size=64, attn_backend=backend)).to(DEV)
+    x = torch.randint(0, 64, (B, T)).to(DEV)
     saved = []
 
     def step(x):
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast(DEV, dtype=torch.float16):
             return model(x, x)[1]
 
     def forward_compiler(gm, example_inputs):
