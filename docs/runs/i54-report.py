@@ -1,0 +1,100 @@
+"""Issue 54's per-arm tables and plot (a notebook record, not a tool): perplexity against context for the four
+arms of the registered comparison (RoPE, PoPE, RoPE + YaRN, DroPE), mean ± sd over seeds per length, from the
+runs' copies in docs/runs/. The registered tests are study/results.py's (docs/extrapolation.md, issue 54);
+this prints what results.py does not read: the loss on the last 256 characters per length (eval_extrapolate.py's
+last_loss) and the sliding protocol at 16x (NAME.sliding.csv), and draws the plot. From the repo root:
+
+    python docs/runs/i54-report.py                         # the registered runs: i54-{rope,pope,yarn,drope}-s*
+    python docs/runs/i54-report.py --prefix=i54-pilot --png=/tmp/pilot.png   # the pilot
+"""
+import argparse
+import csv
+import glob
+import math
+import os
+import re
+import statistics as st
+
+ARMS = [("rope", "RoPE"), ("pope", "PoPE (δ at zero)"), ("yarn", "RoPE + YaRN (s = 4, fine-tuned at 4x)"),
+        ("drope", "DroPE (60-step recalibration)")]
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f) if r.get("length")]
+
+
+def pm(xs, digits):
+    if not xs:
+        return "—"
+    return f"{st.fmean(xs):.{digits}f} ± " + (f"{st.stdev(xs):.{digits}f}" if len(xs) > 1 else "—")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--prefix", default="i54")
+    p.add_argument("--runs", default=os.path.join(os.path.dirname(os.path.abspath(__file__))))
+    p.add_argument("--png", default="")
+    p.add_argument("--seeds", default="", help="comma-separated seeds to keep (default: every seed found)")
+    a = p.parse_args()
+    keep = {s.strip() for s in a.seeds.split(",") if s.strip()}
+    data = {}
+    for arm, _ in ARMS:
+        runs = {}
+        for path in sorted(glob.glob(os.path.join(a.runs, f"{a.prefix}-{arm}-s*.extrapolation.csv"))):
+            seed = re.search(r"-s(\d+)\.extrapolation\.csv$", path).group(1)
+            if keep and seed not in keep:
+                continue
+            sliding = path.replace(".extrapolation.csv", ".sliding.csv")
+            runs[seed] = {"tiled": read(path), "sliding": read(sliding) if os.path.exists(sliding) else []}
+        data[arm] = runs
+    lengths = sorted({int(r["length"]) for runs in data.values() for run in runs.values() for r in run["tiled"]})
+    print("| arm | n | seeds | " + " | ".join(f"ppl at {L}" for L in lengths) + " | sliding ppl at 4096 |")
+    print("|---|---:|---|" + "---:|" * (len(lengths) + 1))
+    for arm, label in ARMS:
+        runs = data[arm]
+        cells = [pm([float(r["ppl"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L], 3)
+                 for L in lengths]
+        sl = [float(r["ppl"]) for run in runs.values() for r in run["sliding"] if int(r["length"]) == 4096]
+        print(f"| {label} | {len(runs)} | {', '.join(runs)} | " + " | ".join(cells) + f" | {pm(sl, 3)} (n = {len(sl)}) |")
+    print("\nloss (nats) on the last 256 characters of each chunk, the same characters at every length")
+    print("| arm | " + " | ".join(f"at {L}" for L in lengths) + " |")
+    print("|---|" + "---:|" * len(lengths))
+    for arm, label in ARMS:
+        runs = data[arm]
+        cells = [pm([float(r["last_loss"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L], 4)
+                 for L in lengths]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    if a.png:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for (arm, label), marker in zip(ARMS, "osD^"):
+            runs = data[arm]
+            if not runs:
+                continue
+            xs, ms, sds = [], [], []
+            for L in lengths:
+                v = [float(r["ppl"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L]
+                if v:
+                    xs.append(L), ms.append(st.fmean(v)), sds.append(st.stdev(v) if len(v) > 1 else 0.0)
+            ax.errorbar(xs, ms, yerr=sds, marker=marker, capsize=3, label=f"{label}, n = {len(runs)}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        from matplotlib.ticker import FormatStrFormatter
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+        ax.set_xticks(lengths, [f"{L}\n({L // lengths[0]}x)" for L in lengths])
+        ax.set_xlabel("context (characters; training context 256)")
+        ax.set_ylabel("tiled perplexity, mean ± sd over seeds")
+        ax.set_title("Character-level Shakespeare, 4 x 128: zero-shot extrapolation")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(a.png, dpi=120)
+        print(f"\nwrote {a.png}")
+
+
+if __name__ == "__main__":
+    main()
