@@ -122,14 +122,16 @@ STEP_SHAPES = {"cuda": dict(n_layer=12, n_embd=768, n_head=12, T=1024, batch_siz
 
 
 def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2, vocab_size=50304, rounds=6,
-                     n_kv_head=None, dtype="auto", compile=None, profile=False):
+                     n_kv_head=None, dtype="auto", compile=None, profile=False, eval_pass=False):
     """One AdamW training step (fwd + bwd + step) of the same GPT with rope and pope, in interleaved rounds, as
     train.py runs it: its compute dtype (train_step_precision) and torch.compile on CUDA (compile=None; True /
     False force it). Returns one row per encoding: ms per step, tokens/s, MFU (model.estimate_mfu against
     device_peak_flops; None on a CPU or an unknown GPU), FLOPs per token; PoPE's row adds the PoPE/RoPE time
     ratio (median and range of the per-round ratios) beside the FLOP ratio (model.flops_per_token) and the
     torch path's (v padded to 2d: the bound of a CPU step). profile=True adds profile_step's breakdown of one
-    more step of each. n_kv_head: key/value heads (grouped-query attention), None = n_head."""
+    more step of each. eval_pass=True: then one evaluation forward of each model as train.py runs it (the raw
+    model, eager, eval mode, no_grad) and the same rounds again: ms_after_eval (issue 51: PoPE's H200 step went
+    from 41.6 to 48.9 ms after an evaluation). n_kv_head: key/value heads (grouped-query attention), None = n_head."""
     steps, models = {}, {}
     name, amp, scaler = train_step_precision(device, dtype)
     compile = str(device).startswith("cuda") if compile is None else compile
@@ -150,6 +152,14 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
             opt.zero_grad(set_to_none=True)
         steps[pe], models[pe] = step, model
     times = interleaved(steps, device, rounds, warmup=2 if compile else 1)
+    after_eval = None
+    if eval_pass:  # train.py's evaluation: the raw model, eager, in eval mode under no_grad; then the same steps again
+        with torch.no_grad(), amp:
+            for model in models.values():
+                model.eval()
+                model(x[:, :T])
+                model.train()
+        after_eval = interleaved(steps, device, rounds, warmup=0)
     peak = device_peak_flops(device, name)
     rows = []
     for pe, model in models.items():
@@ -158,6 +168,8 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
         rows.append({"pos_encoding": pe, "dtype": name, "compiled": compile, "ms_per_step": 1000 * dt,
                      "tokens_per_s": batch_size * T / dt, "mfu": "" if mfu is None else f"{100 * mfu:.1f} %",
                      "flops_per_token": model.flops_per_token(T), "torch_path_flops": torch_path_flops_per_token(model, T)})
+        if after_eval:
+            rows[-1]["ms_after_eval"] = 1000 * statistics.median(after_eval[pe])
         if profile:
             rows[-1].update(profile_step(steps[pe], device))
     rows[1]["time_ratio"] = fmt_ratio(ratio_stats(times["pope"], times["rope"]))
@@ -166,8 +178,8 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
     return rows
 
 
-# kernel (GPU) or op (CPU) names counted as attention: PoPE's Triton kernels (pope_kernel.py), SDPA's flash,
-# memory-efficient, cuDNN and CPU kernels
+# kernel (GPU) or op (CPU) names counted as attention, lower case: PoPE's Triton kernels (pope_kernel.py), SDPA's
+# flash, memory-efficient, cuDNN and CPU kernels and their backward nodes
 ATTENTION_NAMES = ("_fwd_kernel", "_pre_kernel", "_dkdv_kernel", "_dq_kernel", "flash", "fmha", "attention",
                    "cudnn", "sdpa", "pope::")
 
@@ -190,7 +202,7 @@ def profile_step(step, device, n_steps=2):
     events = [e for e in prof.events() if (e.device_type == torch.autograd.DeviceType.CUDA) == cuda]
     if not cuda:  # outermost CPU ops only: their self and child times are in their total
         events = [e for e in events if e.cpu_parent is None and e.name != "ProfilerStep*"]
-    attn = sum(e.time_range.elapsed_us() for e in events if any(n in e.name for n in ATTENTION_NAMES))
+    attn = sum(e.time_range.elapsed_us() for e in events if any(n in e.name.lower() for n in ATTENTION_NAMES))
     busy = _union_us([(e.time_range.start, e.time_range.end) for e in events])
     other = sum(e.time_range.elapsed_us() for e in events) - attn
     per = 1e3 * n_steps
@@ -408,6 +420,8 @@ def main(argv):
                    help="step: torch.compile the model ('auto': on for CUDA, off on a CPU, as train.py)")
     p.add_argument("--profile", action="store_true", help="step: add where the time goes (attention kernels, "
                    "other kernels, GPU idle; on a CPU the ops' time and the rest)")
+    p.add_argument("--eval-pass", action="store_true", help="step: time the steps again after one evaluation forward "
+                   "(eager, no_grad, as train.py evaluates)")
     a = p.parse_args(argv)
     a.compile = {"auto": None, "on": True, "off": False}[a.compile]
     if a.rounds < MIN_ROUNDS:
@@ -423,7 +437,8 @@ def main(argv):
           + (f", load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}" if hasattr(os, "getloadavg") else ""))
     if a.only in (None, "step"):
         shape = STEP_SHAPES["cuda" if a.device.startswith("cuda") else "cpu"]
-        kw = dict(vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype, compile=a.compile, profile=a.profile)
+        kw = dict(vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype, compile=a.compile, profile=a.profile,
+                  eval_pass=a.eval_pass)
         what = f"{shape['n_layer']} layers x {shape['n_embd']} wide, T={shape['T']}, batch {shape['batch_size']}, {a.dtype}"
         print_table(f"training step, {what}", bench_train_step(a.device, **shape, **kw))
         if not a.profile:

@@ -9,18 +9,23 @@ channels of a query at position t and of a key at position s becomes a complex n
 
 and the attention logit is sm_scale Re[q~^H k~] = sm_scale sum_c mu_q mu_k cos((s - t) theta_c + delta_c).
 With x = mu cos(phi) and y = mu sin(phi) this is a real dot product of width 2d between the Cartesian
-forms [x, y] of query and key (polar_to_cartesian). Both backends compute that transform here, once
-per call (O(T d)), and then run ordinary softmax attention of width 2d for q/k and d for v:
+forms [x, y] of query and key. Both backends compute that transform here, once per call (O(T d)), from
+rows of a float32 rotation table [cos s theta | sin s theta] (pope_rotation_table; GPT keeps one as
+GPT.rotation) with delta by angle addition, and then run ordinary softmax attention of width 2d for q/k
+and d for v:
     'torch'   F.scaled_dot_product_attention (CPU or GPU), v zero-padded to 2d so SDPA keeps its
               fused O(T)-memory kernels;
-    'triton'  pope_kernel.py's FlashAttention-2 kernels (CUDA; on CPU under TRITON_INTERPRET=1).
+    'triton'  pope_kernel.py's FlashAttention-2 kernels (CUDA; on CPU under TRITON_INTERPRET=1); the transform
+              stays PyTorch, which torch.compile fuses, under a selective checkpoint (it is recomputed for
+              the backward, never saved).
 Decoding moves delta to the query: conj(mu_q e^{i(t theta - delta)}) mu_k e^{i s theta} has real part
 mu_q mu_k cos((s - t) theta + delta), the same score. So the KV cache stores mu_k (d wide, RoPE's bytes)
 for both backends and rotates it at attention time (pope_key_magnitude, pope_attention_decode).
 
 Public API
-    pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend)
+    pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend, rotation)
     pope_attention_decode(q, mu_k, v, delta, *, rotation, ...)   decoding over cached key magnitudes
+    pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen)  one token over a static cache (compiled decoding)
     pope_key_magnitude(k, magnitude)       the key form the KV cache stores (mu_k, d wide)
     pope_query_decode_form(q, q_offset, delta, ...), pope_rotation_table(n_positions, head_dim, rope_theta)
     polar_to_cartesian(x, positions, freqs, delta, magnitude, dtype, scale)
@@ -405,6 +410,31 @@ def pope_attention_decode(q, mu_k, v, delta=None, *, rotation=None, causal=True,
     v = F.pad(v, (0, 2 * d - dv)) if dv < 2 * d else v  # one width for q/k and v: SDPA's fused O(T) kernels
     return sdpa_attention(qd, _rotate_keys(mu_k, rotation), v, causal=causal, sm_scale=sm_scale,
                           q_offset=q_offset)[..., :dv]
+
+
+def pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen, *, sm_scale=None, magnitude="softplus"):
+    """PoPE attention of one raw query per row at position `at` over a whole static cache: the step that
+    GPT.decode_step compiles (torch ops only: no host sync, no Python int of the position).
+
+    Args:
+        q: (B, H, 1, d) raw queries. mu_all: (B, H_kv, L, d) key magnitudes (pope_key_magnitude) of the whole
+            preallocated cache, positions 0..L-1. v_all: (B, H_kv, L, dv). delta: (H_kv, d) radians or None (it
+            rides on the query, as in pope_attention_decode). rotation: (>= L, 2d) pope_rotation_table.
+        at: (1,) int64 tensor, the query's position. seen: (L,) bool, the cached keys the query sees (the others
+            get no weight). sm_scale: default 1/sqrt(d). magnitude: as pope_attention.
+    Returns:
+        (B, H_kv, G, dv) in v_all's dtype, G = H / H_kv: query head h_kv * G + g at [:, h_kv, g].
+    The scores are those of pope_attention_decode's torch path (rotated magnitudes, two matmuls), over all L keys.
+    """
+    B, H, _, d = q.shape
+    H_kv, L = mu_all.shape[1], mu_all.shape[2]
+    G = H // H_kv
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    neg = None if delta is None else -delta.repeat_interleave(G, dim=0)
+    qd = _cartesian(q, rotation.index_select(0, at), neg, magnitude, 1.0, mu_all.dtype)  # (B, H, 1, 2d)
+    scores = _rotated_scores(qd.view(B, H_kv, G, 2 * d), mu_all, rotation[:L]).float() * sm_scale
+    scores = scores.masked_fill(~seen, float("-inf"))
+    return torch.softmax(scores, dim=-1).to(v_all.dtype) @ v_all
 
 
 def _decode_chunk(mu_k):

@@ -42,8 +42,9 @@ def test_torch_path_flops_count_v_padded_to_2d():
 
 def test_every_section_runs_at_a_tiny_size():
     small = dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
-    rows = bench.bench_train_step("cpu", T=16, batch_size=2, rounds=5, **small)
+    rows = bench.bench_train_step("cpu", T=16, batch_size=2, rounds=5, eval_pass=True, **small)
     assert [r["pos_encoding"] for r in rows] == ["rope", "pope"] and rows[1]["flop_ratio"] > 1
+    assert all(r["ms_after_eval"] > 0 for r in rows)
     assert "(" in rows[1]["time_ratio"] and rows[1]["cpu_flop_ratio"] > rows[1]["flop_ratio"]
     rows = bench.bench_attention("cpu", T=32, d=16, n_head=2, rounds=5)
     assert [r["impl"] for r in rows] == ["rope_sdpa", "pope", "pope_naive_sdpa"]
