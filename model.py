@@ -39,8 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pope import (pope_attention, pope_attention_decode, pope_key_magnitude, pope_rotation_table, sdpa_attention,
-                  sdpa_gqa)
+from pope import (pope_attention, pope_attention_decode, pope_decode_step, pope_key_magnitude, pope_rotation_table,
+                  sdpa_attention, sdpa_gqa)
 
 POS_ENCODINGS = ("rope", "pope", "none", "rope_half", "alibi_half", "learned", "sinusoidal")
 ABSOLUTE_ENCODINGS = ("learned", "sinusoidal")  # positions < block_size only
@@ -235,15 +235,23 @@ class KVCache:
         """Bytes held by the allocated key and value buffers, all layers."""
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v) if t is not None)
 
+    def write(self, layer, k, v, at):
+        """Store k, v (B, H_kv, 1, d) of one token at position `at` (a (1,) int64 tensor) of `layer`'s buffers, which
+        a prefill allocated (update); return the whole buffers (B, H_kv, max_len, d): the static-shape decoding
+        step (GPT.decode_step) attends over them with the keys after `at` masked. No host sync, no shape change."""
+        self.k[layer].index_copy_(2, at, k.to(self.k[layer].dtype))
+        self.v[layer].index_copy_(2, at, v.to(self.v[layer].dtype))
+        return self.k[layer], self.v[layer]
+
     def update(self, layer, k, v):
         """Append k, v (B, H_kv, T, d) at self.q_offset for `layer`; return all cached (B, H_kv, q_offset + T, d)."""
         B, H, T, d = k.shape
         start, end = self.q_offset, self.q_offset + T
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} tokens; cannot add {T} at position {start}")
-        if self.k[layer] is None:
-            self.k[layer] = k.new_empty(B, H, self.max_len, d)
-            self.v[layer] = v.new_empty(B, H, self.max_len, v.shape[-1])
+        if self.k[layer] is None:  # zeros, not empty: the static step (write) multiplies the unwritten rows by 0
+            self.k[layer] = k.new_zeros(B, H, self.max_len, d)
+            self.v[layer] = v.new_zeros(B, H, self.max_len, v.shape[-1])
         self.k[layer][:, :, start:end] = k
         self.v[layer][:, :, start:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
@@ -335,6 +343,41 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
+    def decode(self, x, rotation, kv_cache, pos):
+        """One new token per row, x (B, 1, n_embd) at position `pos` (0-d int64 tensor: the tokens already cached),
+        over the whole preallocated cache with the keys after pos masked -> (B, 1, n_embd). Static shapes and the
+        position as a tensor: GPT.decode_step compiles to one graph for every step. The same encodings and cached
+        forms as forward with a KV cache (RoPE: rotated keys; PoPE: magnitudes, delta on the query; ALiBi: raw
+        keys and a bias); the query heads of a key/value head attend as one group, without copies of the cache."""
+        B, _, C = x.shape
+        q, k, v = split_heads(self.c_attn(x), self.n_head, self.n_kv_head)  # (B, H, 1, d)
+        cfg, at = self.config, pos.view(1)
+        H_kv, G = self.n_kv_head, self.n_head // self.n_kv_head
+        if cfg.pos_encoding in ("rope", "rope_half"):
+            rows = rotation.index_select(0, at)
+            n_rot = rows.shape[-1]
+            q, k = (torch.cat((rope_rotate(t[..., :n_rot], rows), t[..., n_rot:]), dim=-1)
+                    if n_rot < self.head_dim else rope_rotate(t, rows) for t in (q, k))
+            if cfg.rope_scaling != 1.0:
+                m = yarn_attention_factor(cfg.rope_scaling)
+                q, k = q * m, k * m
+        if cfg.pos_encoding == "pope":
+            k = pope_key_magnitude(k, cfg.pope_magnitude)
+        k_all, v_all = kv_cache.write(self.layer_idx, k, v, at)
+        seen = torch.arange(k_all.shape[2], device=x.device) <= pos  # (max_len,) keys at positions <= pos
+        if cfg.pos_encoding == "pope":
+            y = pope_decode_step(q, k_all, v_all, self.pope_delta, rotation, at, seen, magnitude=cfg.pope_magnitude)
+        else:
+            qg = q.reshape(B, H_kv, G, self.head_dim).to(k_all.dtype)
+            if cfg.pos_encoding == "alibi_half":
+                dist = (pos - torch.arange(k_all.shape[2], device=x.device)).float()  # tokens back from the query
+                mask = (-self.alibi_slopes.view(1, H_kv, G, 1) * dist).masked_fill(~seen, float("-inf")).to(qg.dtype)
+            else:
+                mask = seen.view(1, 1, 1, -1)
+            y = F.scaled_dot_product_attention(qg, k_all, v_all, attn_mask=mask)
+        y = y.reshape(B, self.n_head, 1, -1).transpose(1, 2).reshape(B, 1, C)
+        return self.resid_dropout(self.c_proj(y))
+
     def _pope(self, q, k, v, kv_cache, q_offset, rotation):
         """PoPE attention of queries at positions q_offset..; with a KV cache, the new keys' magnitudes are
         appended (pope_key_magnitude) and the queries attend over the cache (pope_attention_decode, delta in
@@ -372,6 +415,10 @@ class Block(nn.Module):
 
     def forward(self, x, rotation, kv_cache=None):
         x = x + self.attn(self.ln_1(x), rotation, kv_cache)
+        return x + self.mlp(self.ln_2(x))
+
+    def decode(self, x, rotation, kv_cache, pos):
+        x = x + self.attn.decode(self.ln_1(x), rotation, kv_cache, pos)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -442,6 +489,23 @@ class GPT(nn.Module):
             kv_cache.q_offset += idx.shape[1]
         return self.transformer.ln_f(x)
 
+    def decode_step(self, idx, kv_cache, pos):
+        """Logits (B, vocab_size) float32 of one new token per row, idx (B, 1), at position `pos` (a 0-d int64
+        tensor on idx's device: the tokens already in kv_cache, whose buffers a prefill allocated and whose rows
+        GPT.rotation covers). Writes the token's keys and values into the cache at pos; the caller advances pos
+        and kv_cache.q_offset. Shapes never change and the position is data, so torch.compile(fullgraph=True)
+        makes one graph for every step (generate(compile=True)); its tokens equal forward's with the same cache
+        (greedy, fp32). Encodings as forward; absolute ones read their row pos (< block_size, unchecked here)."""
+        x = self.transformer.wte(idx)
+        if self.config.pos_encoding == "learned":
+            x = x + self.transformer.wpe(pos.view(1))
+        elif self.config.pos_encoding == "sinusoidal":
+            x = x + self.wpe_sinusoidal.index_select(0, pos.view(1))
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block.decode(x, self.rotation, kv_cache, pos)
+        return self.lm_head(self.transformer.ln_f(x))[:, -1].float()
+
     def forward(self, idx, targets=None, kv_cache=None):
         """idx (B, T) int64 token ids -> (logits (B, T, vocab_size), loss or None).
 
@@ -468,22 +532,30 @@ class GPT(nn.Module):
                 block.attn.pope_delta.clamp_(-2 * math.pi, 0.0)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, compile=False):
         """Continue idx (B, T) by max_new_tokens tokens with a KV cache; returns (B, T + max_new_tokens).
 
-        temperature 0 picks the argmax; top_k keeps the k most likely tokens. The prompt is run once,
-        then one token per step, each at absolute position kv_cache.q_offset.
+        temperature 0 picks the argmax; top_k keeps the k most likely tokens. The prompt is run once (forward's
+        kernels), then one token per step at absolute position kv_cache.q_offset: compile=False through
+        hidden_states (eager); compile=True through decode_step under torch.compile(fullgraph=True) (CUDA:
+        mode='reduce-overhead', CUDA graphs): a static cache and the position as a tensor, so one compile
+        serves every step, and every prompt and length whose sum rounds to the same power of two (the cache's
+        size; compiled_decode_step). Greedy tokens are the same either way in fp32. Raises ValueError for a negative temperature, or an absolute encoding past block_size.
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if self.config.pos_encoding in ABSOLUTE_ENCODINGS and idx.shape[1] + max_new_tokens > self.config.block_size:
             raise ValueError(f"pos_encoding={self.config.pos_encoding!r} is absolute: prompt + max_new_tokens = "
                              f"{idx.shape[1] + max_new_tokens} exceeds block_size {self.config.block_size}")
-        cache = KVCache(self.config.n_layer, idx.shape[1] + max_new_tokens)
+        max_len = idx.shape[1] + max_new_tokens
+        if compile:  # a power of two: prompts and lengths that round alike share one compiled step
+            max_len = 1 << (max_len - 1).bit_length()
+        cache = KVCache(self.config.n_layer, max_len)
         self.ensure_positions(cache.max_len)  # the table grows once, before the first step
-        hidden = self.hidden_states(idx, cache)
+        logits = self.lm_head(self.hidden_states(idx, cache)[:, -1, :]).float()
+        if compile:
+            step, pos = self.compiled_decode_step(cache), torch.tensor(cache.q_offset, device=idx.device)
         for i in range(max_new_tokens):
-            logits = self.lm_head(hidden[:, -1, :]).float()
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -494,8 +566,28 @@ class GPT(nn.Module):
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
             if i + 1 < max_new_tokens:
-                hidden = self.hidden_states(idx_next, cache)
+                if compile:
+                    logits = step(idx_next, cache, pos).clone()  # clone: a CUDA graph's output is overwritten
+                    pos += 1
+                    cache.q_offset += 1
+                else:
+                    logits = self.lm_head(self.hidden_states(idx_next, cache)[:, -1, :]).float()
         return idx
+
+    def compiled_decode_step(self, kv_cache):
+        """decode_step under torch.compile(fullgraph=True, dynamic=False), built once per model and kept; on CUDA
+        with mode='reduce-overhead' (CUDA graphs; the cache's buffers marked as static addresses, so a step
+        replays one graph). kv_cache: a prefilled KVCache (its buffers exist)."""
+        if kv_cache.k[0] is None:
+            raise ValueError("compiled decoding needs a prefilled KVCache: run the prompt through hidden_states first")
+        cuda = kv_cache.k[0].is_cuda
+        if cuda:
+            for buf in (*kv_cache.k, *kv_cache.v):
+                torch._dynamo.mark_static_address(buf)
+        if "_decode_compiled" not in self.__dict__:
+            self.__dict__["_decode_compiled"] = torch.compile(self.decode_step, fullgraph=True, dynamic=False,
+                                                              mode="reduce-overhead" if cuda else None)
+        return self.__dict__["_decode_compiled"]
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with weight decay on matrices only: no decay on the PoPE phase biases delta (which

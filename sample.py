@@ -3,6 +3,7 @@
     python sample.py --start="Ham." --max_new_tokens=300           # train.py's default run (out-shakespeare-char-pope)
     python sample.py --out_dir=out-indirect-pope --start="NZTUIGWkXFrhCJDzscat,N,+4," --max_new_tokens=1 --temperature=0
     python sample.py --out_dir=out-owt-124m-pope --start="FILE:prompt.txt" --num_samples=3
+    python sample.py --compile=True      # decode with a compiled step (the default on CUDA: CUDA graphs too)
 
 Loads out_dir/best.pt (or --ckpt=ckpt.pt) with torch.load(weights_only=True) through checkpoint.py,
 and decodes with the tokenizer stored in the checkpoint (older checkpoints: the dataset's meta.json).
@@ -31,17 +32,19 @@ DEFAULTS = dict(
     device="auto",
     dtype="auto",  # 'auto' (float32 on CPU; bf16 on CUDA if supported, else fp16) | 'float32' | 'bfloat16' | 'float16'
     attn_backend="auto",
+    compile=None,  # decode with a compiled static-shape step (model.generate(compile=True)); None: on for CUDA
 )
 
 
 def complete(model, encode, decode, prompt, max_new_tokens=DEFAULTS["max_new_tokens"],
              temperature=DEFAULTS["temperature"], top_k=DEFAULTS["top_k"], num_samples=1, seed=DEFAULTS["seed"],
-             device="cpu", autocast=None):
+             device="cpu", autocast=None, compile=False):
     """num_samples continuations of the text `prompt` by max_new_tokens tokens each, prompt included, as
     strings: encode -> model.generate (KV cache) -> decode, under `autocast` (a context manager; default:
     cli.autocast_context with the device's automatic dtype, bf16 on CUDA where supported, fp32 on CPU). torch's RNG is seeded
     with `seed`; temperature 0 is greedy, top_k 0 or None keeps every token. Used by main and by
-    train.py's end-of-run sample. Raises ValueError for a prompt outside the vocabulary or empty, an
+    train.py's end-of-run sample. compile: model.generate's (a compiled decoding step; CUDA graphs on CUDA).
+    Raises ValueError for a prompt outside the vocabulary or empty, an
     absolute encoding asked past block_size, num_samples < 1, max_new_tokens < 0 or top_k < 0."""
     if num_samples < 1 or max_new_tokens < 0 or (top_k or 0) < 0:
         raise ValueError(f"need num_samples >= 1, max_new_tokens >= 0 and top_k >= 0 (0: every token), got "
@@ -53,7 +56,7 @@ def complete(model, encode, decode, prompt, max_new_tokens=DEFAULTS["max_new_tok
     x = torch.tensor(ids, dtype=torch.long, device=device)[None].repeat(num_samples, 1)
     ctx = autocast if autocast is not None else autocast_context(device, resolve_dtype("auto", device))
     with torch.no_grad(), ctx:
-        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)
+        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, compile=compile)
     return [decode(row.tolist()) for row in y]
 
 
@@ -75,7 +78,8 @@ def main(argv):
                             f"({getattr(e, 'strerror', None) or e})") from None
     try:
         outputs = complete(model, encode, decode, start, cfg["max_new_tokens"], cfg["temperature"], cfg["top_k"],
-                           cfg["num_samples"], cfg["seed"], dev, ctx)
+                           cfg["num_samples"], cfg["seed"], dev, ctx,
+                           compile=dev.startswith("cuda") if cfg["compile"] is None else bool(cfg["compile"]))
     except ValueError as e:  # a prompt outside the vocabulary, an absolute position embedding past block_size
         raise UserError(str(e)) from None
     for text in outputs:

@@ -1,0 +1,129 @@
+"""Compiled decoding (issue 52): GPT.decode_step, one token over a static KV cache with the position as a tensor,
+under torch.compile(fullgraph=True), as model.generate(compile=True) and sample.py --compile run it.
+
+Its tokens are the eager decoder's (greedy, fp32, bit for bit) for every encoding; one compile serves every step
+(no recompile, no graph break); a step runs no eager op outside the compiled graph and no host sync. Models get
+weights that make attention peaked (position and, for PoPE, delta matter), so a wrong key or phase changes tokens."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch.profiler import ProfilerActivity, profile
+
+from compiled import fresh_inductor
+from model import GPT, GPTConfig, KVCache
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+ENCODINGS = {
+    "rope": dict(pos_encoding="rope"),
+    "pope": dict(pos_encoding="pope", pope_delta_init="uniform"),
+    "pope_gqa_relu": dict(pos_encoding="pope", n_head=4, n_kv_head=2, pope_magnitude="relu", pope_delta_init="uniform"),
+    "pope_no_delta": dict(pos_encoding="pope", pope_use_delta=False),
+    "rope_gqa": dict(pos_encoding="rope", n_head=4, n_kv_head=2),
+    "yarn": dict(pos_encoding="rope", rope_scaling=4.0, rope_original_block_size=16),
+    "learned": dict(pos_encoding="learned"),
+    "sinusoidal": dict(pos_encoding="sinusoidal"),
+    "none": dict(pos_encoding="none"),
+    "rope_half": dict(pos_encoding="rope_half"),
+    "alibi_half": dict(pos_encoding="alibi_half", n_head=4),
+}
+
+
+def _model(kw, n_layer=2, seed=0):
+    torch.manual_seed(seed)
+    kw = {"n_layer": n_layer, "n_head": 2, "n_embd": 32, "block_size": 64, "vocab_size": 64, "dropout": 0.0, **kw}
+    model = GPT(GPTConfig(**kw)).eval()
+    with torch.no_grad():  # peaked attention and logits far from ties
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(6.0)
+        model.lm_head.weight.mul_(4.0)
+    return model.to(DEV)
+
+
+def _prompt(seed=1, T=7):
+    return torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(seed)).to(DEV)
+
+
+@torch.no_grad()
+def _static_greedy(model, idx, n_new):
+    """Greedy decoding through decode_step, not compiled: a prefill, then one step per token."""
+    cache = KVCache(model.config.n_layer, idx.shape[1] + n_new)
+    model.ensure_positions(cache.max_len)
+    logits = model.lm_head(model.hidden_states(idx, cache)[:, -1]).float()
+    pos = torch.tensor(idx.shape[1], device=idx.device)
+    for i in range(n_new):
+        nxt = logits.argmax(-1, keepdim=True)
+        idx = torch.cat((idx, nxt), 1)
+        if i + 1 < n_new:
+            logits = model.decode_step(nxt, cache, pos)
+            pos += 1
+            cache.q_offset += 1
+    return idx
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_the_static_step_gives_the_full_forwards_logits_and_the_eager_decoders_tokens(name):
+    """Teacher-forced over 20 random tokens after a 7-token prefill: every step's logits equal the full forward's
+    at that position (fp32 rounding); greedy, the same tokens as generate's eager decoder, bit for bit."""
+    model = _model(ENCODINGS[name])
+    stream = _prompt(seed=3, T=27)
+    with torch.no_grad():
+        full, _ = model(stream)
+        cache = KVCache(model.config.n_layer, 27)
+        model.ensure_positions(27)
+        model.hidden_states(stream[:, :7], cache)
+        for t in range(7, 27):
+            got = model.decode_step(stream[:, t:t + 1], cache, torch.tensor(t, device=DEV))
+            cache.q_offset += 1
+            torch.testing.assert_close(got, full[:, t].float(), atol=2e-5, rtol=1e-5, msg=f"{name} at position {t}")
+    idx = _prompt()
+    assert torch.equal(_static_greedy(model, idx, 24), model.generate(idx, 24, temperature=0))
+
+
+@pytest.mark.parametrize("name", ["pope_gqa_relu"])
+def test_compiled_generate_gives_the_eager_tokens_from_one_graph(name, tmp_path):
+    """32 new tokens: the eager tokens; one graph, compiled once (no recompile after the first token), no graph
+    break (fullgraph=True would raise). A second prompt whose length rounds to the same cache reuses it."""
+    model = _model(ENCODINGS[name], n_layer=1)
+    idx = _prompt()
+    want = model.generate(idx, 32, temperature=0)
+    with fresh_inductor(tmp_path):
+        counters.clear()
+        got = model.generate(idx, 32, temperature=0, compile=True)
+        again = model.generate(_prompt(seed=2, T=5), 30, temperature=0, compile=True)
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["stats"])
+    assert torch.equal(got, want)
+    assert torch.equal(again, model.generate(_prompt(seed=2, T=5), 30, temperature=0))
+
+
+def test_a_compiled_step_runs_nothing_outside_its_graph_and_never_syncs(tmp_path):
+    """Profiled after warm-up: every aten op of a step runs inside the compiled region (none eager around it) and
+    none reads a value back to the host (aten::item / _local_scalar_dense)."""
+    model = _model(ENCODINGS["pope_gqa_relu"], n_layer=2)
+    idx = _prompt()
+    with fresh_inductor(tmp_path), torch.no_grad():
+        cache = KVCache(2, 32)
+        model.ensure_positions(32)
+        model.hidden_states(idx, cache)
+        step, pos, nxt = model.compiled_decode_step(cache), torch.tensor(7, device=DEV), idx[:, :1]
+        for _ in range(2):
+            step(nxt, cache, pos)
+            pos += 1
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step(nxt, cache, pos)
+    outside, syncs = [], []
+    for e in prof.events():
+        chain, p = [], e
+        while p is not None:
+            chain.append(p.name)
+            p = p.cpu_parent
+        if e.name.startswith("aten::") and not any(n.startswith("Torch-Compiled Region") for n in chain):
+            outside.append(e.name)
+        if e.name in ("aten::item", "aten::_local_scalar_dense"):
+            syncs.append(e.name)
+    assert not outside and not syncs, (outside, syncs)
+
+
+def test_compiled_decoding_needs_a_prefilled_cache():
+    with pytest.raises(ValueError, match="prefilled"):
+        _model(ENCODINGS["rope"]).compiled_decode_step(KVCache(2, 8))
