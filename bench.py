@@ -256,7 +256,7 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, rounds=6, dtyp
 
 
 def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_head=6, n_new=24, vocab_size=50304,
-                 rounds=6, n_kv_heads=(None,)):
+                 rounds=6, n_kv_heads=(None,), modes=("eager", "compiled")):
     """ms per generated token, greedy, batch 1, with the KV cache: rope vs pope at each context length (tokens
     already in the cache), and the cache's bytes per token, for each n_kv_head in n_kv_heads (None = n_head).
 
@@ -268,7 +268,9 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
     models take turns in `rounds` interleaved rounds; time_vs_rope is the median (min-max) of the per-round
     PoPE/RoPE ratios at the same context. cache_bytes_per_token: KVCache.cache_bytes() / max_len (keys and
     values, all layers, fp32); rotation_bytes_per_token: the model's rotation table (GPT.rotation, one for all
-    layers: RoPE's cos/sin, PoPE's 2d-wide rows) per position.
+    layers: RoPE's cos/sin, PoPE's 2d-wide rows) per position. modes: 'eager' decodes through hidden_states (as
+    generate(compile=False)), 'compiled' through GPT.compiled_decode_step (as generate(compile=True): a static
+    cache, the position as a tensor, CUDA graphs on CUDA), one compile per model and context, outside the timing.
     """
     prompt_len = min(contexts)
     prompt = torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
@@ -292,30 +294,39 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
                 states[pe, kv, ctx] = (model, cache, hidden[:, -1:])
 
     @torch.no_grad()
-    def decode_round(key):
+    def decode_round(key, mode):
         model, cache, hidden = states[key]
         cache.q_offset = key[2]  # the context's end: the same positions and tokens every round
-        times = []
+        logits, times = model.lm_head(hidden[:, -1]).float(), []
+        if mode == "compiled":
+            step, pos = model.compiled_decode_step(cache), torch.tensor(key[2], device=device)
         for _ in range(n_new):
             _sync(device)
             t = time.perf_counter()
-            nxt = model.lm_head(hidden[:, -1]).argmax(-1, keepdim=True)
-            hidden = model.hidden_states(nxt, cache)
+            nxt = logits.argmax(-1, keepdim=True)
+            if mode == "compiled":
+                logits = step(nxt, cache, pos)
+                pos += 1
+                cache.q_offset += 1
+            else:
+                logits = model.lm_head(model.hidden_states(nxt, cache)[:, -1]).float()
             _sync(device)
             times.append(time.perf_counter() - t)
         return statistics.median(times)
 
-    per_round = interleaved({key: (lambda key=key: decode_round(key)) for key in states}, device, rounds)
+    arms = {(*key, mode): (lambda key=key, mode=mode: decode_round(key, mode)) for key in states for mode in modes}
+    per_round = interleaved(arms, device, rounds, warmup=2 if "compiled" in modes else 1)
     rows = []
-    for (pe, kv, ctx), (model, cache, _) in states.items():
+    for (pe, kv, ctx, mode), times in per_round.items():
+        model, cache, _ = states[pe, kv, ctx]
         table = model.rotation[0].numel() * model.rotation.element_size()  # one row: the whole model's, per position
-        rows.append({"pos_encoding": pe, "n_kv_head": kv or n_head, "context": ctx,
-                     "ms_per_token": 1000 * statistics.median(per_round[pe, kv, ctx]),
-                     "cache_bytes_per_token": cache.cache_bytes() // cache.max_len,
+        ms = 1000 * statistics.median(times)
+        rows.append({"pos_encoding": pe, "mode": mode, "n_kv_head": kv or n_head, "context": ctx, "ms_per_token": ms,
+                     "tokens_per_s": 1000 / ms, "cache_bytes_per_token": cache.cache_bytes() // cache.max_len,
                      "rotation_bytes_per_token": table})
         if pe == "pope":
-            rows[-1]["time_vs_rope"] = fmt_ratio(ratio_stats(per_round["pope", kv, ctx], per_round["rope", kv, ctx]))
-    return sorted(rows, key=lambda r: (r["n_kv_head"], r["context"], r["pos_encoding"] != "rope"))
+            rows[-1]["time_vs_rope"] = fmt_ratio(ratio_stats(times, per_round["rope", kv, ctx, mode]))
+    return sorted(rows, key=lambda r: (r["n_kv_head"], r["context"], modes.index(r["mode"]), r["pos_encoding"] != "rope"))
 
 
 def bench_decode_attention(device, contexts=(1024, 4096, 16384), n_head=6, d=64, rounds=6, compiled=True):

@@ -522,7 +522,7 @@ def reference_rope_decode_kernel():
 # Opt-in shared memory per block (bytes) of the parts --decode-sass checks: pope_kernel.SHARED_MEMORY_LIMITS
 # (A100; A10 / RTX 3090; L4 / L40; H100) and B200 (sm_100), RTX 5090 (sm_120), from NVIDIA's tuning guides.
 DECODE_ARCH_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448, 120: 101_376}
-_DECODE_POINTERS = {"Q": None, "MU": None, "K": None, "V": None, "ROT": "fp32", "OP": "fp32", "LP": "fp32"}
+_DECODE_POINTERS = {"Q": None, "MU": None, "K": None, "V": None, "ROT": "fp32", "OP": "fp32", "LP": "fp32", "QOFF": "i64"}
 
 
 def compile_decode(arch, d=64, dtype="bf16", group=4, tq=1, impl="pope", block_n=64, warps=None):
@@ -539,7 +539,8 @@ def compile_decode(arch, d=64, dtype="bf16", group=4, tq=1, impl="pope", block_n
     warps = warps or pk.DECODE_WARPS
     if impl == "pope":
         fn = pk._decode_kernel
-        consts = dict(GROUP=group, D=d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=block_n)
+        consts = dict(GROUP=group, D=d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=block_n,
+                      OFFSET_FROM_PTR=False)
     else:
         fn = reference_rope_decode_kernel()
         consts = dict(GROUP=group, D=d, D_V=d, BLOCK_M=bm, BLOCK_N=block_n)

@@ -39,8 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pope import (pope_attention, pope_attention_decode, pope_decode_step, pope_key_magnitude, pope_rotation_table,
-                  sdpa_attention, sdpa_gqa)
+from pope import (decode_step_backend, pope_attention, pope_attention_decode, pope_decode_step, pope_key_magnitude,
+                  pope_rotation_table, sdpa_attention, sdpa_gqa)
 
 POS_ENCODINGS = ("rope", "pope", "none", "rope_half", "alibi_half", "learned", "sinusoidal")
 ABSOLUTE_ENCODINGS = ("learned", "sinusoidal")  # positions < block_size only
@@ -365,8 +365,10 @@ class CausalSelfAttention(nn.Module):
             k = pope_key_magnitude(k, cfg.pope_magnitude)
         k_all, v_all = kv_cache.write(self.layer_idx, k, v, at)
         seen = torch.arange(k_all.shape[2], device=x.device) <= pos  # (max_len,) keys at positions <= pos
-        if cfg.pos_encoding == "pope":
-            y = pope_decode_step(q, k_all, v_all, self.pope_delta, rotation, at, seen, magnitude=cfg.pope_magnitude)
+        if cfg.pos_encoding == "pope":  # the backend is a Python decision: a compiled step takes it once, tracing
+            backend = decode_step_backend(q, k_all, v_all, cfg.attn_backend)
+            y = pope_decode_step(q, k_all, v_all, self.pope_delta, rotation, at, seen, magnitude=cfg.pope_magnitude,
+                                 backend=backend)
         else:
             qg = q.reshape(B, H_kv, G, self.head_dim).to(k_all.dtype)
             if cfg.pos_encoding == "alibi_half":

@@ -412,7 +412,8 @@ def pope_attention_decode(q, mu_k, v, delta=None, *, rotation=None, causal=True,
                           q_offset=q_offset)[..., :dv]
 
 
-def pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen, *, sm_scale=None, magnitude="softplus"):
+def pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen, *, sm_scale=None, magnitude="softplus",
+                     backend="torch"):
     """PoPE attention of one raw query per row at position `at` over a whole static cache: the step that
     GPT.decode_step compiles (torch ops only: no host sync, no Python int of the position).
 
@@ -421,20 +422,41 @@ def pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen, *, sm_scale=No
             preallocated cache, positions 0..L-1. v_all: (B, H_kv, L, dv). delta: (H_kv, d) radians or None (it
             rides on the query, as in pope_attention_decode). rotation: (>= L, 2d) pope_rotation_table.
         at: (1,) int64 tensor, the query's position. seen: (L,) bool, the cached keys the query sees (the others
-            get no weight). sm_scale: default 1/sqrt(d). magnitude: as pope_attention.
+            get no weight; the Triton kernel masks the keys past `at` itself). sm_scale: default 1/sqrt(d).
+            magnitude: as pope_attention. backend: 'torch', or 'triton' (pope_kernel.decode_at; the caller has
+            checked the tensors once with decode_step_backend).
     Returns:
         (B, H_kv, G, dv) in v_all's dtype, G = H / H_kv: query head h_kv * G + g at [:, h_kv, g].
-    The scores are those of pope_attention_decode's torch path (rotated magnitudes, two matmuls), over all L keys.
+    'torch': the scores of pope_attention_decode's torch path (rotated magnitudes, two matmuls), over all L keys;
+    'triton': pope_kernel.decode_at, the decode kernel over the whole cache with the position read on the device.
     """
     B, H, _, d = q.shape
     H_kv, L = mu_all.shape[1], mu_all.shape[2]
     G = H // H_kv
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     neg = None if delta is None else -delta.repeat_interleave(G, dim=0)
-    qd = _cartesian(q, rotation.index_select(0, at), neg, magnitude, 1.0, mu_all.dtype)  # (B, H, 1, 2d)
+    rows = rotation.index_select(0, at)
+    if backend == "triton":  # pope_kernel.decode_at: keys rotated in registers, the position read on the device
+        qd = _cartesian(q, rows, neg, magnitude, sm_scale * LOG2E, mu_all.dtype)
+        o = pope_kernel.decode_at(qd, mu_all, v_all, rotation, at, 0)[0]  # (B, H, 1, dv)
+        return o.view(B, H_kv, G, -1)
+    qd = _cartesian(q, rows, neg, magnitude, 1.0, mu_all.dtype)  # (B, H, 1, 2d)
     scores = _rotated_scores(qd.view(B, H_kv, G, 2 * d), mu_all, rotation[:L]).float() * sm_scale
     scores = scores.masked_fill(~seen, float("-inf"))
     return torch.softmax(scores, dim=-1).to(v_all.dtype) @ v_all
+
+
+def decode_step_backend(q, mu_all, v_all, backend="auto"):
+    """The backend pope_decode_step runs for these tensors, checked once (GPT.compiled_decode_step asks when it
+    builds the step): 'triton' where pope_attention_decode would run pope_kernel.decode (pope_backend; the group
+    G = H / H_kv within DECODE_MAX_ROWS), else 'torch'. Raises ValueError as pope_attention_decode for a
+    backend='triton' the kernel does not take."""
+    backend = pope_backend(q, mu_all, v_all, backend)
+    if backend == "triton":
+        _triton_ready(q, mu_all, v_all)
+        if q.shape[1] // mu_all.shape[1] > pope_kernel.DECODE_MAX_ROWS:
+            return "torch"
+    return backend
 
 
 def _decode_chunk(mu_k):

@@ -33,10 +33,11 @@ Public API (imports nothing from this repo):
     dot_precision(dtype), shared_memory_bytes(...), select_configs(...), SHARED_MEMORY_LIMITS
     KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, COMPILE_OPTIONS, pinned_configs(), pin_configs(spec)
     decode(q, mu, v, rot, *, causal, q_offset, n_split) -> (o, lse), not differentiable: the custom op
-        pope::decode (decode_forward); decode_splits(bh_kv, Tk), decode_split_table()
+        pope::decode (decode_forward); decode_at, the same with the position as a device tensor (pope::decode_at);
+        decode_splits(bh_kv, Tk), decode_split_table()
 
 Layout contract of the custom ops (every torch.library op in the 'pope' namespace: attention_forward,
-attention_backward and decode here, and any op added later): an op
+attention_backward, decode and decode_at here, and any op added later): an op
 takes its tensor inputs in any strides (an input whose last dim is not unit-stride is copied first) and
 returns every output contiguous; its fake kernel returns the same shapes, dtypes and contiguous strides,
 built with new_empty(shape), never empty_like(input), which keeps an input's permutation. Inductor lays
@@ -830,16 +831,20 @@ DEFAULT_SM_COUNT = 132  # H100 SXM, for tables made without a GPU
 
 
 @triton.jit(do_not_specialize=["Tq", "Tk", "q_offset", "blocks_per_split"])
-def _decode_kernel(Q, MU, V, ROT, OP, LP,
+def _decode_kernel(Q, MU, V, ROT, OP, LP, QOFF,
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                    stride_vb, stride_vh, stride_vn, stride_rot,
                    BH_KV, H_KV, Tq, Tk, q_offset, blocks_per_split,
                    GROUP: tl.constexpr, D: tl.constexpr, D_V: tl.constexpr, CAUSAL: tl.constexpr,
-                   DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   OFFSET_FROM_PTR: tl.constexpr = False):
     """One (split, batch row, key/value head): partial softmax of its GROUP * Tq query rows over the keys
     [split * blocks_per_split * BLOCK_N, ...) -> OP (n_split, B, H, Tq, D_V) float32 (normalised within the
     split; 0 where it sees no key) and LP (n_split, B, H, Tq) base-2 logsumexp (-inf where it sees no key).
-    Split-major grid: the programs that run together read the same rotation rows."""
+    Split-major grid: the programs that run together read the same rotation rows. OFFSET_FROM_PTR: q_offset is
+    read from QOFF (an int64 tensor on the device: the static decoding step's position, no host sync)."""
+    if OFFSET_FROM_PTR:
+        q_offset = tl.load(QOFF).to(tl.int32)
     pid = tl.program_id(0)
     split = pid // BH_KV
     bh = pid % BH_KV
@@ -931,7 +936,7 @@ def _sm_count(device):
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _decode(q, mu, v, rot, causal, q_offset, n_split):
+def _decode(q, mu, v, rot, causal, q_offset, n_split, at=None):
     B, H, Tq, D2 = q.shape
     H_kv, Tk, D_V = mu.shape[1], mu.shape[2], v.shape[-1]
     G = H // H_kv
@@ -945,10 +950,10 @@ def _decode(q, mu, v, rot, causal, q_offset, n_split):
     if B * H * Tq:
         with _device(q):
             _decode_kernel[(n_split * B * H_kv,)](
-                q, mu, v, rot, op, lp, *_strides(q, mu, v), rot.stride(0), B * H_kv, H_kv, Tq, Tk, q_offset, per,
-                GROUP=G, D=D2 // 2, D_V=D_V, CAUSAL=bool(causal), DOT_PREC=dot_precision(q.dtype),
-                BLOCK_M=max(16, _pow2_bucket(G * Tq)), BLOCK_N=DECODE_BLOCK_N, num_warps=DECODE_WARPS,
-                **COMPILE_OPTIONS)
+                q, mu, v, rot, op, lp, lp if at is None else at, *_strides(q, mu, v), rot.stride(0), B * H_kv, H_kv,
+                Tq, Tk, q_offset, per, GROUP=G, D=D2 // 2, D_V=D_V, CAUSAL=bool(causal),
+                DOT_PREC=dot_precision(q.dtype), BLOCK_M=max(16, _pow2_bucket(G * Tq)), BLOCK_N=DECODE_BLOCK_N,
+                OFFSET_FROM_PTR=at is not None, num_warps=DECODE_WARPS, **COMPILE_OPTIONS)
     if n_split == 1:
         return op[0].to(v.dtype), lp[0] * _LN2.value
     m = lp.amax(0)
@@ -969,6 +974,22 @@ def decode_forward(q: torch.Tensor, mu: torch.Tensor, v: torch.Tensor, rot: torc
 
 @decode_forward.register_fake
 def _(q, mu, v, rot, causal, q_offset, n_split):
+    B, H, Tq, _ = q.shape
+    return q.new_empty((B, H, Tq, v.shape[-1]), dtype=v.dtype), q.new_empty((B, H, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("pope::decode_at", mutates_args=())
+def decode_at(q: torch.Tensor, mu: torch.Tensor, v: torch.Tensor, rot: torch.Tensor, at: torch.Tensor,
+              n_split: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """decode with the queries' first position read from `at`, a (1,) int64 tensor on the device (causal): the static
+    decoding step (pope.pope_decode_step) passes its position as data, so a compiled graph or a CUDA graph replays
+    one launch for every position, with no host sync and no Python check (the caller checks once, decode's rules).
+    mu, v: the whole preallocated cache (keys past the position are masked). Returns decode's (o, lse), contiguous."""
+    return _decode(q, mu, v, rot, True, 0, n_split, at)
+
+
+@decode_at.register_fake
+def _(q, mu, v, rot, at, n_split):
     B, H, Tq, _ = q.shape
     return q.new_empty((B, H, Tq, v.shape[-1]), dtype=v.dtype), q.new_empty((B, H, Tq), dtype=torch.float32)
 

@@ -48,9 +48,10 @@ def test_every_section_runs_at_a_tiny_size():
     assert "(" in rows[1]["time_ratio"] and rows[1]["cpu_flop_ratio"] > rows[1]["flop_ratio"]
     rows = bench.bench_attention("cpu", T=32, d=16, n_head=2, rounds=5)
     assert [r["impl"] for r in rows] == ["rope_sdpa", "pope", "pope_naive_sdpa"]
-    rows = bench.bench_decode("cpu", contexts=(8, 12), n_new=3, rounds=5, n_kv_heads=(None, 1), **small)
-    assert [(r["pos_encoding"], r["n_kv_head"], r["context"]) for r in rows] == [
-        (pe, kv, ctx) for kv in (1, 2) for ctx in (8, 12) for pe in ("rope", "pope")]
+    rows = bench.bench_decode("cpu", contexts=(8, 12), n_new=3, rounds=5, n_kv_heads=(None, 1), modes=("eager",),
+                              **small)
+    assert [(r["pos_encoding"], r["mode"], r["n_kv_head"], r["context"]) for r in rows] == [
+        (pe, "eager", kv, ctx) for kv in (1, 2) for ctx in (8, 12) for pe in ("rope", "pope")]
     assert all("time_vs_rope" in r for r in rows[1::2])
     for rope, pope in zip(rows[0::2], rows[1::2]):  # PoPE's cache: RoPE's bytes per token, exactly
         assert pope["cache_bytes_per_token"] == rope["cache_bytes_per_token"] == 1 * pope["n_kv_head"] * 2 * 16 * 4

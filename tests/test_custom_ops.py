@@ -14,7 +14,8 @@ import torch
 import pope
 import pope_kernel as pk
 from compiled import DEV, pope_gpt
-from custom_ops import check_layout_contract, model_op_calls, registered_ops, token_major, with_grad
+from custom_ops import _Recorder, check_layout_contract, model_op_calls, registered_ops, token_major, with_grad
+from model import KVCache
 
 B, T = 2, 12
 # name: (GPTConfig fields, autocast dtype, forward checked with grad, q, k, v as Inductor saves them)
@@ -26,6 +27,7 @@ CONFIGS = {
 }
 FORWARD, BACKWARD = torch.ops.pope.attention_forward.default, torch.ops.pope.attention_backward.default
 DECODE = torch.ops.pope.decode.default
+DECODE_AT = torch.ops.pope.decode_at.default
 
 
 def _idx(seed=0, T=T):
@@ -73,8 +75,25 @@ def test_ops_keep_the_contract_on_the_cached_and_offset_layouts():
     check_layout_contract([("decoding step", op, args), ("query chunk at q_offset 8", FORWARD, chunk)])
 
 
+def test_the_static_decoding_op_keeps_the_contract_on_the_whole_cache():
+    """pope::decode_at as GPT.decode_step calls it (generate(compile=True)): the query form, the whole
+    preallocated cache (the model's own buffers, keys past the position unwritten), the rotation table and the
+    position as a (1,) int64 tensor."""
+    model, idx = pope_gpt(n_head=4, n_kv_head=2), _idx(1)
+    rec = _Recorder()
+    with torch.no_grad():
+        cache = KVCache(1, 16)
+        model.ensure_positions(16)
+        model.hidden_states(idx[:, :9], cache)
+        with rec:
+            model.decode_step(idx[:, 9:10], cache, torch.tensor(9, device=DEV))
+    (op, args, _), = rec.calls
+    assert op is DECODE_AT and args[1].shape[2] == 16 and args[4].tolist() == [9]
+    check_layout_contract([("static decoding step", op, args)])
+
+
 def test_every_pope_op_is_checked():
     """A pope:: op that no case above calls (a new kernel) fails here: add its calls to this file."""
-    checked = {"pope::attention_forward", "pope::attention_backward", "pope::decode"}
+    checked = {"pope::attention_forward", "pope::attention_backward", "pope::decode", "pope::decode_at"}
     assert set(registered_ops()) == checked, set(registered_ops()) ^ checked
     assert pope.pope_kernel is pk
