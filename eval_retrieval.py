@@ -43,8 +43,9 @@ copy loss/accuracy per length, seconds per length), and in --out_dir, written at
   copy.csv      one row per (model, length): run, label, length, multiple, distance, trials, targets,
                 loss_second, acc_second, loss_first, acc_first, seconds, provenance
   retrieval.png passkey accuracy (Wilson intervals) and second-copy accuracy vs length, one line per model
-Lengths shorter than the passkey prompt without filler (102 characters with a 5-symbol key) get no
-passkey row (a note says which; copying still runs them): a context-64 model's passkey starts at 2x.
+Lengths shorter than the passkey prompt without filler (102 characters with a 5-symbol key; with GPT-2
+BPE 28 to 31 tokens, the longest over the keys drawn) get no passkey row (a note says which; copying
+still runs them): a context-64 model's passkey starts at 2x.
 Bad input (no best.pt, every length too short for the passkey prompt, a tokenizer that cannot spell it,
 a depth outside [0, 1], trials < 1, ...) prints one line and exits with code 2.
 """
@@ -148,6 +149,20 @@ def random_key(rng, alphabet, key_len):
     return "".join(alphabet[i] for i in rng.integers(0, len(alphabet), key_len))
 
 
+def passkey_keys(alphabet, key_len, trials, seed, length, depth_index):
+    """The `trials` keys of one (length, depth index): drawn from default_rng([seed, passkey, length, depth
+    index]), the stream run_passkey uses."""
+    rng = np.random.default_rng([seed, TASK_SEED["passkey"], length, depth_index])
+    return [random_key(rng, alphabet, key_len) for _ in range(trials)]
+
+
+def prompt_tokens(encode, key):
+    """Tokens of the passkey prompt of `key` without filler: key sentence, question, answer but its last.
+    With GPT-2 BPE it depends on the key ("00000": 28 tokens, "00521": 31), so a length is sized from the
+    longest over the keys drawn."""
+    return sum(map(len, passkey_parts(encode, key))) - 1
+
+
 def copy_window(seq, length):
     """(x, y, m) of the copy test: chunk = seq + seq cut to length + 1 tokens; x = chunk[:length],
     y = chunk[1:] (next tokens); m = len(seq), the distance between the copies. The second copy's scored
@@ -213,8 +228,7 @@ def run_passkey(model, encode, alphabet, lengths, depths, trials, key_len, seed,
             continue
         batch = max(1, max_length // L)
         for j, d in enumerate(depths):
-            rng = np.random.default_rng([seed, TASK_SEED["passkey"], L, j])
-            windows = [passkey_window(encode, random_key(rng, alphabet, key_len), L, d) for _ in range(trials)]
+            windows = [passkey_window(encode, k, L, d) for k in passkey_keys(alphabet, key_len, trials, seed, L, j)]
             t0 = time.perf_counter()
             ok = []
             for i in range(0, trials, batch):
@@ -437,7 +451,10 @@ def run(argv):
             except ValueError as e:
                 raise UserError(f"{r['run']}: its tokenizer cannot spell the passkey prompt ({e})") from None
             print(f"{r['label']} {r['run']}: passkey keys of {a.key_len} symbols from {r['alphabet']!r}")
-            need = sum(map(len, passkey_parts(encode, r["alphabet"][0] * a.key_len))) - 1  # the prompt, no filler
+            # the prompt without filler, its longest over the keys drawn (GPT-2 BPE spells keys in 2 or 3 tokens)
+            need = max((prompt_tokens(encode, k) for L in lengths if L not in skip for j in range(len(depths))
+                        for k in passkey_keys(r["alphabet"], a.key_len, a.trials, a.seed, L, j)),
+                       default=prompt_tokens(encode, r["alphabet"][0] * a.key_len))
             short = [L for L in lengths if L < need]
             if len(short) == len(lengths):
                 raise UserError(f"every length is shorter than the passkey prompt without filler ({need} tokens): "

@@ -280,3 +280,22 @@ def test_gpt2_bpe_prompts_have_the_exact_length_and_the_oracle_retrieves_them():
             assert decode(x).endswith(er.QUESTION + decode(a[:-1]))
     res = er.run_passkey(InductionOracle(50257, k=3), encode, er.DIGITS, [200], [0.0, 1.0], 3, 5, 0, 200)
     assert {v[:2] for v in res.values()} == {(3, 3)}
+
+
+# ---- issue 53: the real defects ----------------------------------------------------------------
+
+def test_gpt2_bpe_a_length_shorter_than_the_longest_keys_prompt_is_left_empty_not_an_exit_2(tmp_path, capsys):
+    """GPT-2 BPE spells "00000" in 28 prompt tokens and "00521" in 31 (36 % of 5-digit keys take 31): a
+    length of 29 holds some keys and not others. It gets a note and no passkey row; the other lengths are
+    scored (the prompt was sized from "00000", so 29 was not marked short and the first longer key exited 2)."""
+    from checkpoint import load_codec
+    encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
+    q, a = len(encode(QUESTION)), len(encode(" 00000"))
+    assert len(encode(er.KEY_SENTENCE.format(key="00000"))) + q + a - 1 == 28
+    assert len(encode(er.KEY_SENTENCE.format(key="00521"))) + q + len(encode(" 00521")) - 1 == 31
+    tok = {"dataset": "owt", "vocab_size": 50257, "pad_id": None, "tokenizer": {"kind": "gpt2"}}
+    run = save_run(str(tmp_path / "a"), tok, 50257)
+    pk, cp = er.main([run, "--lengths=29,64", "--depths=0,1", "--trials=10", "--copy_trials=1",
+                      f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    assert "the passkey prompt needs 31 tokens: passkey at 29 left empty" in capsys.readouterr().out
+    assert [(r["length"], r["trials"]) for r in pk] == [(64, 10), (64, 10)] and [r["length"] for r in cp] == [29, 64]
