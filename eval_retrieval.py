@@ -45,7 +45,10 @@ copy loss/accuracy per length, seconds per length), and in --out_dir, written at
   retrieval.png passkey accuracy (Wilson intervals) and second-copy accuracy vs length, one line per model
 Lengths shorter than the passkey prompt without filler (102 characters with a 5-symbol key; with GPT-2
 BPE 28 to 31 tokens, the longest over the keys drawn) get no passkey row (a note says which; copying
-still runs them): a context-64 model's passkey starts at 2x.
+still runs them): a context-64 model's passkey starts at 2x. A length where the key lies as far from its
+answer as the run's training context (block_size) or farther at every depth asked (at depth 1 the key's
+first spelling is 81 characters before the answer) is refused with a note: no cell there can succeed
+by construction, so a context-64 character model gets no passkey row at all (exit 2 with --tasks=passkey).
 Bad input (no best.pt, every length too short for the passkey prompt, a tokenizer that cannot spell it,
 a depth outside [0, 1], trials < 1, ...) prints one line and exits with code 2.
 """
@@ -111,7 +114,9 @@ def passkey_parts(encode, key):
 def filler_stream(units, n):
     """(ids, boundaries) of n filler tokens: the units (lists of token ids, one per sentence) repeated in
     order and cut from the left to n tokens; boundaries: the sorted positions in 0 .. n where a sentence
-    may go without splitting one (0, n and every unit start)."""
+    may go without splitting one and be followed by a whole one (n and every unit start). The cut leaves
+    a fragment of a sentence at the stream's start: 0 is a boundary only where a unit starts there, so a
+    key sentence never runs into a fragment cut mid-word (the fragment stays the window's first tokens)."""
     period = sum(len(u) for u in units)
     reps = -(-n // period) + 1 if n else 0
     ids, starts = [], []
@@ -120,7 +125,7 @@ def filler_stream(units, n):
             starts.append(len(ids))
             ids.extend(u)
     cut = len(ids) - n
-    return ids[cut:], sorted({0, n, *(s - cut for s in starts if 0 <= s - cut <= n)})
+    return ids[cut:], sorted({n, *(s - cut for s in starts if 0 <= s - cut <= n)})
 
 
 def passkey_window(encode, key, length, depth):
@@ -128,7 +133,9 @@ def passkey_window(encode, key, length, depth):
 
     x: list of `length` ids = filler[:p] + key sentence + filler[p:] + question + answer[:-1]; answer: the
     ids of " key", the greedy continuation that scores; key_pos: p, the index of the key sentence's first
-    token, the filler boundary nearest to depth * n_filler (ties: the earlier). depth in [0, 1].
+    token, the filler boundary nearest to depth * n_filler (ties: the earlier). depth in [0, 1]. filler[p:]
+    starts with a whole sentence (filler_stream's boundaries): at depth 0 the key sentence follows the
+    filler's leading fragment, if the cut left one, and is followed by a whole sentence.
     UserError when the length cannot hold the key sentence, the question and the answer.
     """
     key_ids, q_ids, a_ids = passkey_parts(encode, key)
@@ -142,6 +149,18 @@ def passkey_window(encode, key, length, depth):
     x = fill[:p] + key_ids + fill[p:] + q_ids + a_ids[:-1]
     assert len(x) == length
     return x, a_ids, p
+
+
+def answer_distance(encode, key, length, depth):
+    """Tokens from the key to its answer in the passkey window of (key, length, depth): from the first token
+    of " key" after "The pass key is" in the key sentence (the spelling the question's own "The pass key is"
+    matches) to the first answer token. Answering needs attention over this distance: a run trained at a
+    context of T attends at most T - 1 back (see run: lengths where even the nearest depth exceeds it are
+    refused)."""
+    _, answer, p = passkey_window(encode, key, length, depth)
+    key_ids, n = encode(KEY_SENTENCE.format(key=key)), len(answer)
+    s = next((i for i in range(len(key_ids) - n + 1) if key_ids[i:i + n] == answer), 0)
+    return (length - n + 1) - (p + s)
 
 
 def random_key(rng, alphabet, key_len):
@@ -461,8 +480,21 @@ def run(argv):
                                 "use longer --lengths, or --tasks=copy")
             if short:
                 print(f"note: the passkey prompt needs {need} tokens: passkey at {', '.join(map(str, short))} left empty")
+            # the key's distance to its answer at the deepest depth (the nearest it comes), nearest over the keys
+            # drawn; beyond the training context no cell of the length can be answered by construction
+            block, j = r["args"]["block_size"], len(depths) - 1
+            far = {L: min(answer_distance(encode, k, L, depths[j])
+                          for k in passkey_keys(r["alphabet"], a.key_len, a.trials, a.seed, L, j))
+                   for L in lengths if L not in skip and L not in short}
+            far = {L: d for L, d in far.items() if d >= block}
+            if far:
+                why = (f"the key lies at least {min(far.values())} tokens before its answer, beyond the {block - 1} "
+                       f"that a training context of {block} attends back, so it cannot be retrieved by construction")
+                if "copy" not in tasks and all(L in skip or L in short or L in far for L in lengths):
+                    raise UserError(f"{r['run']}: passkey refused at every length: {why}; run --tasks=copy")
+                print(f"note: {r['run']}: passkey refused at {', '.join(map(str, far))}: {why}")
             res = run_passkey(model, encode, r["alphabet"], lengths, depths, a.trials, a.key_len, a.seed,
-                              max_length, device, autocast, [*skip, *short])
+                              max_length, device, autocast, [*skip, *short, *far])
             for (L, d), (k, n, secs) in res.items():
                 rate, (lo, hi) = wilson(k, n)
                 pk_rows.append(dict(common, length=L, multiple=L / ctx, depth=d, trials=n, correct=k, accuracy=rate,

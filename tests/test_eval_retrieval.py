@@ -34,20 +34,26 @@ def test_filler_stream_is_cut_from_the_left_with_its_sentence_boundaries():
     # one cycle is 20 + 17 + 19 + 12 + 22 = 90 characters; the last 40 of it: "ellow." + two sentences
     ids, bounds = er.filler_stream([chars(s) for s in er.FILLER_SENTENCES], 40)
     assert "".join(ids) == "ellow. Here we go. There and back again."
-    assert bounds == [0, 6, 18, 40]
+    assert bounds == [6, 18, 40]  # not 0: a key sentence there would run into the fragment "ellow."
+    ids, bounds = er.filler_stream([chars(s) for s in er.FILLER_SENTENCES], 90)  # one whole cycle
+    assert bounds == [0, 20, 37, 56, 68, 90]
     ids, bounds = er.filler_stream([chars(s) for s in er.FILLER_SENTENCES], 0)
     assert ids == [] and bounds == [0]
 
 
-@pytest.mark.parametrize("depth,key_pos", [(0.0, 0), (0.25, 6), (0.5, 18), (0.75, 40), (1.0, 40)])
+@pytest.mark.parametrize("depth,key_pos", [(0.0, 6), (0.25, 6), (0.5, 18), (0.75, 40), (1.0, 40)])
 def test_passkey_window_by_hand(depth, key_pos):
-    """n_filler = 40: boundaries 0, 6, 18, 40; depth 0.25 -> 10 -> 6 (nearer than 18); 0.5 -> 20 -> 18;
-    0.75 -> 30 -> 40 (|40 - 30| = 10 < |18 - 30| = 12)."""
+    """n_filler = 40: boundaries 6, 18, 40 (the filler is cut from the left: "ellow." is a fragment, and
+    a key sentence at 0 would run into it mid-word); depth 0 -> 0 -> 6, after the fragment and before the
+    whole " Here we go."; 0.25 -> 10 -> 6 (nearer than 18); 0.5 -> 20 -> 18; 0.75 -> 30 -> 40
+    (|40 - 30| = 10 < |18 - 30| = 12)."""
     length = 40 + len(KEY_42) + len(QUESTION) + len(" 42") - 1
     x, answer, p = er.passkey_window(chars, "42", length, depth)
     fill = "ellow. Here we go. There and back again."
     assert p == key_pos and answer == list(" 42") and len(x) == length
     assert "".join(x) == fill[:key_pos] + KEY_42 + fill[key_pos:] + QUESTION + " 4"
+    after = "".join(x[key_pos + len(KEY_42):])  # what follows the key sentence: a whole sentence, then the question
+    assert after.startswith((" Here we go.", " There and back again.", QUESTION)), after
 
 
 def test_passkey_window_too_short_is_a_user_error():
@@ -133,11 +139,12 @@ def test_passkey_scorer_on_an_oracle_that_retrieves_and_one_that_cannot_reach_th
     # the answer's tokens are predicted from x's last 5 positions; the k-gram "s key is" that leads back
     # to the key ends 15 tokens into the key sentence: the oracle needs L - 6 - (key_pos + 15) <= window.
     # By hand: key sentence 59 characters, question 38, answer 6: n_filler = L - 102; at L = 160 the filler
-    # is "blue." + 3 sentences (boundaries 0, 5, 24, 36, 58), depth 0.5 -> 29 -> 24; at L = 320, 218
-    # characters with boundaries ..., 94, 106, 128, ..., depth 0.5 -> 109 -> 106
+    # is "blue." + 3 sentences (boundaries 5, 24, 36, 58: not 0, the fragment), depth 0 -> 5, 0.5 -> 29 -> 24;
+    # at L = 320, 218 characters: "low." + 2 cycles + 2 sentences (boundaries 4, ..., 94, 106, 128, ...),
+    # depth 0 -> 4, depth 0.5 -> 109 -> 106
     near = er.run_passkey(InductionOracle(vocab, k=8, window=150), encode, er.DIGITS, lengths, depths, 3, 5, 0, 320)
     reach = {(L, d): L - 6 - er.passkey_window(encode, "12345", L, d)[2] - 15 for L in lengths for d in depths}
-    assert reach == {(160, 0.0): 139, (160, 0.5): 115, (160, 1.0): 81, (320, 0.0): 299, (320, 0.5): 193,
+    assert reach == {(160, 0.0): 134, (160, 0.5): 115, (160, 1.0): 81, (320, 0.0): 295, (320, 0.5): 193,
                      (320, 1.0): 81}
     assert {c: v[0] for c, v in near.items()} == {c: 3 if r <= 150 else 0 for c, r in reach.items()}
 
@@ -205,10 +212,10 @@ def rows(path):
 def test_command_line_writes_tables_csvs_and_plot(tmp_path, capsys):
     itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
     tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
-    a = save_run(str(tmp_path / "a"), tok, len(itos))
+    a = save_run(str(tmp_path / "a"), tok, len(itos), block_size=128)  # context 64 refuses passkey (issue 53)
     b = save_run(str(tmp_path / "b"), tok, len(itos), pos_encoding="learned")
     out = str(tmp_path / "out")
-    er.main([a, b, "--multiples=2,4", "--depths=0,1", "--trials=3", "--copy_trials=2", f"--out_dir={out}",
+    er.main([a, b, "--lengths=128,256", "--depths=0,1", "--trials=3", "--copy_trials=2", f"--out_dir={out}",
              "--device=cpu"])
     text = capsys.readouterr().out
     assert "keys of 5 symbols from '0123456789'" in text and "| 128 |" in text and "| 256 |" in text
@@ -222,7 +229,7 @@ def test_command_line_writes_tables_csvs_and_plot(tmp_path, capsys):
     assert [(r["length"], r["distance"], r["targets"]) for r in cp] == [("128", "65", "126"), ("256", "129", "254")]
     assert os.path.getsize(os.path.join(out, "retrieval.png")) > 0
     # the same seed gives the same numbers
-    er.main([a, "--multiples=2", "--depths=0,1", "--trials=3", "--tasks=copy", "--copy_trials=2",
+    er.main([a, "--lengths=128", "--depths=0,1", "--trials=3", "--tasks=copy", "--copy_trials=2",
              f"--out_dir={out}2", "--device=cpu"])
     assert rows(os.path.join(out + "2", "copy.csv"))[0]["loss_second"] == cp[0]["loss_second"]
 
@@ -244,12 +251,12 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, extra, message):
 
 
 def test_passkey_skips_the_lengths_its_prompt_does_not_fit_and_copy_runs_them(tmp_path, capsys):
-    """A context-64 model: its 1x is shorter than the 102-character passkey prompt (5-digit key), so passkey starts at
-    the first length that holds it while copying covers every length."""
+    """Lengths 64 and 96 are shorter than the 102-character passkey prompt (5-digit key), so passkey starts at
+    the first length that holds it (128, within the run's context of 128) while copying covers every length."""
     itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
     tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
-    a = save_run(str(tmp_path / "a"), tok, len(itos), block_size=64)
-    pk, cp = er.run([a, "--multiples=1,1.5,2", "--depths=0", "--trials=1", "--copy_trials=1",
+    a = save_run(str(tmp_path / "a"), tok, len(itos), block_size=128)
+    pk, cp = er.run([a, "--lengths=64,96,128", "--depths=0", "--trials=1", "--copy_trials=1",
                      f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
     assert "passkey prompt needs 102 tokens: passkey at 64, 96 left empty" in capsys.readouterr().out
     assert [r["length"] for r in pk] == [128] and [r["length"] for r in cp] == [64, 96, 128]
@@ -299,3 +306,40 @@ def test_gpt2_bpe_a_length_shorter_than_the_longest_keys_prompt_is_left_empty_no
                       f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
     assert "the passkey prompt needs 31 tokens: passkey at 29 left empty" in capsys.readouterr().out
     assert [(r["length"], r["trials"]) for r in pk] == [(64, 10), (64, 10)] and [r["length"] for r in cp] == [29, 64]
+
+
+def test_passkey_beyond_the_training_context_at_every_depth_is_refused_in_one_line(tmp_path, capsys):
+    """A context-64 character model (config/train_copy_cpu.py) at 2x and 4x. By hand, at L = 128: key sentence
+    59, question 38, answer " 00521" 6 (5 in the window): 26 filler characters, the last 26 of the cycle,
+    " go." + " There and back again." (boundaries 4, 26). The key " 00521" starts 16 characters into the key
+    sentence and the answer's " " at 128 - 5 = 123. Depth 1: the key sentence at 26, its key at 42: 81
+    characters before the answer; depth 0: the key sentence at 4 (after the fragment), 103 (107 before the
+    fix put it at 0). Both exceed the 63 a context of 64 attends back: no passkey row, one note; copy runs.
+    The same at --tasks=passkey alone: one line, exit 2. A context-128 run is scored at 128."""
+    chars = list
+    x, a, p = er.passkey_window(chars, "00521", 128, 1.0)
+    assert p == 26 and "".join(x[42:48]) == " 00521" and len(x) - len(a) + 1 == 123
+    assert er.answer_distance(chars, "00521", 128, 1.0) == 81 and er.answer_distance(chars, "00521", 128, 0.0) == 103
+    assert er.answer_distance(chars, "00521", 256, 1.0) == 81  # at depth 1 the distance does not grow with L
+    x, _, p = er.passkey_window(chars, "00521", 128, 0.0)
+    assert p == 4 and "".join(x[:63]) == " go." + er.KEY_SENTENCE.format(key="00521")
+    assert "".join(x[63:]).startswith(" There and back again. What is")
+
+    itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
+    tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
+    a64 = save_run(str(tmp_path / "a64"), tok, len(itos), block_size=64)
+    pk, cp = er.run([a64, "--multiples=2,4", "--trials=2", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}",
+                     "--device=cpu"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if "refused" in line]
+    assert notes == [f"note: {a64}: passkey refused at 128, 256: the key lies at least 81 tokens before its answer, "
+                     "beyond the 63 that a training context of 64 attends back, so it cannot be retrieved by construction"]
+    assert pk == [] and [r["length"] for r in cp] == [128, 256]
+    assert not os.path.exists(tmp_path / "o" / "passkey.csv")
+    with pytest.raises(SystemExit) as e:
+        er.main([a64, "--multiples=2,4", "--tasks=passkey", "--trials=1", f"--out_dir={tmp_path / 'o2'}", "--device=cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "passkey refused at every length" in err, err
+    a128 = save_run(str(tmp_path / "a128"), tok, len(itos), block_size=128)
+    pk, _ = er.run([a128, "--lengths=128", "--depths=0,1", "--trials=1", "--tasks=passkey",
+                    f"--out_dir={tmp_path / 'o3'}", "--device=cpu"])
+    assert [(r["length"], r["depth"]) for r in pk] == [(128, 0.0), (128, 1.0)] and "refused" not in capsys.readouterr().out
