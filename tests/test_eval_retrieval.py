@@ -343,3 +343,29 @@ def test_passkey_beyond_the_training_context_at_every_depth_is_refused_in_one_li
     pk, _ = er.run([a128, "--lengths=128", "--depths=0,1", "--trials=1", "--tasks=passkey",
                     f"--out_dir={tmp_path / 'o3'}", "--device=cpu"])
     assert [(r["length"], r["depth"]) for r in pk] == [(128, 0.0), (128, 1.0)] and "refused" not in capsys.readouterr().out
+
+
+def test_copy_defaults_to_200_sequences_with_a_wilson_interval_that_study_results_still_reads(tmp_path, capsys):
+    """At least 200 copy sequences per length by default (8 added about 0.85 points of noise at 4x); each
+    accuracy comes with its Wilson 95 % interval over the targets (scipy's, by hand: hits / targets), in the
+    table and appended to copy.csv, which study/results.py --retrieval reads as before."""
+    import results
+    assert er.parse_args(["r"]).copy_trials >= 200
+    tok = {"dataset": "t", "vocab_size": 16, "pad_id": None, "tokenizer": {"kind": "none"}}
+    a = save_run(str(tmp_path / "a"), tok, 16, block_size=16)
+    out = str(tmp_path / "o")
+    _, cp = er.run([a, "--tasks=copy", "--lengths=16,32", f"--out_dir={out}", "--device=cpu"])
+    table = capsys.readouterr().out
+    got = rows(os.path.join(out, "copy.csv"))
+    assert list(got[0])[:12] == ["run", "label", "length", "multiple", "distance", "trials", "targets", "loss_second",
+                                 "acc_second", "loss_first", "acc_first", "seconds"]  # the old columns, in place
+    for r, L in zip(got, (16, 32)):
+        k, n = int(r["hits_second"]), int(r["targets"])
+        assert r["trials"] == "200" and n == 200 * (L - (L + 2) // 2)  # m = ceil((L + 1) / 2)
+        ci = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
+        assert float(r["acc_second"]) == pytest.approx(k / n, abs=1e-6)
+        assert float(r["acc_second_low"]) == pytest.approx(ci.low, abs=1e-6)
+        assert float(r["acc_second_high"]) == pytest.approx(ci.high, abs=1e-6)
+        assert f"{k / n:.3f} ({ci.low:.3f}-{ci.high:.3f}) / " in table
+        run = {"path": a, "out_dir": a, "retrieval_csv": {"copy": os.path.join(out, "copy.csv")}}
+        assert results.retrieval_accuracy(run, "copy", L) == float(r["acc_second"])
