@@ -450,12 +450,14 @@ def decode_step_backend(q, mu_all, v_all, backend="auto"):
     """The backend pope_decode_step runs for these tensors, checked once (GPT.compiled_decode_step asks when it
     builds the step): 'triton' where pope_attention_decode would run pope_kernel.decode (pope_backend; the group
     G = H / H_kv within DECODE_MAX_ROWS), else 'torch'. Raises ValueError as pope_attention_decode for a
-    backend='triton' the kernel does not take."""
+    backend='triton' the kernel does not take, and for a cache past the kernel's limits (check_limits)."""
     backend = pope_backend(q, mu_all, v_all, backend)
     if backend == "triton":
         _triton_ready(q, mu_all, v_all)
         if q.shape[1] // mu_all.shape[1] > pope_kernel.DECODE_MAX_ROWS:
             return "torch"
+        L = mu_all.shape[2]  # every position the step can be asked for: 0..L-1
+        pope_kernel.check_limits(q.shape[0], q.shape[1], 1, L, L - 1, (mu_all.stride(2), v_all.stride(2)))
     return backend
 
 
