@@ -7,8 +7,10 @@ can leave a plateau or not), so every result records what produced it. train.py 
 
     {"code":     {"commit": "5e30c42...", "dirty": False},        # "unknown" outside a git checkout
      "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "triton": "3.7.1", "numpy": "2.4.6"},
-     "device":   {"device": "cpu", "cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2", "threads": 1,
-                  "gpus": {}},                                     # or {"NVIDIA H100 80GB HBM3": 8}
+     "device":   {"device": "cpu", "cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2",
+                  "mkl_isa": "Intel(R) Architecture processors", "onednn_isa": "Intel AVX2",
+                  "isa_env": {},                                   # e.g. {"ATEN_CPU_CAPABILITY": "avx2"}
+                  "threads": 1, "gpus": {}},                       # or {"NVIDIA H100 80GB HBM3": 8}
      "world_size": 1,
      "data":     {"dir": "data/shakespeare_char", "meta_sha256": "...",
                   "splits": {"train": {"bytes": 2003214, "sha256_ends": "..."}, ...}, "digest": "1f3a..."}}
@@ -67,11 +69,83 @@ def cpu_model():
     return platform.processor() or UNKNOWN
 
 
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
+           "DNNL_MAX_CPU_ISA")  # the variables that force an instruction set on torch's ATen, MKL and oneDNN
+
+
+def _stdout_of(fn):
+    """What fn() writes to file descriptor 1 (C libraries' printf included), captured through a temporary file."""
+    import ctypes
+    import sys
+    import tempfile
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    libc.fflush(None)
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            fn()
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        return f.read().decode("utf-8", "replace")
+
+
+_LIBRARY_ISA = {}
+
+
+def library_isa():
+    """{"mkl": MKL's code path, "onednn": oneDNN's instruction set}, as each library names it in its verbose
+    output for one tiny call: oneDNN "Intel AVX2", "Intel AVX-512 with Intel DL Boost and bfloat16 support";
+    MKL the processors its header names ("Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled
+    processors" on Intel CPUs; "Intel(R) Architecture processors", its generic path, on this AMD EPYC).
+    "unavailable" where torch was built without the library, "unknown" where nothing could be read. Read
+    once per process (the first reading is the one the process's numbers come from)."""
+    if _LIBRARY_ISA:
+        return dict(_LIBRARY_ISA)
+    import re
+    out = {"mkl": UNKNOWN, "onednn": UNKNOWN}
+    try:
+        import torch
+        if not torch.backends.mkl.is_available():
+            out["mkl"] = "unavailable"
+        else:
+            def mkl():
+                with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
+                    a = torch.ones(8, 8)
+                    a @ a
+            m = re.search(r"architecture (.*?processors)", _stdout_of(mkl))
+            out["mkl"] = m.group(1) if m else UNKNOWN
+        if not torch.backends.mkldnn.is_available():
+            out["onednn"] = "unavailable"
+        else:
+            def onednn():
+                with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                    torch.ones(4, 4).to_mkldnn().to_dense()
+            m = re.search(r"info,cpu,isa:([^\n]*)", _stdout_of(onednn))
+            out["onednn"] = m.group(1).strip() if m else UNKNOWN
+    except Exception:
+        pass
+    if UNKNOWN not in out.values():
+        _LIBRARY_ISA.update(out)
+    return out
+
+
 def device_info(device="cpu"):
     """The machine: {"device" (the torch device the run used), "cpu" (model name), "cpu_capability" (the SIMD
-    level torch's CPU kernels use: "AVX2", "AVX512", ...), "threads" (torch's intra-op threads), "gpus"
-    ({name: count} of the visible CUDA GPUs; {} on a CPU run)}."""
-    info = {"device": str(device), "cpu": cpu_model(), "cpu_capability": UNKNOWN, "threads": UNKNOWN, "gpus": {}}
+    level torch's ATen kernels use: "AVX2", "AVX512", ...), "mkl_isa" and "onednn_isa" (the instruction sets
+    MKL and oneDNN chose on their own: library_isa), "isa_env" ({name: value} of the ISA_ENV variables set,
+    which force them), "threads" (torch's intra-op threads), "gpus" ({name: count} of the visible CUDA GPUs;
+    {} on a CPU run)}. ATEN_CPU_CAPABILITY=avx2 alone on an AVX512 machine moves ATen, not MKL nor oneDNN:
+    the numbers then match neither machine, and only all three name what ran."""
+    info = {"device": str(device), "cpu": cpu_model(), "cpu_capability": UNKNOWN, "mkl_isa": UNKNOWN,
+            "onednn_isa": UNKNOWN, "isa_env": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
+            "threads": UNKNOWN, "gpus": {}}
+    lib = library_isa()
+    info["mkl_isa"], info["onednn_isa"] = lib["mkl"], lib["onednn"]
     try:
         import torch
         info["cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
@@ -127,14 +201,21 @@ def provenance(data_dir=None, device="cpu", world_size=1):
 
 
 def machine(prov):
-    """A one-line name of the machine in a provenance dict: "AMD EPYC 7B13 (AVX2)", or the GPUs,
-    "8 x NVIDIA H100 80GB HBM3"; "unknown" for None (runs from before provenance was recorded)."""
+    """A one-line name of the machine in a provenance dict: "AMD EPYC 7B13 (AVX2)" (the CPU model and ATen's
+    capability), then, where recorded (issue 53), what else decides the numbers: "AMD EPYC 7B13 (AVX512; MKL
+    Intel(R) Architecture processors; oneDNN Intel AVX2; ONEDNN_MAX_CPU_ISA=AVX2)"; or the GPUs,
+    "8 x NVIDIA H100 80GB HBM3"; "unknown" for None (runs from before provenance was recorded). Two runs
+    whose names differ in any part differ in what produced their numbers (study/results.py warns)."""
     if not prov:
         return UNKNOWN
     dev = prov.get("device") or {}
     if dev.get("gpus"):
         return ", ".join(f"{n} x {name}" for name, n in sorted(dev["gpus"].items()))
-    return f"{dev.get('cpu', UNKNOWN)} ({dev.get('cpu_capability', UNKNOWN)})"
+    parts = [str(dev.get("cpu_capability", UNKNOWN))]
+    if "mkl_isa" in dev or "onednn_isa" in dev or "isa_env" in dev:  # records before issue 53 keep their name
+        parts += [f"MKL {dev.get('mkl_isa', UNKNOWN)}", f"oneDNN {dev.get('onednn_isa', UNKNOWN)}",
+                  *(f"{k}={v}" for k, v in sorted((dev.get("isa_env") or {}).items()))]
+    return f"{dev.get('cpu', UNKNOWN)} ({'; '.join(parts)})"
 
 
 def commit(prov):

@@ -39,8 +39,9 @@ correct / trials at window length L pooled over the depths (FOLDER/retrieval/pas
 NAME.passkey.csv beside a copy); copy, the next-token accuracy on the second copy (retrieval/copy.csv,
 NAME.copy.csv); compared between the arms like the other metrics.
 
-Provenance: each group whose runs (any process of a resumed run included) mix machines (CPU model and
-SIMD level, or GPUs), code commits or library versions gets one "warning:" line on stderr naming what
+Provenance: each group whose runs (any process of a resumed run included) mix machines (CPU model, ATen's
+SIMD level, MKL's and oneDNN's instruction sets and the variables that force them, e.g. ATEN_CPU_CAPABILITY,
+where recorded: provenance.machine; or GPUs), code commits or library versions gets one "warning:" line on stderr naming what
 differs; runs from before train.py recorded provenance count as "unknown" and are still read.
 
 --compare=KEY: the runs must fall into exactly two groups by KEY and differ in nothing else (change one

@@ -184,3 +184,64 @@ def test_the_same_token_ids_from_another_tokenizer_are_other_data(tmp_path):
     assert folders["a"]["splits"] == folders["b"]["splits"]  # the same bytes in the .bin
     assert folders["a"]["digest"] != folders["b"]["digest"]  # but another tokenizer: other text
     assert folders["a"]["digest"] == folders["c"]["digest"]  # the same preparation in another folder: the same
+
+
+# ---- issue 53: the machine is what decides the numbers ----
+
+def _device_record(**env):
+    """provenance.device_info('cpu') of a fresh process with exactly these ISA variables set."""
+    clean = {k: v for k, v in os.environ.items() if k not in provenance.ISA_ENV and k != "ONEDNN_VERBOSE"}
+    p = subprocess.run([sys.executable, "-c", "import json, provenance; print(json.dumps(provenance.device_info('cpu')))"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120, env={**clean, **env})
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _onednn_isa_by_its_own_verbose(**env):
+    """oneDNN's instruction set as ONEDNN_VERBOSE=1 prints it (the reference, read without provenance.py)."""
+    clean = {k: v for k, v in os.environ.items() if k not in provenance.ISA_ENV}
+    p = subprocess.run([sys.executable, "-c", "import torch; torch.ones(4, 4).to_mkldnn().to_dense()"],
+                       capture_output=True, text=True, timeout=120, env={**clean, "ONEDNN_VERBOSE": "1", **env})
+    return next(line.split("isa:", 1)[1].strip() for line in p.stdout.splitlines() if ",isa:" in line)
+
+
+def test_the_machine_names_atens_mkls_and_onednns_instruction_sets_and_what_forces_them(tmp_path):
+    """ATEN_CPU_CAPABILITY=avx2 on an AVX512 machine moves ATen only: the record named it "<cpu> (AVX2)", the
+    name of a real AVX2 machine. The record now holds the CPU model (/proc/cpuinfo), ATen's capability,
+    MKL's and oneDNN's own instruction sets (oneDNN's as its ONEDNN_VERBOSE says) and the variables set, and
+    study/results.py warns when the runs of a comparison differ in any of them."""
+    import results
+    from test_results_compare import arms, prov
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()):
+        pytest.skip("this torch has no MKL or oneDNN")
+    plain = _device_record()
+    with open("/proc/cpuinfo") as f:
+        model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    assert plain["cpu"] == model and plain["isa_env"] == {}
+    assert plain["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert plain["onednn_isa"] == _onednn_isa_by_its_own_verbose()
+    assert plain["mkl_isa"].endswith("processors"), plain  # the processors MKL's verbose header names
+    if plain["cpu_capability"] not in ("AVX2", "AVX512"):
+        pytest.skip(f"ATEN_CPU_CAPABILITY=avx2 needs an AVX2 CPU, this one has {plain['cpu_capability']}")
+    aten = _device_record(ATEN_CPU_CAPABILITY="avx2")
+    assert aten["cpu_capability"] == "AVX2" and aten["isa_env"] == {"ATEN_CPU_CAPABILITY": "avx2"}
+    assert aten["onednn_isa"] == plain["onednn_isa"] and aten["mkl_isa"] == plain["mkl_isa"]  # ATen's alone moved
+    assert provenance.machine({"device": aten}) != f"{model} (AVX2)"  # not the name of an AVX2 machine
+    assert provenance.machine({"device": aten}) != provenance.machine({"device": plain})
+    dnn = _device_record(ONEDNN_MAX_CPU_ISA="AVX2")
+    assert dnn["onednn_isa"] == _onednn_isa_by_its_own_verbose(ONEDNN_MAX_CPU_ISA="AVX2")
+    assert dnn["cpu_capability"] == plain["cpu_capability"] and "ONEDNN_MAX_CPU_ISA=AVX2" in provenance.machine({"device": dnn})
+    assert provenance.machine({"device": dnn}) != provenance.machine({"device": plain})
+
+    def with_device(device):
+        return {**prov(), "device": device}
+    for other in (aten, dnn):
+        folder = tmp_path / next(iter(other["isa_env"]))
+        folder.mkdir()
+        paths = arms(folder, [1.0, 1.1, 1.2], [1.0, 1.1, 1.3],
+                     provs={("pope", i): with_device(plain) for i in range(3)} | {("rope", 0): with_device(other),
+                                                                                  ("rope", 1): with_device(plain),
+                                                                                  ("rope", 2): with_device(plain)})
+        c = results.compare(paths, "pos_encoding")
+        assert any(n.startswith("warning: the group pos_encoding=rope mixes machines") for n in c["notes"]), c["notes"]
+        assert any(n.startswith("warning: the two arms differ in machines") for n in c["notes"]), c["notes"]
