@@ -201,7 +201,6 @@ def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 
                         row["bwd_ms"] = row["fwdbwd_ms"] - fwd_graph_ms
                     f_fwd, f_bwd = attention_flops(impl, B, H, T, d)
                     row["tflops"] = (f_fwd + f_bwd) / (row["fwdbwd_ms"] * 1e-3) / 1e12
-                    del g
                 except Exception as e:  # noqa: BLE001 - keep sweeping (OOM at long T, unsupported case)
                     row.update(fwd_ms=float("nan"), bwd_ms=float("nan"), fwdbwd_ms=float("nan"),
                                tflops=float("nan"), error=f"{type(e).__name__}: {str(e)[:120]}")

@@ -43,7 +43,6 @@ This module imports without Triton; only backend='triton' needs it.
 import logging
 import math
 import warnings
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -96,15 +95,6 @@ def pope_magnitude(x, magnitude="softplus"):
     if magnitude == "identity":
         return x
     raise ValueError(f"magnitude must be one of {MAGNITUDES}, got {magnitude!r}")
-
-
-def _magnitude_grad(x, magnitude):
-    """d mu / dx: sigmoid(x), 1[x > 0] (as torch's relu backward) or 1."""
-    if magnitude == "softplus":
-        return torch.sigmoid(x)
-    if magnitude == "relu":
-        return (x > 0).to(x.dtype)
-    return torch.ones_like(x)
 
 
 def _phase_cos_sin(positions, freqs, delta):
