@@ -256,7 +256,7 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, rounds=6, dtyp
 
 
 def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_head=6, n_new=24, vocab_size=50304,
-                 rounds=6, n_kv_heads=(None,), modes=("eager", "compiled")):
+                 rounds=6, n_kv_heads=(None,), modes=("eager", "compiled"), dtype="auto"):
     """ms per generated token, greedy, batch 1, with the KV cache: rope vs pope at each context length (tokens
     already in the cache), and the cache's bytes per token, for each n_kv_head in n_kv_heads (None = n_head).
 
@@ -271,7 +271,10 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
     layers: RoPE's cos/sin, PoPE's 2d-wide rows) per position. modes: 'eager' decodes through hidden_states (as
     generate(compile=False)), 'compiled' through GPT.compiled_decode_step (as generate(compile=True): a static
     cache, the position as a tensor, CUDA graphs on CUDA), one compile per model and context, outside the timing.
+    dtype: the compute dtype, under autocast as sample.py runs ('auto': bf16 on a GPU from sm_80, so PoPE's Triton
+    decode kernel runs; fp32 on a CPU); the cache holds it.
     """
+    _, amp, _ = train_step_precision(device, dtype)
     prompt_len = min(contexts)
     prompt = torch.randint(0, vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
     models, states = {}, {}
@@ -281,7 +284,7 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
             cfg = GPTConfig(block_size=max(contexts) + n_new, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                             n_kv_head=kv, n_embd=n_embd, pos_encoding=pe)
             models[pe, kv] = GPT(cfg).eval().to(device)
-    with torch.no_grad():
+    with torch.no_grad(), amp:
         for (pe, kv), model in models.items():
             for ctx in contexts:
                 cache = KVCache(n_layer, ctx + n_new)
@@ -295,6 +298,10 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
 
     @torch.no_grad()
     def decode_round(key, mode):
+        with amp:
+            return _decode_round(key, mode)
+
+    def _decode_round(key, mode):
         model, cache, hidden = states[key]
         cache.q_offset = key[2]  # the context's end: the same positions and tokens every round
         logits, times = model.lm_head(hidden[:, -1]).float(), []
@@ -425,7 +432,7 @@ def main(argv):
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384],
                    help="decode: tokens already in the cache")
     p.add_argument("--gqa", action="store_true", help="decode: also 8 heads sharing 2 key/value heads")
-    p.add_argument("--dtype", default="auto", help="training step's compute dtype: 'auto' (as train.py: bfloat16 on "
+    p.add_argument("--dtype", default="auto", help="training step's and decoding's compute dtype: 'auto' (bfloat16 on "
                    "a GPU of compute capability >= 8.0, float16 below, float32 on a CPU) | float32 | bfloat16 | float16")
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
                    help="step: torch.compile the model ('auto': on for CUDA, off on a CPU, as train.py)")
@@ -463,12 +470,12 @@ def main(argv):
         print_table("PoPE forward peak memory, d=64, 8 heads, fp32", bench_memory(a.device))
     if a.only in (None, "decode"):
         contexts = tuple(a.contexts)
-        print_table("greedy decoding with the KV cache, 6 layers x 384, batch 1, ms per new token at each context",
-                    bench_decode(a.device, contexts, vocab_size=a.vocab_size, rounds=a.rounds))
+        print_table(f"greedy decoding with the KV cache, 6 layers x 384, batch 1, {a.dtype}, ms per new token at each "
+                    "context", bench_decode(a.device, contexts, vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype))
         if a.gqa:
             print_table("the same, grouped-query attention: 8 heads sharing 2 key/value heads",
                         bench_decode(a.device, contexts, vocab_size=a.vocab_size, n_head=8, n_kv_heads=(2,),
-                                     rounds=a.rounds))
+                                     rounds=a.rounds, dtype=a.dtype))
         if hasattr(__import__("pope"), "pope_attention_decode"):
             print_table("one layer's attention for one new token, 6 heads, d=64, fp32, ms",
                         bench_decode_attention(a.device, contexts, rounds=a.rounds))

@@ -118,6 +118,16 @@ def atomic_write_json(path, obj, indent=1, **dumps_kwargs):
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def resolve_compile(compile, device):
+    """train.py's and sample.py's `compile` setting: None (unset) -> True on CUDA, False elsewhere; True / False as
+    given. Raises UserError for anything else (`--compile=false` parses as the text 'false', which is truthy)."""
+    if compile is None:
+        return str(device).startswith("cuda")
+    if isinstance(compile, bool):
+        return compile
+    raise UserError(f"compile must be True or False (or unset: on for CUDA, off elsewhere), got {compile!r}")
+
+
 def resolve_device(device):
     """'auto' -> 'cuda' when torch sees a CUDA GPU, else 'cpu'; any other device torch can name ('cpu',
     'cuda:1', 'mps', ...) is returned as given. Raises UserError for a name torch does not know ('gpu',

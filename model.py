@@ -101,6 +101,7 @@ class GPTConfig:
 RENAMED_FIELDS = {"pope_delta": "pope_use_delta"}  # the bool; pope_delta is the attention's parameter
 
 
+DECODE_RECOMPILE_LIMIT = 64  # compiles of GPT.decode_step allowed per process (compiled_decode_step)
 YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN ramp bounds in rotations per original context (paper's LLaMA values)
 
 
@@ -322,6 +323,9 @@ class CausalSelfAttention(nn.Module):
             rotation = rotation_table(cfg, q_offset + T, x.device)
         if cfg.pos_encoding in ("rope", "rope_half"):
             rows = rotation[q_offset:q_offset + T]
+            if rows.shape[0] != T:
+                raise ValueError(f"the rotation table has {rotation.shape[0]} rows; positions up to {q_offset + T - 1} "
+                                 "need more (GPT.ensure_positions)")
             n_rot = rows.shape[-1]
             q, k = (torch.cat((rope_rotate(t[..., :n_rot], rows), t[..., n_rot:]), dim=-1)
                     if n_rot < self.head_dim else rope_rotate(t, rows) for t in (q, k))
@@ -458,7 +462,8 @@ class GPT(nn.Module):
     @torch.compiler.disable  # runs eagerly: a compiled forward breaks its graph here only when the table grows
     def _grow_rotation(self, n_positions):
         rows = 1 << (n_positions - 1).bit_length()  # a power of two: a sweep over lengths grows it a few times
-        self.rotation = rotation_table(self.config, rows, device=self.rotation.device)
+        # built on the CPU (float64 phases; MPS has no float64), then moved
+        self.rotation = rotation_table(self.config, rows).to(self.rotation.device)
 
     def ensure_positions(self, n_positions):
         """Make GPT.rotation hold at least n_positions rows (positions 0..n_positions-1), growing it to the next
@@ -582,14 +587,19 @@ class GPT(nn.Module):
         replays one graph). kv_cache: a prefilled KVCache (its buffers exist)."""
         if kv_cache.k[0] is None:
             raise ValueError("compiled decoding needs a prefilled KVCache: run the prompt through hidden_states first")
+        self.ensure_positions(kv_cache.max_len)  # every row a step may read, before it is traced
         cuda = kv_cache.k[0].is_cuda
         if cuda:
             for buf in (*kv_cache.k, *kv_cache.v):
                 torch._dynamo.mark_static_address(buf)
-        if "_decode_compiled" not in self.__dict__:
-            self.__dict__["_decode_compiled"] = torch.compile(self.decode_step, fullgraph=True, dynamic=False,
-                                                              mode="reduce-overhead" if cuda else None)
-        return self.__dict__["_decode_compiled"]
+        # Dynamo counts recompiles per code object, so every GPT's decode_step shares one budget (8 by default), and
+        # fullgraph=True fails past it: a batch size, cache size or model is one compile each (bench.py's tables)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, DECODE_RECOMPILE_LIMIT)
+        steps = self.__dict__.setdefault("_decode_compiled", {})  # per device type: CUDA graphs on CUDA only
+        if kv_cache.k[0].device.type not in steps:
+            steps[kv_cache.k[0].device.type] = torch.compile(self.decode_step, fullgraph=True, dynamic=False,
+                                                             mode="reduce-overhead" if cuda else None)
+        return steps[kv_cache.k[0].device.type]
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with weight decay on matrices only: no decay on the PoPE phase biases delta (which

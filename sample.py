@@ -17,7 +17,7 @@ import sys
 import torch
 
 from checkpoint import load_codec, load_run, tokenizer_from_checkpoint
-from cli import UserError, autocast_context, exit_on_user_error, resolve_device, resolve_dtype
+from cli import UserError, autocast_context, exit_on_user_error, resolve_compile, resolve_device, resolve_dtype
 from configurator import configure
 
 DEFAULTS = dict(
@@ -79,7 +79,7 @@ def main(argv):
     try:
         outputs = complete(model, encode, decode, start, cfg["max_new_tokens"], cfg["temperature"], cfg["top_k"],
                            cfg["num_samples"], cfg["seed"], dev, ctx,
-                           compile=dev.startswith("cuda") if cfg["compile"] is None else bool(cfg["compile"]))
+                           compile=resolve_compile(cfg["compile"], dev))
     except ValueError as e:  # a prompt outside the vocabulary, an absolute position embedding past block_size
         raise UserError(str(e)) from None
     for text in outputs:

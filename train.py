@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import load_checkpoint, load_finetune_checkpoint, save_checkpoint, tokenizer_to_checkpoint
-from cli import (UserError, atomic_write_json, autocast_context, exit_on_user_error, resolve_device,
+from cli import (UserError, atomic_write_json, autocast_context, exit_on_user_error, resolve_compile, resolve_device,
                  resolve_dtype)
 from configurator import configure
 from data import Dataset
@@ -215,7 +215,7 @@ def setup_processes(cfg):
     run = SimpleNamespace(ddp=ddp, dev=dev, rank=rank, local_rank=local_rank, world_size=world_size,
                           master=rank == 0, grad_accum=cfg.gradient_accumulation_steps // world_size,
                           device_type=device_type, dtype=dtype, ctx=autocast_context(dev, dtype),
-                          compile=(device_type == "cuda") if cfg.compile is None else cfg.compile)
+                          compile=resolve_compile(cfg.compile, dev))
     torch.manual_seed(cfg.seed + rank)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -315,7 +315,9 @@ def build_model(cfg, run, start):
     if run.compile:
         model = torch.compile(model)
     if run.ddp:
-        model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
+        # broadcast_buffers=False: the model's buffers are constants every rank builds alike (GPT.rotation, the
+        # sinusoidal table, ALiBi's slopes), so no step needs rank 0's copy (DDP's default sends them every forward)
+        model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None, broadcast_buffers=False)
     if run.master:
         print(f"{cfg.pos_encoding} GPT: {raw_model.get_num_params() / 1e6:.2f}M parameters, "
               f"{cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide")

@@ -204,3 +204,14 @@ def test_bench_on_cuda_without_a_gpu_exits_2_before_any_benchmark(monkeypatch, c
         assert e.value.code == 2 and out.out == "" and ran == []
         assert out.err.strip().splitlines()[-1].endswith(
             f"device {device!r}: torch sees no CUDA GPU on this machine; use --device=cpu (or auto)")
+
+
+def test_compile_is_true_false_or_unset():
+    """train.py's and sample.py's --compile: unset means on for CUDA only; the text 'false' (what --compile=false
+    parses to) is refused, not taken as truthy."""
+    from cli import UserError, resolve_compile
+    assert resolve_compile(None, "cuda:1") is True and resolve_compile(None, "cpu") is False
+    assert resolve_compile(False, "cuda") is False and resolve_compile(True, "cpu") is True
+    for bad in ("false", "off", 0):
+        with pytest.raises(UserError, match="compile must be True or False"):
+            resolve_compile(bad, "cuda")

@@ -130,3 +130,25 @@ def test_a_compiled_step_runs_nothing_outside_its_graph_and_never_syncs(tmp_path
 def test_compiled_decoding_needs_a_prefilled_cache():
     with pytest.raises(ValueError, match="prefilled"):
         _model(ENCODINGS["rope"]).compiled_decode_step(KVCache(2, 8))
+
+
+def test_building_the_compiled_step_grows_the_table_and_the_recompile_budget(monkeypatch):
+    """A cache longer than GPT.rotation gets its rows before tracing; and every GPT's decode_step shares Dynamo's
+    per-function recompile budget (8), which fullgraph=True turns into an error past the 8th batch size, cache size
+    or model (bench.py's decode tables compile 12): building a step raises it to model.DECODE_RECOMPILE_LIMIT."""
+    import model as model_mod
+    model, idx = _model(ENCODINGS["rope"]), _prompt()
+    cache = KVCache(2, 200)
+    with torch.no_grad():
+        model.hidden_states(idx, cache)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    assert model.rotation.shape[0] == 64
+    model.compiled_decode_step(cache)
+    assert model.rotation.shape[0] == 256 and torch._dynamo.config.recompile_limit == model_mod.DECODE_RECOMPILE_LIMIT
+
+
+def test_rope_refuses_a_rotation_table_shorter_than_its_positions():
+    model = _model(ENCODINGS["rope"])
+    x = torch.randn(1, 5, 32, device=DEV)
+    with pytest.raises(ValueError, match="ensure_positions"):
+        model.transformer.h[0].attn(x, model.rotation[:3])
