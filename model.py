@@ -584,7 +584,8 @@ class GPT(nn.Module):
     def compiled_decode_step(self, kv_cache):
         """decode_step under torch.compile(fullgraph=True, dynamic=False), built once per model and kept; on CUDA
         with mode='reduce-overhead' (CUDA graphs; the cache's buffers marked as static addresses, so a step
-        replays one graph). kv_cache: a prefilled KVCache (its buffers exist)."""
+        replays one graph). kv_cache: a prefilled KVCache (its buffers exist); GPT.rotation grows to its max_len here.
+        Raises ValueError for a cache no prompt has filled yet."""
         if kv_cache.k[0] is None:
             raise ValueError("compiled decoding needs a prefilled KVCache: run the prompt through hidden_states first")
         self.ensure_positions(kv_cache.max_len)  # every row a step may read, before it is traced
