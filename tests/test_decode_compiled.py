@@ -132,7 +132,7 @@ def test_compiled_decoding_needs_a_prefilled_cache():
         _model(ENCODINGS["rope"]).compiled_decode_step(KVCache(2, 8))
 
 
-def test_building_the_compiled_step_grows_the_table_and_the_recompile_budget(monkeypatch):
+def test_building_the_compiled_step_grows_the_table_and_the_recompile_budget():
     """A cache longer than GPT.rotation gets its rows before tracing; and every GPT's decode_step shares Dynamo's
     per-function recompile budget (8), which fullgraph=True turns into an error past the 8th batch size, cache size
     or model (bench.py's decode tables compile 12): building a step raises it to model.DECODE_RECOMPILE_LIMIT."""
@@ -141,10 +141,12 @@ def test_building_the_compiled_step_grows_the_table_and_the_recompile_budget(mon
     cache = KVCache(2, 200)
     with torch.no_grad():
         model.hidden_states(idx, cache)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
-    assert model.rotation.shape[0] == 64
-    model.compiled_decode_step(cache)
-    assert model.rotation.shape[0] == 256 and torch._dynamo.config.recompile_limit == model_mod.DECODE_RECOMPILE_LIMIT
+    # config.patch, not monkeypatch: torch 2.15's config module hides a setting that monkeypatch deletes on undo
+    with torch._dynamo.config.patch(recompile_limit=2):
+        assert model.rotation.shape[0] == 64
+        model.compiled_decode_step(cache)
+        assert model.rotation.shape[0] == 256
+        assert torch._dynamo.config.recompile_limit == model_mod.DECODE_RECOMPILE_LIMIT
 
 
 def test_rope_refuses_a_rotation_table_shorter_than_its_positions():
