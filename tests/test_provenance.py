@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import numpy as np
 import torch
 
