@@ -77,7 +77,7 @@ def interleaved(fns, device, rounds, warmup=1):
             fns[name]()
     times = {name: [] for name in names}
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             _sync(device)
             t = time.perf_counter()
             own = fns[name]()
@@ -117,12 +117,27 @@ def train_step_precision(device, dtype="auto"):
     return name, autocast_context(device, name), scaler
 
 
-STEP_SHAPES = {"cuda": dict(n_layer=12, n_embd=768, n_head=12, T=1024, batch_size=8),  # GPT-2 124M, train_owt
-               "cpu": dict(n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2)}
+STEP_SHAPES = {
+    "cuda": dict(n_layer=12, n_embd=768, n_head=12, T=1024, batch_size=8),  # GPT-2 124M, train_owt
+    "cpu": dict(n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2),
+}
 
 
-def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size=2, vocab_size=50304, rounds=6,
-                     n_kv_head=None, dtype="auto", compile=None, profile=False, eval_pass=False):
+def bench_train_step(
+    device,
+    n_layer=6,
+    n_embd=384,
+    n_head=6,
+    T=1024,
+    batch_size=2,
+    vocab_size=50304,
+    rounds=6,
+    n_kv_head=None,
+    dtype="auto",
+    compile=None,
+    profile=False,
+    eval_pass=False,
+):
     """One AdamW training step (fwd + bwd + step) of the same GPT with rope and pope, in interleaved rounds, as
     train.py runs it: its compute dtype (train_step_precision) and torch.compile on CUDA (compile=None; True /
     False force it). Returns one row per encoding: ms per step, tokens/s, MFU (model.estimate_mfu against
@@ -137,8 +152,17 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
     compile = str(device).startswith("cuda") if compile is None else compile
     for pe in ("rope", "pope"):
         torch.manual_seed(0)
-        model = GPT(GPTConfig(block_size=T, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                              n_kv_head=n_kv_head, pos_encoding=pe)).to(device)
+        model = GPT(
+            GPTConfig(
+                block_size=T,
+                vocab_size=vocab_size,
+                n_layer=n_layer,
+                n_head=n_head,
+                n_embd=n_embd,
+                n_kv_head=n_kv_head,
+                pos_encoding=pe,
+            )
+        ).to(device)
         opt = model.configure_optimizers(0.01, 1e-4, (0.9, 0.99), str(device).split(":")[0])
         x = torch.randint(0, vocab_size, (batch_size, T), device=device)
         fwd = torch.compile(model) if compile else model
@@ -150,6 +174,7 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
+
         steps[pe], models[pe] = step, model
     times = interleaved(steps, device, rounds, warmup=2 if compile else 1)
     after_eval = None
@@ -165,9 +190,18 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
     for pe, model in models.items():
         dt = statistics.median(times[pe])
         mfu = model.estimate_mfu(batch_size * T, T, dt, peak)
-        rows.append({"pos_encoding": pe, "dtype": name, "compiled": compile, "ms_per_step": 1000 * dt,
-                     "tokens_per_s": batch_size * T / dt, "mfu": "" if mfu is None else f"{100 * mfu:.1f} %",
-                     "flops_per_token": model.flops_per_token(T), "torch_path_flops": torch_path_flops_per_token(model, T)})
+        rows.append(
+            {
+                "pos_encoding": pe,
+                "dtype": name,
+                "compiled": compile,
+                "ms_per_step": 1000 * dt,
+                "tokens_per_s": batch_size * T / dt,
+                "mfu": "" if mfu is None else f"{100 * mfu:.1f} %",
+                "flops_per_token": model.flops_per_token(T),
+                "torch_path_flops": torch_path_flops_per_token(model, T),
+            }
+        )
         if after_eval:
             rows[-1]["ms_after_eval"] = 1000 * statistics.median(after_eval[pe])
         if profile:
@@ -180,8 +214,18 @@ def bench_train_step(device, n_layer=6, n_embd=384, n_head=6, T=1024, batch_size
 
 # kernel (GPU) or op (CPU) names counted as attention, lower case: PoPE's Triton kernels (pope_kernel.py), SDPA's
 # flash, memory-efficient, cuDNN and CPU kernels and their backward nodes
-ATTENTION_NAMES = ("_fwd_kernel", "_pre_kernel", "_dkdv_kernel", "_dq_kernel", "flash", "fmha", "attention",
-                   "cudnn", "sdpa", "pope::")
+ATTENTION_NAMES = (
+    "_fwd_kernel",
+    "_pre_kernel",
+    "_dkdv_kernel",
+    "_dq_kernel",
+    "flash",
+    "fmha",
+    "attention",
+    "cudnn",
+    "sdpa",
+    "pope::",
+)
 
 
 def profile_step(step, device, n_steps=2):
@@ -190,6 +234,7 @@ def profile_step(step, device, n_steps=2):
     overhead, host work, syncs). CPU: the self time of attention ops and of all other ops, and the wall time
     not spent in any op (Python, the compiled wrapper)."""
     from torch.profiler import ProfilerActivity, profile
+
     cuda = str(device).startswith("cuda")
     step()
     _sync(device)
@@ -233,8 +278,10 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, rounds=6, dtyp
     """fwd and fwd+bwd ms of causal attention: RoPE via SDPA, PoPE via pope_attention, naive PoPE, in
     interleaved rounds; vs_rope: the median (min-max) of the per-round fwd+bwd ratios to RoPE."""
     g = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(batch_size, n_head, T, d, device=device, dtype=dtype, generator=g, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(batch_size, n_head, T, d, device=device, dtype=dtype, generator=g, requires_grad=True)
+        for _ in range(3)
+    )
     delta = (-torch.rand(n_head, d, device=device, generator=g)).requires_grad_()
     pos = torch.arange(T, device=device)
     impls = {
@@ -249,14 +296,32 @@ def bench_attention(device, T=4096, d=64, n_head=8, batch_size=1, rounds=6, dtyp
     times = interleaved(fns, device, rounds)
     rows = []
     for name in impls:
-        rows.append({"impl": name, "T": T, "d": d, "fwd_ms": 1000 * statistics.median(times[name, "fwd"]),
-                     "fwdbwd_ms": 1000 * statistics.median(times[name, "fwdbwd"]),
-                     "vs_rope": fmt_ratio(ratio_stats(times[name, "fwdbwd"], times["rope_sdpa", "fwdbwd"]))})
+        rows.append(
+            {
+                "impl": name,
+                "T": T,
+                "d": d,
+                "fwd_ms": 1000 * statistics.median(times[name, "fwd"]),
+                "fwdbwd_ms": 1000 * statistics.median(times[name, "fwdbwd"]),
+                "vs_rope": fmt_ratio(ratio_stats(times[name, "fwdbwd"], times["rope_sdpa", "fwdbwd"])),
+            }
+        )
     return rows
 
 
-def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_head=6, n_new=24, vocab_size=50304,
-                 rounds=6, n_kv_heads=(None,), modes=("eager", "compiled"), dtype="auto"):
+def bench_decode(
+    device,
+    contexts=(1024, 4096, 16384),
+    n_layer=6,
+    n_embd=384,
+    n_head=6,
+    n_new=24,
+    vocab_size=50304,
+    rounds=6,
+    n_kv_heads=(None,),
+    modes=("eager", "compiled"),
+    dtype="auto",
+):
     """ms per generated token, greedy, batch 1, with the KV cache: rope vs pope at each context length (tokens
     already in the cache), and the cache's bytes per token, for each n_kv_head in n_kv_heads (None = n_head).
 
@@ -281,8 +346,15 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
     for kv in n_kv_heads:
         for pe in ("rope", "pope"):
             torch.manual_seed(0)
-            cfg = GPTConfig(block_size=max(contexts) + n_new, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                            n_kv_head=kv, n_embd=n_embd, pos_encoding=pe)
+            cfg = GPTConfig(
+                block_size=max(contexts) + n_new,
+                vocab_size=vocab_size,
+                n_layer=n_layer,
+                n_head=n_head,
+                n_kv_head=kv,
+                n_embd=n_embd,
+                pos_encoding=pe,
+            )
             models[pe, kv] = GPT(cfg).eval().to(device)
     with torch.no_grad(), amp:
         for (pe, kv), model in models.items():
@@ -293,7 +365,7 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
                     for buf in (cache.k[layer], cache.v[layer]):
                         for start in range(prompt_len, ctx, prompt_len):
                             n = min(prompt_len, ctx - start)
-                            buf[:, :, start:start + n] = buf[:, :, :n]
+                            buf[:, :, start : start + n] = buf[:, :, :n]
                 states[pe, kv, ctx] = (model, cache, hidden[:, -1:])
 
     @torch.no_grad()
@@ -328,12 +400,23 @@ def bench_decode(device, contexts=(1024, 4096, 16384), n_layer=6, n_embd=384, n_
         model, cache, _ = states[pe, kv, ctx]
         table = model.rotation[0].numel() * model.rotation.element_size()  # one row: the whole model's, per position
         ms = 1000 * statistics.median(times)
-        rows.append({"pos_encoding": pe, "mode": mode, "n_kv_head": kv or n_head, "context": ctx, "ms_per_token": ms,
-                     "tokens_per_s": 1000 / ms, "cache_bytes_per_token": cache.cache_bytes() // cache.max_len,
-                     "rotation_bytes_per_token": table})
+        rows.append(
+            {
+                "pos_encoding": pe,
+                "mode": mode,
+                "n_kv_head": kv or n_head,
+                "context": ctx,
+                "ms_per_token": ms,
+                "tokens_per_s": 1000 / ms,
+                "cache_bytes_per_token": cache.cache_bytes() // cache.max_len,
+                "rotation_bytes_per_token": table,
+            }
+        )
         if pe == "pope":
             rows[-1]["time_vs_rope"] = fmt_ratio(ratio_stats(times, per_round["rope", kv, ctx, mode]))
-    return sorted(rows, key=lambda r: (r["n_kv_head"], r["context"], modes.index(r["mode"]), r["pos_encoding"] != "rope"))
+    return sorted(
+        rows, key=lambda r: (r["n_kv_head"], r["context"], modes.index(r["mode"]), r["pos_encoding"] != "rope")
+    )
 
 
 def bench_decode_attention(device, contexts=(1024, 4096, 16384), n_head=6, d=64, rounds=6, compiled=True):
@@ -343,6 +426,7 @@ def bench_decode_attention(device, contexts=(1024, 4096, 16384), n_head=6, d=64,
     d-wide magnitudes (rotated in chunks). pope_compiled: the same under torch.compile (Inductor fuses the
     rotation into the score loop). vs_rope: median (min-max) of per-round ratios."""
     from pope import pope_attention_decode, pope_key_magnitude, pope_rotation_table, sdpa_attention
+
     rows = []
     for ctx in contexts:
         g = torch.Generator().manual_seed(0)
@@ -358,6 +442,7 @@ def bench_decode_attention(device, contexts=(1024, 4096, 16384), n_head=6, d=64,
 
         def pope(fn=pope_attention_decode):
             return fn(q, mu, v, delta, rotation=rot, q_offset=ctx - 1, backend="torch")
+
         fns = {"rope": lambda: sdpa_attention(q, k, v, q_offset=ctx - 1), "pope_cartesian": cartesian, "pope": pope}
         if compiled:
             step = torch.compile(pope_attention_decode, dynamic=False)
@@ -365,8 +450,14 @@ def bench_decode_attention(device, contexts=(1024, 4096, 16384), n_head=6, d=64,
         with torch.no_grad():
             times = interleaved({n: (lambda f=f: [f() for _ in range(5)]) for n, f in fns.items()}, device, rounds)
         for name in fns:
-            rows.append({"context": ctx, "impl": name, "ms": 1000 * statistics.median(times[name]) / 5,
-                         "vs_rope": fmt_ratio(ratio_stats(times[name], times["rope"]))})
+            rows.append(
+                {
+                    "context": ctx,
+                    "impl": name,
+                    "ms": 1000 * statistics.median(times[name]) / 5,
+                    "vs_rope": fmt_ratio(ratio_stats(times[name], times["rope"])),
+                }
+            )
     return rows
 
 
@@ -401,13 +492,20 @@ def bench_memory(device, seq_lens=(4096, 8192, 16384), d=64, n_head=8):
     """Peak memory of a PoPE forward per T, each in a fresh process (CPU RSS is a high-water mark).
     An O(T^2) kernel would need n_head * T^2 * 4 bytes for the scores: 8.6 GB at T=16384."""
     import multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     rows = []
     with ctx.Pool(1, maxtasksperchild=1) as pool:
         for T in seq_lens:
             mb = pool.apply(_peak_forward_memory, (T, d, n_head, str(device)))
-            rows.append({"T": T, "peak_mb": mb, "inputs_mb": 3 * n_head * T * d * 4 / 2**20,
-                         "scores_if_materialised_mb": n_head * T * T * 4 / 2**20})
+            rows.append(
+                {
+                    "T": T,
+                    "peak_mb": mb,
+                    "inputs_mb": 3 * n_head * T * d * 4 / 2**20,
+                    "scores_if_materialised_mb": n_head * T * T * 4 / 2**20,
+                }
+            )
     return rows
 
 
@@ -429,17 +527,33 @@ def main(argv):
     p.add_argument("--rounds", type=int, default=6, help=f"interleaved rounds per table (at least {MIN_ROUNDS})")
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
     p.add_argument("--vocab_size", type=int, default=50304)
-    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384],
-                   help="decode: tokens already in the cache")
+    p.add_argument(
+        "--contexts", type=int, nargs="+", default=[1024, 4096, 16384], help="decode: tokens already in the cache"
+    )
     p.add_argument("--gqa", action="store_true", help="decode: also 8 heads sharing 2 key/value heads")
-    p.add_argument("--dtype", default="auto", help="training step's and decoding's compute dtype: 'auto' (bfloat16 on "
-                   "a GPU of compute capability >= 8.0, float16 below, float32 on a CPU) | float32 | bfloat16 | float16")
-    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
-                   help="step: torch.compile the model ('auto': on for CUDA, off on a CPU, as train.py)")
-    p.add_argument("--profile", action="store_true", help="step: add where the time goes (attention kernels, "
-                   "other kernels, GPU idle; on a CPU the ops' time and the rest)")
-    p.add_argument("--eval-pass", action="store_true", help="step: time the steps again after one evaluation forward "
-                   "(eager, no_grad, as train.py evaluates)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="training step's and decoding's compute dtype: 'auto' (bfloat16 on "
+        "a GPU of compute capability >= 8.0, float16 below, float32 on a CPU) | float32 | bfloat16 | float16",
+    )
+    p.add_argument(
+        "--compile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="step: torch.compile the model ('auto': on for CUDA, off on a CPU, as train.py)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="step: add where the time goes (attention kernels, "
+        "other kernels, GPU idle; on a CPU the ops' time and the rest)",
+    )
+    p.add_argument(
+        "--eval-pass",
+        action="store_true",
+        help="step: time the steps again after one evaluation forward (eager, no_grad, as train.py evaluates)",
+    )
     a = p.parse_args(argv)
     a.compile = {"auto": None, "on": True, "off": False}[a.compile]
     if a.rounds < MIN_ROUNDS:
@@ -451,39 +565,65 @@ def main(argv):
         p.error(str(e))  # one line and exit 2, as for the other bad arguments
     if a.device.startswith("cuda:"):
         torch.cuda.set_device(a.device)  # kernels and libraries that default to the current device use it too
-    print(f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {a.rounds} rounds"
-          + (f", load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}" if hasattr(os, "getloadavg") else ""))
+    print(
+        f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {a.rounds} rounds"
+        + (f", load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}" if hasattr(os, "getloadavg") else "")
+    )
     if a.only in (None, "step"):
         shape = STEP_SHAPES["cuda" if a.device.startswith("cuda") else "cpu"]
-        kw = dict(vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype, compile=a.compile, profile=a.profile,
-                  eval_pass=a.eval_pass)
-        what = f"{shape['n_layer']} layers x {shape['n_embd']} wide, T={shape['T']}, batch {shape['batch_size']}, {a.dtype}"
+        kw = dict(
+            vocab_size=a.vocab_size,
+            rounds=a.rounds,
+            dtype=a.dtype,
+            compile=a.compile,
+            profile=a.profile,
+            eval_pass=a.eval_pass,
+        )
+        what = f"{shape['n_layer']} layers x {shape['n_embd']} wide, T={shape['T']}, batch {shape['batch_size']}"
+        what += f", {a.dtype}"
         print_table(f"training step, {what}", bench_train_step(a.device, **shape, **kw))
         if not a.profile:
-            print_table(f"training step, grouped-query attention: {what}, {shape['n_head']} heads sharing "
-                        f"{shape['n_head'] // 4} key/value heads",
-                        bench_train_step(a.device, **{**shape, "n_kv_head": shape["n_head"] // 4}, **kw))
+            print_table(
+                f"training step, grouped-query attention: {what}, {shape['n_head']} heads sharing "
+                f"{shape['n_head'] // 4} key/value heads",
+                bench_train_step(a.device, **{**shape, "n_kv_head": shape["n_head"] // 4}, **kw),
+            )
     if a.only in (None, "attn"):
-        print_table(f"attention fwd+bwd, T={a.T}, d=64, 8 heads, fp32",
-                    bench_attention(a.device, T=a.T, rounds=a.rounds))
+        print_table(
+            f"attention fwd+bwd, T={a.T}, d=64, 8 heads, fp32", bench_attention(a.device, T=a.T, rounds=a.rounds)
+        )
     if a.only in (None, "memory"):
         print_table("PoPE forward peak memory, d=64, 8 heads, fp32", bench_memory(a.device))
     if a.only in (None, "decode"):
         contexts = tuple(a.contexts)
-        print_table(f"greedy decoding with the KV cache, 6 layers x 384, batch 1, {a.dtype}, ms per new token at each "
-                    "context", bench_decode(a.device, contexts, vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype))
+        print_table(
+            f"greedy decoding with the KV cache, 6 layers x 384, batch 1, {a.dtype}, ms per new token at each context",
+            bench_decode(a.device, contexts, vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype),
+        )
         if a.gqa:
-            print_table("the same, grouped-query attention: 8 heads sharing 2 key/value heads",
-                        bench_decode(a.device, contexts, vocab_size=a.vocab_size, n_head=8, n_kv_heads=(2,),
-                                     rounds=a.rounds, dtype=a.dtype))
+            print_table(
+                "the same, grouped-query attention: 8 heads sharing 2 key/value heads",
+                bench_decode(
+                    a.device,
+                    contexts,
+                    vocab_size=a.vocab_size,
+                    n_head=8,
+                    n_kv_heads=(2,),
+                    rounds=a.rounds,
+                    dtype=a.dtype,
+                ),
+            )
         if hasattr(__import__("pope"), "pope_attention_decode"):
-            print_table("one layer's attention for one new token, 6 heads, d=64, fp32, ms",
-                        bench_decode_attention(a.device, contexts, rounds=a.rounds))
+            print_table(
+                "one layer's attention for one new token, 6 heads, d=64, fp32, ms",
+                bench_decode_attention(a.device, contexts, rounds=a.rounds),
+            )
     if a.only in (None, "kernel"):
         if not str(a.device).startswith("cuda"):
             print("\nTriton kernel benchmark: needs CUDA (python bench_kernel.py runs an interpreter smoke test)")
         else:
             import bench_kernel
+
             print("\nattention kernels, bf16, causal, fwd / bwd / fwd+bwd")
             bench_kernel.print_table(bench_kernel.bench_attention_kernels(a.device))
     if hasattr(os, "getloadavg"):

@@ -56,8 +56,11 @@ def configure(defaults, argv, renamed=None):
             ns = dict(cfg)
             with open(arg) as f:
                 exec(compile(f.read(), arg, "exec"), ns)
-            items = [(k, v) for k, v in ns.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)
-                     and (k not in cfg or v is not cfg[k])]
+            items = [
+                (k, v)
+                for k, v in ns.items()
+                if not k.startswith("_") and not isinstance(v, types.ModuleType) and (k not in cfg or v is not cfg[k])
+            ]
         else:
             key, eq, raw = arg[2:].partition("=")
             if not eq:
@@ -78,5 +81,5 @@ def configure(defaults, argv, renamed=None):
             try:
                 cfg[key] = _typecheck(key, value, defaults[key])
             except TypeError as e:
-                raise _error(f"{e} (from {arg})", defaults)
+                raise _error(f"{e} (from {arg})", defaults) from None
     return cfg

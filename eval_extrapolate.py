@@ -91,8 +91,18 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from checkpoint import build_model, describe_tokenizer, load_checkpoint, same_tokenizer, tokenizer_from_checkpoint
-from cli import (DTYPES, ArgumentParser, UserError, atomic_open, atomic_write, autocast_context, exit_on_user_error,
-                 note_renamed, resolve_device, resolve_dtype)
+from cli import (
+    DTYPES,
+    ArgumentParser,
+    UserError,
+    atomic_open,
+    atomic_write,
+    autocast_context,
+    exit_on_user_error,
+    note_renamed,
+    resolve_device,
+    resolve_dtype,
+)
 from data import Dataset
 from model import ABSOLUTE_ENCODINGS, GPTConfig
 from provenance import FLAT_COLUMNS, flat, provenance
@@ -104,6 +114,7 @@ DEFAULT_STRIDE = 256  # YaRN's and Position Interpolation's
 
 # ---- windows ----
 
+
 def document_offsets(ds, split):
     """int64 offsets (n_docs + 1,) of the documents of a stream split: document i is
     arr[off[i]:off[i+1]]. From meta.json "documents"[split] where the dataset declares them (format:
@@ -114,8 +125,9 @@ def document_offsets(ds, split):
         return np.array([0, n], dtype=np.int64)
     off = np.fromfile(os.path.join(ds.dir, docs["file"]), dtype=docs.get("dtype", "int64")).astype(np.int64)
     if len(off) < 2 or off[0] != 0 or off[-1] != n or np.any(np.diff(off) < 0):
-        raise UserError(f"{ds.dir}/{docs['file']} does not hold document offsets 0 .. {n} of {split}.bin; "
-                        "prepare the dataset again")
+        raise UserError(
+            f"{ds.dir}/{docs['file']} does not hold document offsets 0 .. {n} of {split}.bin; prepare the dataset again"
+        )
     return off
 
 
@@ -130,8 +142,10 @@ def chunk_starts(offsets, max_length, max_tokens=0, seed=1337):
     starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
     if len(starts) == 0:
         longest = int(np.diff(offsets).max()) if len(offsets) > 1 else 0
-        raise UserError(f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
-                        f"the longest has {longest}: use shorter --lengths or another --split/--dataset")
+        raise UserError(
+            f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
+            f"the longest has {longest}: use shorter --lengths or another --split/--dataset"
+        )
     if max_tokens > 0:
         n = max(1, max_tokens // max_length)
         if n < len(starts):
@@ -160,8 +174,10 @@ def long_documents(offsets, max_length):
     keep = spans[spans[:, 1] - spans[:, 0] >= max_length + 1]
     if len(keep) == 0:
         longest = int((spans[:, 1] - spans[:, 0]).max()) if len(spans) else 0
-        raise UserError(f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
-                         f"the longest has {longest}: use shorter --lengths or another --split/--dataset")
+        raise UserError(
+            f"the longest length {max_length} needs a document of at least {max_length + 1} tokens; "
+            f"the longest has {longest}: use shorter --lengths or another --split/--dataset"
+        )
     return keep.astype(np.int64)
 
 
@@ -223,6 +239,7 @@ def sliding_windows(m, length, stride):
 
 # ---- scoring ----
 
+
 @torch.no_grad()
 def token_losses(model, x, y):
     """Next-token losses (B, n) float32 in nats of model on inputs x (B, T) and the targets y (B, n),
@@ -231,20 +248,20 @@ def token_losses(model, x, y):
     The lm_head and cross-entropy run on slices of at most 2**24 / vocab_size positions, so no
     (B, T, vocab) logit tensor is held at once.
     """
-    h = model.hidden_states(x)[:, x.shape[1] - y.shape[1]:]  # (B, n, n_embd), the final RMSNorm applied
+    h = model.hidden_states(x)[:, x.shape[1] - y.shape[1] :]  # (B, n, n_embd), the final RMSNorm applied
     B, T, C = h.shape
     h, y = h.reshape(B * T, C), y.reshape(B * T)
-    step = max(1, 2 ** 24 // model.lm_head.out_features)
+    step = max(1, 2**24 // model.lm_head.out_features)
     out = torch.empty(B * T, dtype=torch.float32, device=h.device)
     for i in range(0, B * T, step):
-        logits = model.lm_head(h[i:i + step]).float()
-        out[i:i + step] = F.cross_entropy(logits, y[i:i + step], reduction="none")
+        logits = model.lm_head(h[i : i + step]).float()
+        out[i : i + step] = F.cross_entropy(logits, y[i : i + step], reduction="none")
     return out.view(B, T)
 
 
 def _tokens(arr, start, n, device):
     """arr[start:start + n] as an int64 tensor on device."""
-    return torch.from_numpy(np.asarray(arr[start:start + n]).astype(np.int64)).to(device)
+    return torch.from_numpy(np.asarray(arr[start : start + n]).astype(np.int64)).to(device)
 
 
 @torch.no_grad()
@@ -263,8 +280,8 @@ def evaluate(model, arr, starts, lengths, last_k, device="cpu", autocast=nullcon
         total, n_tok, last_total = 0.0, 0, 0.0
         for s in starts:
             chunk = _tokens(arr, s, max_length + 1, device)
-            x = torch.stack([chunk[o:o + L] for o in offs])
-            y = torch.stack([chunk[o + 1:o + L + 1] for o in offs])
+            x = torch.stack([chunk[o : o + L] for o in offs])
+            y = torch.stack([chunk[o + 1 : o + L + 1] for o in offs])
             with autocast():
                 loss = token_losses(model, x, y).double()
             total += loss.sum().item()
@@ -289,15 +306,15 @@ def sliding_losses(model, tokens, length, stride, batch=1, autocast=nullcontext,
     wins = sliding_windows(m, length, stride)
     losses = torch.empty(m, dtype=torch.float64, device=tokens.device)
     means = []
-    for g in [wins[:1]] + [wins[i:i + batch] for i in range(1, len(wins), batch)]:
+    for g in [wins[:1]] + [wins[i : i + batch] for i in range(1, len(wins), batch)]:
         n = max(k for _, k in g)  # the first window scores `length` targets, the others `stride` or fewer
-        x = torch.stack([tokens[a:a + length] for a, _ in g])
-        y = torch.stack([tokens[a + length - n + 1:a + length + 1] for a, _ in g])
+        x = torch.stack([tokens[a : a + length] for a, _ in g])
+        y = torch.stack([tokens[a + length - n + 1 : a + length + 1] for a, _ in g])
         with autocast():
             loss = token_losses(model, x, y).double()
         for (a, k), row in zip(g, loss):
-            losses[a + length - k:a + length] = row[n - k:]
-            means.append(row[n - k:].mean())
+            losses[a + length - k : a + length] = row[n - k :]
+            means.append(row[n - k :].mean())
         if bar is not None:
             bar.update(len(g))
     return losses, torch.stack(means)
@@ -316,13 +333,15 @@ def evaluate_sliding(model, arr, stretches, lengths, stride, device="cpu", autoc
     for L in todo:
         total, n_tok, means = 0.0, 0, []
         for start, m in stretches:
-            losses, wm = sliding_losses(model, _tokens(arr, start, m + 1, device), L, stride,
-                                        max(1, max_length // L), autocast, bar)
+            losses, wm = sliding_losses(
+                model, _tokens(arr, start, m + 1, device), L, stride, max(1, max_length // L), autocast, bar
+            )
             total += losses.sum().item()
             n_tok += m
             means.append(wm)
-        results[L] = dict(tokens=n_tok, ppl=math.exp(total / n_tok),
-                          ppl_window_mean=math.exp(torch.cat(means).mean().item()))
+        results[L] = dict(
+            tokens=n_tok, ppl=math.exp(total / n_tok), ppl_window_mean=math.exp(torch.cat(means).mean().item())
+        )
     bar.close()
     return results
 
@@ -339,7 +358,7 @@ def evaluate_truncate(model, arr, starts, lengths, device="cpu", autocast=nullco
     for L in todo:
         total, batch = 0.0, max(1, max_length // L)
         for i in range(0, len(starts), batch):
-            docs = [_tokens(arr, s, L + 1, device) for s in starts[i:i + batch]]
+            docs = [_tokens(arr, s, L + 1, device) for s in starts[i : i + batch]]
             with autocast():
                 loss = token_losses(model, torch.stack([d[:-1] for d in docs]), torch.stack([d[1:] for d in docs]))
             total += loss.double().sum().item()
@@ -350,6 +369,7 @@ def evaluate_truncate(model, arr, starts, lengths, device="cpu", autocast=nullco
 
 
 # ---- runs ----
+
 
 def encoding_label(cfg):
     """'rope', 'rope+yarn(s=4)', 'pope', ... from a model_args dict."""
@@ -385,18 +405,23 @@ def inspect_run(run, rope_scaling, ds_meta, state=None):
 def check_tokenizer(run, state, args, ds_meta):
     """UserError if the run's tokens do not mean the dataset's tokens."""
     if ds_meta["vocab_size"] > args["vocab_size"]:
-        raise UserError(f"{run} has a vocabulary of {args['vocab_size']} tokens, dataset "
-                        f"{ds_meta['dataset']} has {ds_meta['vocab_size']}: evaluate on the tokenizer it was trained with")
+        raise UserError(
+            f"{run} has a vocabulary of {args['vocab_size']} tokens, dataset "
+            f"{ds_meta['dataset']} has {ds_meta['vocab_size']}: evaluate on the tokenizer it was trained with"
+        )
     try:
         trained = tokenizer_from_checkpoint(state)
     except UserError:
         return  # an old checkpoint without its dataset at hand: the vocabulary check above is all we have
     if not same_tokenizer(trained, ds_meta):  # e.g. two char alphabets of one size: same shapes, other symbols
-        raise UserError(f"{run} was trained with {describe_tokenizer(trained)}, --dataset has "
-                        f"{describe_tokenizer(ds_meta)}: pick the matching --dataset")
+        raise UserError(
+            f"{run} was trained with {describe_tokenizer(trained)}, --dataset has "
+            f"{describe_tokenizer(ds_meta)}: pick the matching --dataset"
+        )
 
 
 # ---- outputs ----
+
 
 def display_names(rows):
     """{run: 'label (folder)'} for table headers and the legend."""
@@ -406,13 +431,20 @@ def display_names(rows):
 def table_specs(protocol, last_k, stride=None):
     """[(title, row key, format)] of the markdown tables of a protocol."""
     if protocol == "sliding":
-        return [(f"perplexity, sliding window (stride {stride}), token-weighted", "ppl", ".3f"),
-                (f"perplexity, sliding window (stride {stride}), exp(mean of per-window mean losses) as YaRN "
-                 "reports it", "ppl_window_mean", ".3f")]
+        return [
+            (f"perplexity, sliding window (stride {stride}), token-weighted", "ppl", ".3f"),
+            (
+                f"perplexity, sliding window (stride {stride}), exp(mean of per-window mean losses) as YaRN reports it",
+                "ppl_window_mean",
+                ".3f",
+            ),
+        ]
     if protocol == "truncate":
         return [("perplexity over each document's first L tokens", "ppl", ".3f")]
-    return [("perplexity over all tokens of the windows", "ppl", ".3f"),
-            (f"mean loss (nats) of the last {last_k} tokens, the same tokens at every length", "last_loss", ".4f")]
+    return [
+        ("perplexity over all tokens of the windows", "ppl", ".3f"),
+        (f"mean loss (nats) of the last {last_k} tokens, the same tokens at every length", "last_loss", ".4f"),
+    ]
 
 
 def markdown_tables(rows, runs, lengths, last_k, protocol="tiled", stride=None):
@@ -449,6 +481,7 @@ def write_csv(path, rows):
 def write_plot(path, rows, runs, train_lengths, dataset, protocol="tiled"):
     """Perplexity vs context length, log y, one line per run, training lengths as dotted verticals."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FormatStrFormatter
@@ -461,8 +494,15 @@ def write_plot(path, rows, runs, train_lengths, dataset, protocol="tiled"):
             ax.plot(*zip(*pts), marker="o", label=names[run])
     for t in sorted(set(train_lengths)):
         ax.axvline(t, color="gray", linestyle=":", linewidth=1)
-        ax.annotate(f"trained at {t}", (t, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
-                    textcoords="offset points", fontsize=8, color="gray")
+        ax.annotate(
+            f"trained at {t}",
+            (t, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12),
+            textcoords="offset points",
+            fontsize=8,
+            color="gray",
+        )
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
@@ -478,6 +518,7 @@ def write_plot(path, rows, runs, train_lengths, dataset, protocol="tiled"):
 
 
 # ---- command line ----
+
 
 def parse_lengths(text):
     try:
@@ -498,8 +539,10 @@ def parse_stride(protocol, stride, shortest):
         return None
     stride = DEFAULT_STRIDE if stride is None else stride
     if not 0 < stride <= shortest:
-        raise UserError(f"--stride must lie in 1 .. the shortest length {shortest} (each window scores its last "
-                         f"stride tokens), got {stride}")
+        raise UserError(
+            f"--stride must lie in 1 .. the shortest length {shortest} (each window scores its last "
+            f"stride tokens), got {stride}"
+        )
     return stride
 
 
@@ -511,24 +554,33 @@ def select(protocol, offsets, max_length, max_tokens, seed):
         return starts, f"{len(starts)} chunks of {max_length + 1} tokens"
     if protocol == "sliding":
         stretches = sliding_stretches(offsets, max_length, max_tokens, seed)
-        return stretches, (f"{len(stretches)} document(s) of at least {max_length + 1} tokens, "
-                           f"{sum(m for _, m in stretches):,} targets at every length")
+        return stretches, (
+            f"{len(stretches)} document(s) of at least {max_length + 1} tokens, "
+            f"{sum(m for _, m in stretches):,} targets at every length"
+        )
     starts = truncate_starts(offsets, max_length, max_tokens, seed)
     return starts, f"the first L + 1 tokens of {len(starts)} document(s) of at least {max_length + 1} tokens"
 
 
 def parse_args(argv):
-    p = ArgumentParser(prog="eval_extrapolate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog="eval_extrapolate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("runs", nargs="+", help="run folders (train.py out_dir) holding best.pt")
     p.add_argument("--dataset", default="pg19", help="prepared dataset folder under --data_root")
     p.add_argument("--data_root", default="data")
     p.add_argument("--split", default="test")
     p.add_argument("--lengths", default=DEFAULT_LENGTHS, help="comma-separated context lengths in tokens")
     p.add_argument("--protocol", default="tiled", choices=PROTOCOLS, help="how windows are cut (see above)")
-    p.add_argument("--stride", type=int, default=None,
-                   help=f"sliding: new targets scored per window (default {DEFAULT_STRIDE})")
-    p.add_argument("--doc_tokens", type=int, default=0,
-                   help="read a split without document offsets as documents of this many tokens (0: one document)")
+    p.add_argument(
+        "--stride", type=int, default=None, help=f"sliding: new targets scored per window (default {DEFAULT_STRIDE})"
+    )
+    p.add_argument(
+        "--doc_tokens",
+        type=int,
+        default=0,
+        help="read a split without document offsets as documents of this many tokens (0: one document)",
+    )
     p.add_argument("--last_k", type=int, default=256, help="tiled: targets per chunk in the same-tokens view")
     p.add_argument("--max_tokens", type=int, default=0, help="token budget per length (0: all chunks/documents)")
     p.add_argument("--seed", type=int, default=1337, help="draws the chunks/documents when --max_tokens limits them")
@@ -536,8 +588,12 @@ def parse_args(argv):
     p.add_argument("--yarn_scale", type=float, help=argparse.SUPPRESS)  # the old name of --rope_scaling
     p.add_argument("--out_dir", default="out-extrapolate", help="where the CSV and PNG go")
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                   help="autocast dtype; 'auto': float32 on CPU, bf16 on CUDA where supported, else fp16")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="autocast dtype; 'auto': float32 on CPU, bf16 on CUDA where supported, else fp16",
+    )
     a = p.parse_args(argv)
     if a.yarn_scale is not None:
         note_renamed("--yarn_scale", "--rope_scaling")
@@ -560,8 +616,9 @@ def run(argv):
     try:
         ds = Dataset(data_dir)
     except FileNotFoundError:
-        raise UserError(f"unknown dataset {a.dataset!r}: no {data_dir}/meta.json; run prepare/{a.dataset}.py "
-                        f"or pass --data_root") from None
+        raise UserError(
+            f"unknown dataset {a.dataset!r}: no {data_dir}/meta.json; run prepare/{a.dataset}.py or pass --data_root"
+        ) from None
     except ValueError as e:  # an empty split (data prepared before the prepare scripts refused them)
         raise UserError(str(e)) from None
     if ds.layout != "stream":
@@ -572,8 +629,10 @@ def run(argv):
     offsets = document_offsets(ds, a.split)
     if a.doc_tokens:
         if len(offsets) > 2 or not 0 < a.doc_tokens <= len(arr):
-            raise UserError(f"--doc_tokens must lie in 1 .. {len(arr)} and applies to a split without document "
-                            f"offsets; {a.dataset}/{a.split} has {len(offsets) - 1} documents, got {a.doc_tokens}")
+            raise UserError(
+                f"--doc_tokens must lie in 1 .. {len(arr)} and applies to a split without document "
+                f"offsets; {a.dataset}/{a.split} has {len(offsets) - 1} documents, got {a.doc_tokens}"
+            )
         offsets = cut_documents(len(arr), a.doc_tokens)
     units, summary = select(a.protocol, offsets, lengths[-1], a.max_tokens, a.seed)
 
@@ -581,8 +640,10 @@ def run(argv):
     autocast = functools.partial(autocast_context, device, resolve_dtype(a.dtype, device))  # a fresh context per use
     inspected = [inspect_run(run, a.rope_scaling, ds.meta) for run in a.runs]  # all errors before any work
 
-    print(f"{a.dataset}/{a.split}: {len(arr):,} tokens; {a.protocol} windows"
-          f"{f' (stride {stride})' if stride else ''}: {summary}; lengths {', '.join(map(str, lengths))}")
+    print(
+        f"{a.dataset}/{a.split}: {len(arr):,} tokens; {a.protocol} windows"
+        f"{f' (stride {stride})' if stride else ''}: {summary}; lengths {', '.join(map(str, lengths))}"
+    )
     rows, train_lengths = [], []
     where = flat(provenance(data_dir, device))
     for run, (overrides, args, label, notes) in zip(a.runs, inspected):
@@ -592,8 +653,10 @@ def run(argv):
         if args["pos_encoding"] in ABSOLUTE_ENCODINGS:
             skip = [L for L in lengths if L > args["block_size"]]
             if skip:
-                print(f"note: {run} uses the absolute encoding {args['pos_encoding']!r}, which has no positions "
-                      f"past block_size={args['block_size']}: lengths {', '.join(map(str, skip))} left empty")
+                print(
+                    f"note: {run} uses the absolute encoding {args['pos_encoding']!r}, which has no positions "
+                    f"past block_size={args['block_size']}: lengths {', '.join(map(str, skip))} left empty"
+                )
         train_lengths.append(args["block_size"])
         model = build_model(load_checkpoint(run, "best.pt", device), device, **overrides)  # one model at a time
         desc = f"{label} {run}"
@@ -604,9 +667,17 @@ def run(argv):
         else:
             res = evaluate_truncate(model, arr, units, lengths, device, autocast, skip, desc)
         for L in lengths:
-            rows.append(dict(run=run, label=label, protocol=a.protocol, length=L, chunks=len(units),
-                             **{k: (res[L] or {}).get(k) for k in ("tokens", "ppl", "ppl_window_mean", "last_loss")},
-                             **where))
+            rows.append(
+                dict(
+                    run=run,
+                    label=label,
+                    protocol=a.protocol,
+                    length=L,
+                    chunks=len(units),
+                    **{k: (res[L] or {}).get(k) for k in ("tokens", "ppl", "ppl_window_mean", "last_loss")},
+                    **where,
+                )
+            )
         del model
     print(markdown_tables(rows, a.runs, lengths, a.last_k, a.protocol, stride))
     os.makedirs(a.out_dir, exist_ok=True)

@@ -34,14 +34,19 @@ END_BYTES = 1 << 20  # the data fingerprint hashes the first and the last MB of 
 def code_version(path=REPO):
     """{"commit": the HEAD sha of the git checkout holding `path`, "dirty": True if a tracked file differs
     from it}; both "unknown" outside a git checkout or without git. Untracked files (out/, data/) do not count."""
+
     def git(*args):
         return subprocess.run(["git", "-C", path, *args], capture_output=True, text=True, timeout=20)
+
     try:
         head = git("rev-parse", "HEAD")
         if head.returncode != 0:
             return {"commit": UNKNOWN, "dirty": UNKNOWN}
         status = git("status", "--porcelain", "--untracked-files=no")
-        return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else UNKNOWN}
+        return {
+            "commit": head.stdout.strip(),
+            "dirty": bool(status.stdout.strip()) if status.returncode == 0 else UNKNOWN,
+        }
     except (OSError, subprocess.SubprocessError):
         return {"commit": UNKNOWN, "dirty": UNKNOWN}
 
@@ -69,8 +74,14 @@ def cpu_model():
     return platform.processor() or UNKNOWN
 
 
-ISA_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
-           "DNNL_MAX_CPU_ISA")  # the variables that force an instruction set on torch's ATen, MKL and oneDNN
+ISA_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_DEBUG_CPU_TYPE",
+    "MKL_CBWR",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+)  # the variables that force an instruction set on torch's ATen, MKL and oneDNN
 
 
 def _stdout_of(fn):
@@ -78,6 +89,7 @@ def _stdout_of(fn):
     import ctypes
     import sys
     import tempfile
+
     libc = ctypes.CDLL(None)
     sys.stdout.flush()
     libc.fflush(None)
@@ -107,24 +119,30 @@ def library_isa():
     if _LIBRARY_ISA:
         return dict(_LIBRARY_ISA)
     import re
+
     out = {"mkl": UNKNOWN, "onednn": UNKNOWN}
     try:
         import torch
+
         if not torch.backends.mkl.is_available():
             out["mkl"] = "unavailable"
         else:
+
             def mkl():
                 with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
                     a = torch.ones(8, 8)
                     a @ a
+
             m = re.search(r"architecture (.*?processors)", _stdout_of(mkl))
             out["mkl"] = m.group(1) if m else UNKNOWN
         if not torch.backends.mkldnn.is_available():
             out["onednn"] = "unavailable"
         else:
+
             def onednn():
                 with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
                     torch.ones(4, 4).to_mkldnn().to_dense()
+
             m = re.search(r"info,cpu,isa:([^\n]*)", _stdout_of(onednn))
             out["onednn"] = m.group(1).strip() if m else UNKNOWN
     except Exception:
@@ -141,13 +159,21 @@ def device_info(device="cpu"):
     which force them), "threads" (torch's intra-op threads), "gpus" ({name: count} of the visible CUDA GPUs;
     {} on a CPU run)}. ATEN_CPU_CAPABILITY=avx2 alone on an AVX512 machine moves ATen, not MKL nor oneDNN:
     the numbers then match neither machine, and only all three name what ran."""
-    info = {"device": str(device), "cpu": cpu_model(), "cpu_capability": UNKNOWN, "mkl_isa": UNKNOWN,
-            "onednn_isa": UNKNOWN, "isa_env": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
-            "threads": UNKNOWN, "gpus": {}}
+    info = {
+        "device": str(device),
+        "cpu": cpu_model(),
+        "cpu_capability": UNKNOWN,
+        "mkl_isa": UNKNOWN,
+        "onednn_isa": UNKNOWN,
+        "isa_env": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
+        "threads": UNKNOWN,
+        "gpus": {},
+    }
     lib = library_isa()
     info["mkl_isa"], info["onednn_isa"] = lib["mkl"], lib["onednn"]
     try:
         import torch
+
         info["cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
         info["threads"] = int(torch.get_num_threads())
         if str(device).startswith("cuda") and torch.cuda.is_available():
@@ -193,8 +219,12 @@ def dataset_fingerprint(data_dir):
 
 def provenance(data_dir=None, device="cpu", world_size=1):
     """Everything above for one process of a run (module docstring); data_dir None leaves "data" out."""
-    out = {"code": code_version(), "versions": library_versions(), "device": device_info(device),
-           "world_size": world_size}
+    out = {
+        "code": code_version(),
+        "versions": library_versions(),
+        "device": device_info(device),
+        "world_size": world_size,
+    }
     if data_dir is not None:
         out["data"] = dataset_fingerprint(data_dir)
     return out
@@ -213,8 +243,11 @@ def machine(prov):
         return ", ".join(f"{n} x {name}" for name, n in sorted(dev["gpus"].items()))
     parts = [str(dev.get("cpu_capability", UNKNOWN))]
     if "mkl_isa" in dev or "onednn_isa" in dev or "isa_env" in dev:  # records before issue 53 keep their name
-        parts += [f"MKL {dev.get('mkl_isa', UNKNOWN)}", f"oneDNN {dev.get('onednn_isa', UNKNOWN)}",
-                  *(f"{k}={v}" for k, v in sorted((dev.get("isa_env") or {}).items()))]
+        parts += [
+            f"MKL {dev.get('mkl_isa', UNKNOWN)}",
+            f"oneDNN {dev.get('onednn_isa', UNKNOWN)}",
+            *(f"{k}={v}" for k, v in sorted((dev.get("isa_env") or {}).items())),
+        ]
     return f"{dev.get('cpu', UNKNOWN)} ({'; '.join(parts)})"
 
 
@@ -228,7 +261,7 @@ def commit(prov):
 
 
 def libraries(prov):
-    """"torch 2.13.0+cpu, triton 3.7.1, numpy 2.4.6, python 3.11.7" of a provenance dict; "unknown" for None."""
+    """ "torch 2.13.0+cpu, triton 3.7.1, numpy 2.4.6, python 3.11.7" of a provenance dict; "unknown" for None."""
     v = (prov or {}).get("versions")
     if not v:
         return UNKNOWN
@@ -239,10 +272,14 @@ def flat(prov):
     """The columns eval_extrapolate.py's CSV rows carry (FLAT_COLUMNS): commit, libraries, machine, threads,
     world size, data digest, as strings."""
     prov = prov or {}
-    return {"commit": commit(prov), "libraries": libraries(prov), "machine": machine(prov),
-            "threads": str((prov.get("device") or {}).get("threads", UNKNOWN)),
-            "world_size": str(prov.get("world_size", UNKNOWN)),
-            "data_digest": (prov.get("data") or {}).get("digest", UNKNOWN)}
+    return {
+        "commit": commit(prov),
+        "libraries": libraries(prov),
+        "machine": machine(prov),
+        "threads": str((prov.get("device") or {}).get("threads", UNKNOWN)),
+        "world_size": str(prov.get("world_size", UNKNOWN)),
+        "data_digest": (prov.get("data") or {}).get("digest", UNKNOWN),
+    }
 
 
 FLAT_COLUMNS = ("commit", "libraries", "machine", "threads", "world_size", "data_digest")

@@ -36,19 +36,32 @@ DEFAULTS = dict(
 )
 
 
-def complete(model, encode, decode, prompt, max_new_tokens=DEFAULTS["max_new_tokens"],
-             temperature=DEFAULTS["temperature"], top_k=DEFAULTS["top_k"], num_samples=1, seed=DEFAULTS["seed"],
-             device="cpu", autocast=None, compile=False):
+def complete(
+    model,
+    encode,
+    decode,
+    prompt,
+    max_new_tokens=DEFAULTS["max_new_tokens"],
+    temperature=DEFAULTS["temperature"],
+    top_k=DEFAULTS["top_k"],
+    num_samples=1,
+    seed=DEFAULTS["seed"],
+    device="cpu",
+    autocast=None,
+    compile=False,
+):
     """num_samples continuations of the text `prompt` by max_new_tokens tokens each, prompt included, as
     strings: encode -> model.generate (KV cache) -> decode, under `autocast` (a context manager; default:
-    cli.autocast_context with the device's automatic dtype, bf16 on CUDA where supported, fp32 on CPU). torch's RNG is seeded
-    with `seed`; temperature 0 is greedy, top_k 0 or None keeps every token. Used by main and by
+    cli.autocast_context with the device's automatic dtype, bf16 on CUDA where supported, fp32 on CPU). torch's
+    RNG is seeded with `seed`; temperature 0 is greedy, top_k 0 or None keeps every token. Used by main and by
     train.py's end-of-run sample. compile: model.generate's (a compiled decoding step; CUDA graphs on CUDA).
     Raises ValueError for a prompt outside the vocabulary or empty, an
     absolute encoding asked past block_size, num_samples < 1, max_new_tokens < 0 or top_k < 0."""
     if num_samples < 1 or max_new_tokens < 0 or (top_k or 0) < 0:
-        raise ValueError(f"need num_samples >= 1, max_new_tokens >= 0 and top_k >= 0 (0: every token), got "
-                         f"{num_samples}, {max_new_tokens} and {top_k}")
+        raise ValueError(
+            f"need num_samples >= 1, max_new_tokens >= 0 and top_k >= 0 (0: every token), got "
+            f"{num_samples}, {max_new_tokens} and {top_k}"
+        )
     ids = encode(prompt)
     if not ids:
         raise ValueError("the prompt is empty: give --start at least one token")
@@ -74,12 +87,24 @@ def main(argv):
             with open(start[5:], encoding="utf-8") as f:
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:  # missing, unreadable, or not UTF-8 text
-            raise UserError(f"cannot read the prompt file {start[5:]!r} as UTF-8 text "
-                            f"({getattr(e, 'strerror', None) or e})") from None
+            raise UserError(
+                f"cannot read the prompt file {start[5:]!r} as UTF-8 text ({getattr(e, 'strerror', None) or e})"
+            ) from None
     try:
-        outputs = complete(model, encode, decode, start, cfg["max_new_tokens"], cfg["temperature"], cfg["top_k"],
-                           cfg["num_samples"], cfg["seed"], dev, ctx,
-                           compile=resolve_compile(cfg["compile"], dev))
+        outputs = complete(
+            model,
+            encode,
+            decode,
+            start,
+            cfg["max_new_tokens"],
+            cfg["temperature"],
+            cfg["top_k"],
+            cfg["num_samples"],
+            cfg["seed"],
+            dev,
+            ctx,
+            compile=resolve_compile(cfg["compile"], dev),
+        )
     except ValueError as e:  # a prompt outside the vocabulary, an absolute position embedding past block_size
         raise UserError(str(e)) from None
     for text in outputs:

@@ -12,10 +12,13 @@
 #   python prepare/shakespeare_copymix.py --p_random=1 --min_span=4 --max_span=32 \
 #       --out_dir=data/shakespeare_char_copyrand32
 #   OMP_NUM_THREADS=1 python train.py config/train_copy_cpu.py --seed=1337 --out_dir=out-copy-cpu-pope-s1337
-#   OMP_NUM_THREADS=1 python train.py config/train_copy_cpu.py --seed=1337 --pos_encoding=rope --out_dir=out-copy-cpu-rope-s1337
+#   OMP_NUM_THREADS=1 python train.py config/train_copy_cpu.py --seed=1337 --pos_encoding=rope \
+#       --out_dir=out-copy-cpu-rope-s1337
 #   python train.py config/finetune_shakespeare_char_drope.py --dataset=shakespeare_char_copyrand32 \
-#       --n_layer=2 --block_size=64 --batch_size=64 --init_ckpt=out-copy-cpu-rope-s1337/best.pt --out_dir=out-copy-cpu-drope-s1337
-#   python eval_retrieval.py out-copy-cpu-rope-s1337 --multiples=1,2,4,8,16,32 --out_dir=out-copy-cpu-rope-s1337/retrieval
+#       --n_layer=2 --block_size=64 --batch_size=64 --init_ckpt=out-copy-cpu-rope-s1337/best.pt
+#       --out_dir=out-copy-cpu-drope-s1337
+#   python eval_retrieval.py out-copy-cpu-rope-s1337 --multiples=1,2,4,8,16,32 \
+#       --out_dir=out-copy-cpu-rope-s1337/retrieval
 out_dir = 'out-copy-cpu-pope'
 dataset = 'shakespeare_char_copyrand32'
 eval_interval = 500
@@ -27,7 +30,8 @@ n_head = 4
 n_embd = 128
 dropout = 0.0
 pos_encoding = 'pope'
-pope_delta_init = 'uniform'  # U(-2pi, 0), Table 7's choice off text; with 'zero' PoPE did not copy in 3000 steps (try 8)
+# U(-2pi, 0), Table 7's choice off text; with 'zero' PoPE did not copy in 3000 steps (try 8)
+pope_delta_init = 'uniform'
 
 block_size = 64
 batch_size = 64

@@ -12,7 +12,8 @@
 # The RoPE run shares every setting:
 #   apt-get install kleborate-examples && python prepare/genome.py --source kleborate-examples
 #   OMP_NUM_THREADS=1 python train.py config/train_genome_cpu.py --seed=1337 --out_dir=out-genome-cpu-pope-s1337
-#   OMP_NUM_THREADS=1 python train.py config/train_genome_cpu.py --seed=1337 --pos_encoding=rope --out_dir=out-genome-cpu-rope-s1337
+#   OMP_NUM_THREADS=1 python train.py config/train_genome_cpu.py --seed=1337 --pos_encoding=rope \
+#       --out_dir=out-genome-cpu-rope-s1337
 out_dir = 'out-genome-cpu-pope'
 dataset = 'genome_klebsiella'
 eval_interval = 200

@@ -1,4 +1,5 @@
-# RoPE baseline, human reference genome (GRCh38, Nucleotide Transformer 6-mers, vocab 4107), 16 layers x 16 heads x 1024.
+# RoPE baseline, human reference genome (GRCh38, Nucleotide Transformer 6-mers, vocab 4107), 16 layers x 16 heads x
+# 1024.
 # Paper (arXiv 2509.10534 v3): test NLL RoPE 4.217 (PoPE 4.152), Table 3; model Table 7, training Table 8.
 # Data: prepare/genome.py, rows of <cls> + 1000 tokens; train chr1-20,X,Y / val chr21 / test chr22.
 # Budget: ~201M non-embedding params (12 * 16 * 1024^2); 100,000 iters x 64 rows x 1000 = 6.4B tokens;

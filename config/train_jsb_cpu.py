@@ -10,7 +10,8 @@
 # The RoPE run shares every setting:
 #   python prepare/jsb.py --source music21
 #   OMP_NUM_THREADS=1 python train.py config/train_jsb_cpu.py --seed=1337 --out_dir=out-jsb-cpu-pope-s1337
-#   OMP_NUM_THREADS=1 python train.py config/train_jsb_cpu.py --seed=1337 --pos_encoding=rope --out_dir=out-jsb-cpu-rope-s1337
+#   OMP_NUM_THREADS=1 python train.py config/train_jsb_cpu.py --seed=1337 --pos_encoding=rope \
+#       --out_dir=out-jsb-cpu-rope-s1337
 out_dir = 'out-jsb-cpu-pope'
 dataset = 'jsb_music21'
 eval_interval = 100

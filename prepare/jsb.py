@@ -63,8 +63,10 @@ def encode(piece):
     Raises ValueError if a step does not have 4 voices or a value is neither -1 nor in 21..108."""
     arr = np.asarray(piece, dtype=np.int64)
     if arr.ndim != 2 or arr.shape[1] != VOICES:
-        raise ValueError(f"a piece must be a list of time steps of {VOICES} voices, got shape {arr.shape}; "
-                         "pass the voice-separated file Jsb16thSeparated.json")
+        raise ValueError(
+            f"a piece must be a list of time steps of {VOICES} voices, got shape {arr.shape}; "
+            "pass the voice-separated file Jsb16thSeparated.json"
+        )
     bad = (arr != -1) & ((arr < PITCH_MIN) | (arr > PITCH_MAX))
     if bad.any():
         raise ValueError(f"pitch {arr[bad][0]} is neither -1 (silence) nor a MIDI pitch in {PITCH_MIN}..{PITCH_MAX}")
@@ -89,8 +91,8 @@ def piece_rows(piece, max_len=2048):
     n = max(1, math.ceil(ids.size / max_len))
     rows = np.full((n, max_len), PAD_ID, dtype=np.uint8)
     for i in range(n):
-        chunk = ids[i * max_len:(i + 1) * max_len]
-        rows[i, :chunk.size] = chunk
+        chunk = ids[i * max_len : (i + 1) * max_len]
+        rows[i, : chunk.size] = chunk
     return rows
 
 
@@ -113,6 +115,7 @@ def chorale_matrix(score):
 
 def _parse_chorale(path):
     from music21 import corpus
+
     try:
         mat = chorale_matrix(corpus.parse(path))
     except Exception as e:  # a score music21 cannot read is skipped, like a non-4-part one
@@ -125,8 +128,10 @@ def load_json(path):
     with open(path) as f:
         data = json.load(f)
     if not isinstance(data, dict) or not {"train", "valid", "test"} <= set(data):
-        raise ValueError(f"{path}: expected a JSON object with keys train/valid/test "
-                         "(the voice-separated Jsb16thSeparated.json), got something else")
+        raise ValueError(
+            f"{path}: expected a JSON object with keys train/valid/test "
+            "(the voice-separated Jsb16thSeparated.json), got something else"
+        )
     return {"train": data["train"], "val": data["valid"], "test": data["test"]}
 
 
@@ -134,6 +139,7 @@ def load_music21(seed=1337, num_proc=None, limit=None):
     """The music21 Bach chorales as {split: list of (T, 4) matrices} plus {name: reason} of skipped scores.
     Deterministic split in the official 229/76/77 proportions (not the official pieces)."""
     from music21 import corpus
+
     paths = sorted((p for p in corpus.getComposer("bach") if not str(p).endswith(".rntxt")), key=str)
     paths = paths[:limit] if limit else paths
     kept, skipped = [], {}
@@ -146,7 +152,7 @@ def load_music21(seed=1337, num_proc=None, limit=None):
     random.Random(seed).shuffle(kept)
     total = sum(OFFICIAL.values())
     n_val, n_test = round(len(kept) * OFFICIAL["val"] / total), round(len(kept) * OFFICIAL["test"] / total)
-    parts = {"train": kept[n_val + n_test:], "val": kept[:n_val], "test": kept[n_val:n_val + n_test]}
+    parts = {"train": kept[n_val + n_test :], "val": kept[:n_val], "test": kept[n_val : n_val + n_test]}
     return {k: [m for _, m in v] for k, v in parts.items()}, {k: [n for n, _ in v] for k, v in parts.items()}, skipped
 
 
@@ -164,29 +170,53 @@ def prepare(out_dir=None, input=None, source="json", max_len=2048, seed=1337, nu
     extra = {}
     if source == "json":
         if input is None:
-            input = download(URL, os.path.join(out_dir, "raw", "Jsb16thSeparated.json"),
-                             "download Jsb16thSeparated.json elsewhere and pass --input PATH, or use --source "
-                             "music21 (offline, not the official split)")
+            input = download(
+                URL,
+                os.path.join(out_dir, "raw", "Jsb16thSeparated.json"),
+                "download Jsb16thSeparated.json elsewhere and pass --input PATH, or use --source "
+                "music21 (offline, not the official split)",
+            )
         pieces = load_json(input)
         extra = {"source": "Jsb16thSeparated.json (czhuang/JSB-Chorales-dataset)", "official_split": True}
     elif source == "music21":
         pieces, names, skipped = load_music21(seed, num_proc, limit)
-        extra = {"source": "music21 corpus, composer bach", "official_split": False, "split_seed": seed,
-                 "split_pieces": names, "skipped_not_4_parts": len(skipped), "skipped": skipped}
+        extra = {
+            "source": "music21 corpus, composer bach",
+            "official_split": False,
+            "split_seed": seed,
+            "split_pieces": names,
+            "skipped_not_4_parts": len(skipped),
+            "skipped": skipped,
+        }
     else:
         raise ValueError(f"source must be 'json' or 'music21', got {source!r}")
-    splits = {name: np.concatenate([piece_rows(p, max_len) for p in ps]) if ps else np.zeros((0, max_len), np.uint8)
-              for name, ps in pieces.items()}
+    splits = {
+        name: np.concatenate([piece_rows(p, max_len) for p in ps]) if ps else np.zeros((0, max_len), np.uint8)
+        for name, ps in pieces.items()
+    }
     seconds = time.time() - t0
     n_tok = int(sum((s != PAD_ID).sum() for s in splits.values()))
     write_rows_dataset(
-        out_dir, splits, empty_fix="use the full Jsb16thSeparated.json (--source json), or more music21 chorales "
-                                   "(the 229/76/77 proportions need about 7 kept pieces)",
-        dataset="jsb", vocab_size=VOCAB_SIZE, pad_id=PAD_ID, loss="all",
-        tokenizer={"kind": "jsb_raster", "itos": ITOS, "pitch_min": PITCH_MIN, "silence_id": SILENCE_ID,
-                   "voices": ["soprano", "alto", "tenor", "bass"], "order": "time-major: voices 1-4 of step t, then t+1"},
-        pieces={k: len(v) for k, v in pieces.items()}, max_len=max_len,
-        throughput={"seconds": round(seconds, 3), "tokens_per_sec": round(n_tok / max(seconds, 1e-9))}, **extra,
+        out_dir,
+        splits,
+        empty_fix="use the full Jsb16thSeparated.json (--source json), or more music21 chorales "
+        "(the 229/76/77 proportions need about 7 kept pieces)",
+        dataset="jsb",
+        vocab_size=VOCAB_SIZE,
+        pad_id=PAD_ID,
+        loss="all",
+        tokenizer={
+            "kind": "jsb_raster",
+            "itos": ITOS,
+            "pitch_min": PITCH_MIN,
+            "silence_id": SILENCE_ID,
+            "voices": ["soprano", "alto", "tenor", "bass"],
+            "order": "time-major: voices 1-4 of step t, then t+1",
+        },
+        pieces={k: len(v) for k, v in pieces.items()},
+        max_len=max_len,
+        throughput={"seconds": round(seconds, 3), "tokens_per_sec": round(n_tok / max(seconds, 1e-9))},
+        **extra,
     )
     summarize(out_dir)
     print(f"throughput: {n_tok:,} tokens in {seconds:.2f} s = {n_tok / max(seconds, 1e-9):,.0f} tokens/s")

@@ -59,8 +59,14 @@ SPLIT_FRACTIONS = {"val": 0.05, "test": 0.05}  # train gets the rest (90%)
 def make_tokenizer():
     """The REMI tokenizer described in the module docstring (328 ids). Requires miditok 3.1."""
     from miditok import REMI, TokenizerConfig
-    cfg = TokenizerConfig(pitch_range=(PITCH_MIN, PITCH_MAX), use_tempos=True, use_sustain_pedals=True,
-                          use_pitchdrum_tokens=False, special_tokens=["PAD", "BOS", "EOS", "MASK"])
+
+    cfg = TokenizerConfig(
+        pitch_range=(PITCH_MIN, PITCH_MAX),
+        use_tempos=True,
+        use_sustain_pedals=True,
+        use_pitchdrum_tokens=False,
+        special_tokens=["PAD", "BOS", "EOS", "MASK"],
+    )
     return REMI(cfg)
 
 
@@ -115,8 +121,8 @@ def windows(ids, max_len, pad_id):
     n = max(1, -(-(len(ids) - 1) // stride))
     rows = np.full((n, max_len), pad_id, dtype=np.int64)
     for i in range(n):
-        chunk = ids[i * stride:i * stride + max_len]
-        rows[i, :len(chunk)] = chunk
+        chunk = ids[i * stride : i * stride + max_len]
+        rows[i, : len(chunk)] = chunk
     return rows
 
 
@@ -131,6 +137,7 @@ def _init_worker():
 
 def _tokenize_file(path):
     from symusic import Score
+
     try:
         return path, encode_score(_TOK, Score(path)), None
     except Exception as e:  # corrupt or unreadable file: skipped and counted by the caller
@@ -139,8 +146,13 @@ def _tokenize_file(path):
 
 def find_midis(root):
     """Sorted .mid/.midi paths under root (any depth). Raises ValueError if there are none."""
-    paths = sorted({p for ext in ("mid", "midi", "MID", "MIDI")
-                    for p in glob.glob(os.path.join(root, "**", f"*.{ext}"), recursive=True)})
+    paths = sorted(
+        {
+            p
+            for ext in ("mid", "midi", "MID", "MIDI")
+            for p in glob.glob(os.path.join(root, "**", f"*.{ext}"), recursive=True)
+        }
+    )
     if not paths:
         raise ValueError(f"no .mid/.midi files under {root}; pass --input the unzipped maestro-v3.0.0 folder")
     return paths
@@ -177,16 +189,24 @@ def assign_splits(paths, root, split="random", seed=1337):
 def _download(out_dir):
     """The official zip, downloaded into out_dir/raw and unzipped there; returns that folder."""
     raw = os.path.join(out_dir, "raw")
-    zpath = download(URL, os.path.join(raw, os.path.basename(URL)),
-                     "download and unzip it elsewhere and pass --input DIR")
+    zpath = download(
+        URL, os.path.join(raw, os.path.basename(URL)), "download and unzip it elsewhere and pass --input DIR"
+    )
     if not glob.glob(os.path.join(raw, "**", "*.midi"), recursive=True):
         with zipfile.ZipFile(zpath) as z:
             z.extractall(raw)
     return raw
 
 
-def prepare(out_dir="data/maestro", input=None, split="random", max_len=2048, seed=1337, num_proc=None,
-            transpositions=TRANSPOSITIONS):
+def prepare(
+    out_dir="data/maestro",
+    input=None,
+    split="random",
+    max_len=2048,
+    seed=1337,
+    num_proc=None,
+    transpositions=TRANSPOSITIONS,
+):
     """Tokenize every MIDI file under `input` and write train/val/test rows + meta.json (skipped if
     complete). Returns out_dir. Files are tokenized first (in a pool), then the readable ones are split,
     so a corrupt file never shifts the split. Raises ValueError if input holds no readable MIDI file."""
@@ -218,7 +238,7 @@ def prepare(out_dir="data/maestro", input=None, split="random", max_len=2048, se
     for s, todo in files.items():
         with BinWriter(os.path.join(out_dir, f"{s}.bin"), np.uint16) as w:
             for path in todo:
-                for k in (transpositions if s == "train" else (0,)):
+                for k in transpositions if s == "train" else (0,):
                     t = transpose(ok[path].astype(np.int64), k, lo, hi)
                     if t is None:
                         dropped_k += 1
@@ -229,26 +249,51 @@ def prepare(out_dir="data/maestro", input=None, split="random", max_len=2048, se
                     real[s] += int((rows != pad).sum())
     seconds = time.time() - t0
     n_tok = sum(real.values())
-    write_meta(out_dir, {
-        "dataset": "maestro", "vocab_size": VOCAB_SIZE, "dtype": "uint16", "layout": "rows", "pad_id": pad,
-        "loss": "all", "bos_id": tok["BOS_None"], "eos_id": tok["EOS_None"], "mask_id": tok["MASK_None"],
-        "splits": {s: {"file": f"{s}.bin", "shape": [rows_n[s], max_len], "tokens": real[s]} for s in files},
-        "tokenizer": {"kind": "miditok", "class": "REMI", "file": "tokenizer.json", "miditok_version": "3.1.0",
-                      "config": "defaults + pitch_range (21,108), use_tempos, use_sustain_pedals, no pitchdrum"},
-        "split": split, "split_seed": seed, "max_len": max_len,
-        "split_files": {s: [os.path.relpath(p, root) for p in v] for s, v in files.items()},
-        "transpositions": {"train": list(transpositions), "val": [0], "test": [0]},
-        "transpositions_skipped_out_of_range": dropped_k,
-        "skipped_files": len(skipped), "skipped": skipped, "not_in_csv": not_in_csv,
-        "throughput": {"seconds": round(seconds, 3), "files_per_sec": round(len(paths) / max(seconds, 1e-9), 2),
-                       "tokens_per_sec": round(n_tok / max(seconds, 1e-9)),
-                       "untransposed_tokens_per_sec": round(sum(map(len, ok.values())) / max(seconds, 1e-9))},
-    }, "give --input at least 3 readable MIDI files (--split random puts 5 % of the files, at least one, "
-       "in val and in test), or use --split random if maestro-v3.0.0.csv lists no file of a split")
+    write_meta(
+        out_dir,
+        {
+            "dataset": "maestro",
+            "vocab_size": VOCAB_SIZE,
+            "dtype": "uint16",
+            "layout": "rows",
+            "pad_id": pad,
+            "loss": "all",
+            "bos_id": tok["BOS_None"],
+            "eos_id": tok["EOS_None"],
+            "mask_id": tok["MASK_None"],
+            "splits": {s: {"file": f"{s}.bin", "shape": [rows_n[s], max_len], "tokens": real[s]} for s in files},
+            "tokenizer": {
+                "kind": "miditok",
+                "class": "REMI",
+                "file": "tokenizer.json",
+                "miditok_version": "3.1.0",
+                "config": "defaults + pitch_range (21,108), use_tempos, use_sustain_pedals, no pitchdrum",
+            },
+            "split": split,
+            "split_seed": seed,
+            "max_len": max_len,
+            "split_files": {s: [os.path.relpath(p, root) for p in v] for s, v in files.items()},
+            "transpositions": {"train": list(transpositions), "val": [0], "test": [0]},
+            "transpositions_skipped_out_of_range": dropped_k,
+            "skipped_files": len(skipped),
+            "skipped": skipped,
+            "not_in_csv": not_in_csv,
+            "throughput": {
+                "seconds": round(seconds, 3),
+                "files_per_sec": round(len(paths) / max(seconds, 1e-9), 2),
+                "tokens_per_sec": round(n_tok / max(seconds, 1e-9)),
+                "untransposed_tokens_per_sec": round(sum(map(len, ok.values())) / max(seconds, 1e-9)),
+            },
+        },
+        "give --input at least 3 readable MIDI files (--split random puts 5 % of the files, at least one, "
+        "in val and in test), or use --split random if maestro-v3.0.0.csv lists no file of a split",
+    )
     summarize(out_dir)
     print(f"skipped {len(skipped)} unreadable files, {dropped_k} out-of-range transpositions")
-    print(f"throughput: {len(paths)} files, {n_tok:,} tokens written ({sum(map(len, ok.values())):,} before "
-          f"transposition) in {seconds:.1f} s = {n_tok / max(seconds, 1e-9):,.0f} tokens/s")
+    print(
+        f"throughput: {len(paths)} files, {n_tok:,} tokens written ({sum(map(len, ok.values())):,} before "
+        f"transposition) in {seconds:.1f} s = {n_tok / max(seconds, 1e-9):,.0f} tokens/s"
+    )
     return out_dir
 
 

@@ -47,7 +47,8 @@ def load_hub(name=HF_NAME, num_proc=None):
             f"could not load {name!r} from the Hugging Face hub ({type(e).__name__}: {str(e)[:300]}). "
             "Without the hub, get OpenWebText elsewhere (the original release unpacked to .txt files, or the "
             "dataset saved with save_to_disk or as parquet/jsonl) and pass --input PATH. If the error says "
-            "dataset scripts are no longer supported, either pass --input or use `pip install 'datasets<4'`.") from e
+            "dataset scripts are no longer supported, either pass --input or use `pip install 'datasets<4'`."
+        ) from e
 
 
 def split_indices(n_docs, val_fraction=0.0005, seed=2357):
@@ -55,8 +56,10 @@ def split_indices(n_docs, val_fraction=0.0005, seed=2357):
     Same documents as datasets' train_test_split(test_size=val_fraction, seed=seed)['test']."""
     n_val = math.ceil(val_fraction * n_docs)
     if not 1 <= n_val < n_docs:
-        raise ValueError(f"{n_docs} documents with val_fraction {val_fraction} leave {n_val} for val; "
-                         f"need at least 1 val and 1 train document")
+        raise ValueError(
+            f"{n_docs} documents with val_fraction {val_fraction} leave {n_val} for val; "
+            f"need at least 1 val and 1 train document"
+        )
     val = np.sort(np.random.default_rng(seed).permutation(n_docs)[:n_val])
     is_val = np.zeros(n_docs, dtype=bool)
     is_val[val] = True
@@ -77,8 +80,15 @@ def train_chunks(n_docs, is_val, size):
     return chunks
 
 
-def prepare(out_dir="data/openwebtext", input=None, num_proc=None, val_fraction=0.0005, seed=2357,
-            chunk_docs=1024, hf_name=HF_NAME):
+def prepare(
+    out_dir="data/openwebtext",
+    input=None,
+    num_proc=None,
+    val_fraction=0.0005,
+    seed=2357,
+    chunk_docs=1024,
+    hf_name=HF_NAME,
+):
     """Write train.bin, val.bin and meta.json to out_dir (skipped if already complete). Returns out_dir.
 
     input: path for load_documents, or None for the hub dataset `hf_name`. num_proc: encoding worker
@@ -91,23 +101,39 @@ def prepare(out_dir="data/openwebtext", input=None, num_proc=None, val_fraction=
     ds = load_documents(input) if input else load_hub(hf_name, num_proc)
     n_docs = len(ds)
     val, is_val = split_indices(n_docs, val_fraction, seed)
-    plan = {"val": [val[i:i + chunk_docs] for i in range(0, len(val), chunk_docs)],
-            "train": train_chunks(n_docs, is_val, chunk_docs)}
+    plan = {
+        "val": [val[i : i + chunk_docs] for i in range(0, len(val), chunk_docs)],
+        "train": train_chunks(n_docs, is_val, chunk_docs),
+    }
     entries = {}
     for name in ("val", "train"):
         with BinWriter(os.path.join(out_dir, f"{name}.bin"), np.uint16) as w:
             for ids, _ in encode_chunks(ds, plan[name], num_proc, desc=f"encoding {name}"):
                 w.write(ids)
         entries[name] = {"file": f"{name}.bin", "shape": [w.count], "tokens": w.count}
-    write_meta(out_dir, {
-        "dataset": "openwebtext", "vocab_size": N_VOCAB, "dtype": "uint16", "layout": "stream",
-        "splits": {k: entries[k] for k in SPLITS}, "pad_id": None, "loss": "all", "tokenizer": tokenizer,
-        "source": os.path.abspath(input) if input else f"hf:{hf_name}",
-        "split": {"method": "nanoGPT train_test_split", "val_fraction": val_fraction, "seed": seed,
-                  "documents": {"train": int(n_docs - len(val)), "val": int(len(val))}},
-        "notes": "Each document is followed by EOT (50256). No test split: OpenWebText has none; "
-                 "report validation perplexity, as the paper does (Table 4).",
-    }, "give --input documents with text, and a --val_fraction that leaves val at least one of them")
+    write_meta(
+        out_dir,
+        {
+            "dataset": "openwebtext",
+            "vocab_size": N_VOCAB,
+            "dtype": "uint16",
+            "layout": "stream",
+            "splits": {k: entries[k] for k in SPLITS},
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": tokenizer,
+            "source": os.path.abspath(input) if input else f"hf:{hf_name}",
+            "split": {
+                "method": "nanoGPT train_test_split",
+                "val_fraction": val_fraction,
+                "seed": seed,
+                "documents": {"train": int(n_docs - len(val)), "val": int(len(val))},
+            },
+            "notes": "Each document is followed by EOT (50256). No test split: OpenWebText has none; "
+            "report validation perplexity, as the paper does (Table 4).",
+        },
+        "give --input documents with text, and a --val_fraction that leaves val at least one of them",
+    )
     summarize(out_dir)
     return out_dir
 

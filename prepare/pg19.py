@@ -43,9 +43,11 @@ def load_hub(name=HF_NAME):
             raise ValueError(f"splits {list(dd)}, none is 'test'")
         return ds.select_columns(["text"])
     except Exception as e:
-        raise RuntimeError(f"could not load {name!r} from the Hugging Face hub ({type(e).__name__}: "
-                           f"{str(e)[:300]}). Without the hub, pass --input DIR: a folder of the PG-19 test "
-                           f"books as .txt files (or that dataset saved with save_to_disk / as parquet).") from e
+        raise RuntimeError(
+            f"could not load {name!r} from the Hugging Face hub ({type(e).__name__}: "
+            f"{str(e)[:300]}). Without the hub, pass --input DIR: a folder of the PG-19 test "
+            f"books as .txt files (or that dataset saved with save_to_disk / as parquet)."
+        ) from e
 
 
 def read_offsets(out_dir):
@@ -86,14 +88,29 @@ def prepare(out_dir="data/pg19", input=None, num_proc=None, hf_name=HF_NAME):
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     with BinWriter(os.path.join(out_dir, DOCS_FILE), np.int64) as d:
         d.write(offsets)
-    write_meta(out_dir, {
-        "dataset": "pg19", "vocab_size": N_VOCAB, "dtype": "uint16", "layout": "stream",
-        "splits": {"test": {"file": "test.bin", "shape": [w.count], "tokens": w.count}},
-        "pad_id": None, "loss": "all", "tokenizer": tokenizer,
-        "source": os.path.abspath(input) if input else f"hf:{hf_name}",
-        "documents": {"test": {"file": DOCS_FILE, "dtype": "int64", "n_docs": len(lengths),
-                               "meaning": "book i = test.bin[off[i]:off[i+1]], ending with EOT"}},
-    }, "give --input a folder holding non-empty .txt books")
+    write_meta(
+        out_dir,
+        {
+            "dataset": "pg19",
+            "vocab_size": N_VOCAB,
+            "dtype": "uint16",
+            "layout": "stream",
+            "splits": {"test": {"file": "test.bin", "shape": [w.count], "tokens": w.count}},
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": tokenizer,
+            "source": os.path.abspath(input) if input else f"hf:{hf_name}",
+            "documents": {
+                "test": {
+                    "file": DOCS_FILE,
+                    "dtype": "int64",
+                    "n_docs": len(lengths),
+                    "meaning": "book i = test.bin[off[i]:off[i+1]], ending with EOT",
+                }
+            },
+        },
+        "give --input a folder holding non-empty .txt books",
+    )
     summarize(out_dir)
     print(f"  {len(lengths)} books, {min(lengths):,} to {max(lengths):,} tokens each")
     return out_dir

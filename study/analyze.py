@@ -78,7 +78,7 @@ def component_usage(q, config):
     """
     if config.pos_encoding == "rope":
         x1, x2 = q.double().chunk(2, dim=-1)
-        return torch.sqrt(x1 ** 2 + x2 ** 2).mean(dim=(0, 1))
+        return torch.sqrt(x1**2 + x2**2).mean(dim=(0, 1))
     return MAGNITUDE[config.pope_magnitude](q.double()).mean(dim=(0, 1))
 
 
@@ -113,6 +113,7 @@ def capture_qk(model, idx):
         def fn(module, inputs, output):  # output (1, T, (H + 2 H_kv) d): q | k | v
             q, k, _ = output[0].split((H * d, H_kv * d, H_kv * d), dim=-1)
             captured[layer] = (q.view(-1, H, d), k.view(-1, H_kv, d))
+
         return fn
 
     handles = [b.attn.c_attn.register_forward_hook(hook(i)) for i, b in enumerate(model.transformer.h)]
@@ -150,6 +151,7 @@ def _save(fig, path):
 def plot_run(name, cfg, usage, delta, out_dir):
     """Write frequency_usage.png (+ delta.png for PoPE) and frequency_usage.npz; return the paths."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -173,8 +175,13 @@ def plot_run(name, cfg, usage, delta, out_dir):
     if delta is not None:
         cols = min(4, cfg.n_layer)
         rows = math.ceil(cfg.n_layer / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 0.6 + (0.3 * delta.shape[1] + 1.2) * rows),
-                                 squeeze=False, layout="constrained")
+        fig, axes = plt.subplots(
+            rows,
+            cols,
+            figsize=(4 * cols, 0.6 + (0.3 * delta.shape[1] + 1.2) * rows),
+            squeeze=False,
+            layout="constrained",
+        )
         for i, ax in enumerate(axes.flat):
             if i >= cfg.n_layer:
                 ax.axis("off")
@@ -200,11 +207,13 @@ def analyze_run(run, texts_path="", out_dir="", ckpt="best.pt", device="cpu"):
     model, state = load_run(run, ckpt, device)
     meta = tokenizer_from_checkpoint(state)
     if not texts_path and (meta.get("tokenizer") or {}).get("kind") != "gpt2":
-        raise UserError(f"{run} uses the tokenizer of '{meta.get('dataset')}': give --texts=FILE in that "
-                        "dataset's own form (the default sonnets are English for GPT-2 BPE)")
+        raise UserError(
+            f"{run} uses the tokenizer of '{meta.get('dataset')}': give --texts=FILE in that "
+            "dataset's own form (the default sonnets are English for GPT-2 BPE)"
+        )
     encode, _ = load_codec(meta)
     try:
-        token_lists = [encode(t)[:model.config.block_size] for t in read_texts(texts_path or DEFAULT_TEXTS)]
+        token_lists = [encode(t)[: model.config.block_size] for t in read_texts(texts_path or DEFAULT_TEXTS)]
     except ValueError as e:
         raise UserError(f"--texts: {e}") from None
     usage = frequency_usage(model, [ids for ids in token_lists if ids])
@@ -220,8 +229,9 @@ def main(argv):
         raise UserError("give one or more run folders: python study/analyze.py out-owt-124m-rope out-owt-124m-pope")
     paths = []
     for run in runs:  # several runs and one --out_dir: a sub-folder per run
-        out = cfg["out_dir"] and (os.path.join(cfg["out_dir"], os.path.basename(os.path.normpath(run)))
-                                  if len(runs) > 1 else cfg["out_dir"])
+        out = cfg["out_dir"] and (
+            os.path.join(cfg["out_dir"], os.path.basename(os.path.normpath(run))) if len(runs) > 1 else cfg["out_dir"]
+        )
         paths += analyze_run(run, cfg["texts"], out, cfg["ckpt"], cfg["device"])
     for p in paths:
         print(p)

@@ -1,7 +1,7 @@
 """Pictures of indirect-indexing runs: learning curves, and where the final token attends.
 
-    python study/analyze_indirect.py curves out-ii-pope-s1 out-ii-rope-s1 ...     # -> assets/indirect_indexing_curves.png
-    python study/analyze_indirect.py attention out-ii-pope-s1 out-ii-rope-s1      # -> assets/indirect_indexing_attention.png
+    python study/analyze_indirect.py curves out-ii-pope-s1 out-ii-rope-s1 ...   # assets/indirect_indexing_curves.png
+    python study/analyze_indirect.py attention out-ii-pope-s1 out-ii-rope-s1    # ..._attention.png
     python study/analyze_indirect.py attention RUN RUN --example=3 --text='ABCDEFGH,C,+2,E' --out=figs/att.png
 
 curves     val accuracy (train.py's periodic evaluation on its fixed val batches, logged in each run's
@@ -43,8 +43,15 @@ from pope import pope_frequencies, pope_magnitude
 
 DEFAULTS = dict(out="", ckpt="best.pt", example=0, text="", split="test", data_root="", device="cpu")
 OUTPUTS = {"curves": "assets/indirect_indexing_curves.png", "attention": "assets/indirect_indexing_attention.png"}
-COLORS = {"pope": "tab:blue", "rope": "tab:red", "rope_half": "tab:orange", "alibi_half": "tab:green",
-          "learned": "tab:purple", "sinusoidal": "tab:brown", "none": "tab:gray"}
+COLORS = {
+    "pope": "tab:blue",
+    "rope": "tab:red",
+    "rope_half": "tab:orange",
+    "alibi_half": "tab:green",
+    "learned": "tab:purple",
+    "sinusoidal": "tab:brown",
+    "none": "tab:gray",
+}
 
 
 # --- learning curves ---------------------------------------------------------------------------------
@@ -65,8 +72,10 @@ def read_curve(run):
     no evaluation."""
     path = run_files(run)[0]
     if not os.path.isfile(path):
-        raise UserError(f"no {path}: give run folders written by train.py, or docs/runs records kept with "
-                        f"their NAME.log.jsonl by study/lane.sh")
+        raise UserError(
+            f"no {path}: give run folders written by train.py, or docs/runs records kept with "
+            f"their NAME.log.jsonl by study/lane.sh"
+        )
     acc = {}
     with open(path) as f:
         for line in f:
@@ -104,6 +113,7 @@ def plot_curves(runs, path, ckpt="best.pt"):
     """Draw val accuracy (%) against the step for every run folder, coloured by pos_encoding, into the
     PNG `path` (written atomically); returns path. Raises UserError on a folder without a log."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -114,8 +124,9 @@ def plot_curves(runs, path, ckpt="best.pt"):
         cfg = run_settings(run, ckpt)
         enc = cfg["pos_encoding"]
         counts[enc] = counts.get(enc, 0) + 1
-        ax.plot(steps, 100 * acc, color=COLORS.get(enc, "black"), lw=1.2, alpha=0.8,
-                label=enc if counts[enc] == 1 else None)
+        ax.plot(
+            steps, 100 * acc, color=COLORS.get(enc, "black"), lw=1.2, alpha=0.8, label=enc if counts[enc] == 1 else None
+        )
         meta = os.path.join(cfg.get("data_root", "data"), cfg.get("dataset", ""), "meta.json")
         if os.path.isfile(meta):
             with open(meta) as f:
@@ -124,8 +135,11 @@ def plot_curves(runs, path, ckpt="best.pt"):
         k = chance.pop()
         ax.axhline(100 / k, color="gray", ls=":", lw=1, label=f"chance (1/{k})")
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, [f"{lab} ({counts[lab]} run{'s' * (counts[lab] > 1)})" if lab in counts else lab
-                        for lab in labels], fontsize=8)
+    ax.legend(
+        handles,
+        [f"{lab} ({counts[lab]} run{'s' * (counts[lab] > 1)})" if lab in counts else lab for lab in labels],
+        fontsize=8,
+    )
     ax.set_xlabel("step")
     ax.set_ylabel("val accuracy (%, all query targets)")
     ax.set_ylim(0, 100)
@@ -165,8 +179,9 @@ def attention_logits(q, k, config, delta=None, slopes=None):
     enc = config.pos_encoding
     if enc in ("rope", "rope_half"):
         n = d if enc == "rope" else d // 2
-        freqs = rope_frequencies(n, config.rope_theta, config.rope_scaling, config.rope_original_block_size,
-                                 device=q.device)
+        freqs = rope_frequencies(
+            n, config.rope_theta, config.rope_scaling, config.rope_original_block_size, device=q.device
+        )
         q = torch.cat((_rotate(q[..., :n], pos, freqs), q[..., n:]), dim=-1)
         k = torch.cat((_rotate(k[..., :n], pos, freqs), k[..., n:]), dim=-1)
         m = yarn_attention_factor(config.rope_scaling) ** 2 if config.rope_scaling != 1.0 else 1.0
@@ -246,6 +261,7 @@ def plot_attention(runs, path, ckpt="best.pt", example=0, text="", split="test",
     run side by side, into the PNG `path` (written atomically). Returns (path, {run: (n_layer, n_head, T)
     weights}). Raises UserError on runs with different tokenizers or a row that is not an example."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -261,7 +277,11 @@ def plot_attention(runs, path, ckpt="best.pt", example=0, text="", split="test",
     row = decode(ids)
     string, queries = parse_row(row)
     src, shift, tgt = queries[-1]
-    if src not in string or string.index(src) + shift not in range(len(string)) or string[string.index(src) + shift] != tgt:
+    if (
+        src not in string
+        or string.index(src) + shift not in range(len(string))
+        or string[string.index(src) + shift] != tgt
+    ):
         raise UserError(f"{row!r}: its last query's target is not the letter at the shift from its source")
     x = torch.tensor([ids[:-1]], device=device)  # everything but the final target
     chars = list(row[:-1])
@@ -269,17 +289,24 @@ def plot_attention(runs, path, ckpt="best.pt", example=0, text="", split="test",
     weights = {}
     width = max(6.0, 0.16 * len(chars))
     n_rows = max(m.config.n_layer * m.config.n_head for m, _ in loaded)
-    fig, axes = plt.subplots(1, len(runs), figsize=(width * len(runs), 1.6 + 0.28 * n_rows), squeeze=False,
-                             layout="constrained")
-    for ax, run, (model, state) in zip(axes[0], runs, loaded):
+    fig, axes = plt.subplots(
+        1, len(runs), figsize=(width * len(runs), 1.6 + 0.28 * n_rows), squeeze=False, layout="constrained"
+    )
+    for ax, run, (model, _state) in zip(axes[0], runs, loaded):
         cfg = model.config
         w = final_token_attention(model, x)
         weights[run] = w.numpy()
         with torch.no_grad():
             probs = F.softmax(model(x)[0][0, -1].double(), dim=-1)
         pred = int(probs.argmax())
-        im = ax.imshow(w.reshape(-1, w.shape[-1]).numpy(), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0,
-                       interpolation="nearest")
+        im = ax.imshow(
+            w.reshape(-1, w.shape[-1]).numpy(),
+            aspect="auto",
+            cmap="viridis",
+            vmin=0.0,
+            vmax=1.0,
+            interpolation="nearest",
+        )
         ax.set_xticks(range(len(chars)))
         ax.set_xticklabels(chars, fontsize=7, family="monospace")
         for pos, color in marks.items():
@@ -291,11 +318,14 @@ def plot_attention(runs, path, ckpt="best.pt", example=0, text="", split="test",
             ax.axhline(i * cfg.n_head - 0.5, color="white", lw=0.8)
         name = os.path.basename(os.path.normpath(run))
         ok = "right" if decode([pred]) == tgt else "wrong"
-        ax.set_title(f"{name} ({cfg.pos_encoding}): predicts {decode([pred])!r} (p={probs[pred]:.2f}), "
-                     f"answer {tgt!r}: {ok}", fontsize=9)
+        ax.set_title(
+            f"{name} ({cfg.pos_encoding}): predicts {decode([pred])!r} (p={probs[pred]:.2f}), answer {tgt!r}: {ok}",
+            fontsize=9,
+        )
     fig.colorbar(im, ax=axes.ravel().tolist(), label="attention weight of the final token")
-    fig.suptitle(f"final token's attention on {row[:-1]}?  (last query {src},{shift:+d}: source blue, target red)",
-                 fontsize=9)
+    fig.suptitle(
+        f"final token's attention on {row[:-1]}?  (last query {src},{shift:+d}: source blue, target red)", fontsize=9
+    )
     _save(fig, path)
     plt.close(fig)
     return path, weights
@@ -309,19 +339,24 @@ def _save(fig, path):
 @exit_on_user_error
 def main(argv):
     if not argv or argv[0] not in OUTPUTS:
-        raise UserError("usage: python study/analyze_indirect.py curves|attention RUN [RUN ...] [--out=PNG] (see its docstring)")
+        raise UserError(
+            "usage: python study/analyze_indirect.py curves|attention RUN [RUN ...] [--out=PNG] (see its docstring)"
+        )
     command, rest = argv[0], argv[1:]
     runs = [a for a in rest if not a.startswith("--")]
     cfg = configure(DEFAULTS, [a for a in rest if a.startswith("--")])
     if not runs:
-        raise UserError(f"give one or more run folders (or docs/runs/NAME.json records): "
-                        f"python study/analyze_indirect.py {command} out-a out-b")
+        raise UserError(
+            f"give one or more run folders (or docs/runs/NAME.json records): "
+            f"python study/analyze_indirect.py {command} out-a out-b"
+        )
     out = cfg["out"] or OUTPUTS[command]
     if command == "curves":
         path = plot_curves(runs, out, cfg["ckpt"])
     else:
-        path, _ = plot_attention(runs, out, cfg["ckpt"], cfg["example"], cfg["text"], cfg["split"],
-                                 cfg["data_root"], cfg["device"])
+        path, _ = plot_attention(
+            runs, out, cfg["ckpt"], cfg["example"], cfg["text"], cfg["split"], cfg["data_root"], cfg["device"]
+        )
     print(path)
     return path
 

@@ -110,15 +110,15 @@ def gpt_lm_class():
                 for _, ctx, cont in batch:
                     if len(cont) > L:
                         raise ValueError(f"a continuation of {len(cont)} tokens exceeds block_size {L}")
-                    rows.append((ctx + cont)[-(L + 1):][:-1])
+                    rows.append((ctx + cont)[-(L + 1) :][:-1])
                     conts.append(cont)
                 width = max(map(len, rows))
                 x = torch.zeros(len(rows), width, dtype=torch.long)
                 for i, r in enumerate(rows):
-                    x[i, :len(r)] = torch.tensor(r)
+                    x[i, : len(r)] = torch.tensor(r)
                 logits, _ = self.model(x.to(self._device))
                 for i, (row, cont) in enumerate(zip(rows, conts)):
-                    lp = logits[i, len(row) - len(cont):len(row)].float()  # (len(cont), vocab)
+                    lp = logits[i, len(row) - len(cont) : len(row)].float()  # (len(cont), vocab)
                     lp = F.log_softmax(lp, dim=-1).cpu()
                     target = torch.tensor(cont)
                     is_greedy = bool((lp.argmax(dim=-1) == target).all())
@@ -133,9 +133,15 @@ def gpt_lm_class():
             the first conditioned on EOT (the harness's rolling-window convention)."""
             out = []
             for (text,) in [r.args for r in requests]:
-                windows = [(None,) + make_disjoint_window(w) for w in get_rolling_token_windows(
-                    self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
-                    context_len=1)]
+                windows = [
+                    (None,) + make_disjoint_window(w)
+                    for w in get_rolling_token_windows(
+                        self.tok_encode(text),
+                        prefix_token=self.prefix_token_id,
+                        max_seq_len=self.max_length,
+                        context_len=1,
+                    )
+                ]
                 out.append(sum(ll for ll, _ in self._loglikelihood_tokens(windows)))
                 self.cache_hook.add_partial("loglikelihood_rolling", (text,), out[-1])
             return out
@@ -152,7 +158,7 @@ def gpt_lm_class():
                 kw = normalize_gen_kwargs(gen_kwargs)
                 stops = handle_stop_sequences(kw["until"], eos=self.tok_decode([self._eot]))
                 n_new = max(1, min(kw["max_gen_toks"], self.max_length - 1))
-                ids = self.tok_encode(context)[-(self.max_length - n_new):] or [self._eot]
+                ids = self.tok_encode(context)[-(self.max_length - n_new) :] or [self._eot]
                 cache = KVCache(self.model.config.n_layer, len(ids) + n_new)
                 x = torch.tensor([ids], device=self._device)
                 gen, text = [], ""
@@ -179,8 +185,10 @@ def build_lm(out_dir, ckpt="best.pt", batch_size=16, device="cpu", attn_backend=
     meta = tokenizer_from_checkpoint(state)
     kind = (meta.get("tokenizer") or {}).get("kind")
     if kind != "gpt2":
-        raise UserError(f"{out_dir} was trained on '{meta.get('dataset')}' with a {kind!r} tokenizer; the "
-                        "downstream tasks are English text and need a GPT-2 BPE model")
+        raise UserError(
+            f"{out_dir} was trained on '{meta.get('dataset')}' with a {kind!r} tokenizer; the "
+            "downstream tasks are English text and need a GPT-2 BPE model"
+        )
     encode, decode = load_codec(meta)
     return gpt_lm_class()(model, encode, decode, batch_size=batch_size, device=device)
 
@@ -191,6 +199,7 @@ def task_manager(include_path="", include_defaults=True):
 
     Raises UserError if a folder does not exist."""
     from lm_eval.tasks import TaskManager
+
     paths = [LOCAL_TASKS] + [p for p in include_path.split(",") if p]
     for p in paths:
         if not os.path.isdir(p):
@@ -202,7 +211,7 @@ def column(task, results):
     """(column name, metric, value in [0, 1] or None) of one requested task in harness results."""
     name, metric = next(((c, m) for c, (t, m) in TASKS.items() if t == task), (task, None))
     res = results.get("results", {}).get(task, {})
-    for m in ([metric] if metric else OTHER_METRICS):
+    for m in [metric] if metric else OTHER_METRICS:
         if f"{m},none" in res:
             return name, m, res[f"{m},none"]
     return name, metric or OTHER_METRICS[0], None
@@ -211,8 +220,7 @@ def column(task, results):
 def markdown_table(rows, tasks):
     """rows: [(run name, harness results)] -> markdown table, accuracies in %, average over the tasks."""
     cols = [column(t, rows[0][1])[:2] for t in tasks] if rows else []
-    lines = ["| run | " + " | ".join(f"{c} ({m})" for c, m in cols) + " | average |",
-             "|---" * (len(cols) + 2) + "|"]
+    lines = ["| run | " + " | ".join(f"{c} ({m})" for c, m in cols) + " | average |", "|---" * (len(cols) + 2) + "|"]
     for run, res in rows:
         vals = [column(t, res)[2] for t in tasks]
         cells = ["—" if v is None else f"{100 * v:.2f}" for v in vals]
@@ -224,9 +232,20 @@ def markdown_table(rows, tasks):
 def evaluate_run(lm, tasks, tm, limit=None, seed=1234):
     """Harness results dict (simple_evaluate, zero-shot, no sample logs) of one GPTLM on `tasks`."""
     from lm_eval import evaluator
-    return evaluator.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=0, limit=limit, task_manager=tm,
-                                     log_samples=False, bootstrap_iters=0, random_seed=seed,
-                                     numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+
+    return evaluator.simple_evaluate(
+        model=lm,
+        tasks=list(tasks),
+        num_fewshot=0,
+        limit=limit,
+        task_manager=tm,
+        log_samples=False,
+        bootstrap_iters=0,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+    )
 
 
 @exit_on_user_error
@@ -241,8 +260,10 @@ def main(argv):
     tm = task_manager(cfg["include_path"])
     unknown = [t for t in tasks if t not in tm.all_tasks]
     if unknown or not tasks:
-        raise UserError(f"unknown task(s) {unknown or tasks}: use harness task names (lm-eval ls tasks) or "
-                        "add a folder of task YAMLs with --include_path")
+        raise UserError(
+            f"unknown task(s) {unknown or tasks}: use harness task names (lm-eval ls tasks) or "
+            "add a folder of task YAMLs with --include_path"
+        )
     os.makedirs(cfg["out_dir"], exist_ok=True)
     rows = []
     for run, lm in zip(runs, lms):
@@ -251,8 +272,10 @@ def main(argv):
             res = evaluate_run(lm, tasks, tm, cfg["limit"], cfg["seed"])
         except (OSError, ConnectionError) as e:  # the hub unreachable, a data file missing
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise UserError(f"cannot load the task data ({type(e).__name__}: {msg}); for offline use, fill the HF "
-                            "cache (HF_HOME) and set HF_DATASETS_OFFLINE=1 (docs/downstream.md)") from None
+            raise UserError(
+                f"cannot load the task data ({type(e).__name__}: {msg}); for offline use, fill the HF "
+                "cache (HF_HOME) and set HF_DATASETS_OFFLINE=1 (docs/downstream.md)"
+            ) from None
         name = os.path.basename(os.path.normpath(run))
         print(f"{name}: {time.time() - t0:.1f} s", file=sys.stderr)
         atomic_write_json(os.path.join(cfg["out_dir"], f"{name}.json"), res, indent=2, default=str)

@@ -9,19 +9,20 @@ afterwards, with the same tests.
     python study/power.py tost 0.05 0.0054 0.0047              # equivalence margin, sd of A, sd of B (true diff 0)
     python study/power.py tost 0.05 0.0054 0.0047 --diff=0.01  # ... with a true difference B − A of 0.01
 
-Welch: the two-sided Welch t-test at level alpha of two normal arms with n runs each and the given
-sds; power from the noncentral t with the Welch-Satterthwaite degrees of freedom of those sds (the
-usual approximation: the test itself uses the sample sds). Paired: the two-sided paired t-test
-(a one-sample t-test of the n per-seed differences B − A, df n − 1), exact for normal differences; for arms
-that run the same seeds on one machine, where a seed fixes much of the outcome in both (section 5, C: the
-per-seed values of the two arms correlate at r = 0.9997). TOST: Schuirmann's two one-sided Welch tests of equivalence within (−MARGIN, +MARGIN) (study/results.py --tost),
-each at level alpha; the power to conclude equivalence when the true difference is --diff (default 0), from
-the noncentral t of each one-sided test with the Welch-Satterthwaite df of the true sds:
-P(both reject) ~ P(lower rejects) + P(upper rejects) − 1 (Bonferroni's bound, close where the power is high,
-the case a study plans for). Like welch's, an approximation: the true sds' df overstate the test's at small n,
-by up to 0.03 in power at n = 4 to 6 (tests/test_power_tost.py, against the simulated test). Fisher: the two-sided Fisher exact test of the
-2 x 2 table of solved / not solved with n runs per arm, each run of arm X solving with probability
-p_X; power exact, summed over all (n + 1)² outcomes. "Separated" is p < alpha, as in study/results.py.
+Welch: the two-sided Welch t-test at level alpha of two normal arms with n runs each and the given sds; power
+from the noncentral t with the Welch-Satterthwaite degrees of freedom of those sds (the usual approximation:
+the test itself uses the sample sds). Paired: the two-sided paired t-test (a one-sample t-test of the n per-
+seed differences B − A, df n − 1), exact for normal differences; for arms that run the same seeds on one
+machine, where a seed fixes much of the outcome in both (section 5, C: the per-seed values of the two arms
+correlate at r = 0.9997). TOST: Schuirmann's two one-sided Welch tests of equivalence within (−MARGIN,
++MARGIN) (study/results.py --tost), each at level alpha; the power to conclude equivalence when the true
+difference is --diff (default 0), from the noncentral t of each one-sided test with the Welch-Satterthwaite df
+of the true sds: P(both reject) ~ P(lower rejects) + P(upper rejects) − 1 (Bonferroni's bound, close where the
+power is high, the case a study plans for). Like welch's, an approximation: the true sds' df overstate the
+test's at small n, by up to 0.03 in power at n = 4 to 6 (tests/test_power_tost.py, against the simulated
+test). Fisher: the two-sided Fisher exact test of the 2 x 2 table of solved / not solved with n runs per arm,
+each run of arm X solving with probability p_X; power exact, summed over all (n + 1)² outcomes. "Separated" is
+p < alpha, as in study/results.py.
 
 Fisher's power is not monotone in n at these sizes (the test is discrete): the n required is the
 smallest n from which on every n up to --max_n reaches the target power. Output: a markdown table of
@@ -55,8 +56,8 @@ def welch_power(diff, sd_a, sd_b, n, alpha=ALPHA):
     _check(n=n, alpha=alpha)
     if sd_a < 0 or sd_b < 0 or sd_a == sd_b == 0:
         raise ValueError(f"the sds must be >= 0 and not both 0, got {sd_a} and {sd_b}")
-    va, vb = sd_a ** 2 / n, sd_b ** 2 / n
-    df = (va + vb) ** 2 / ((va ** 2 + vb ** 2) / (n - 1))
+    va, vb = sd_a**2 / n, sd_b**2 / n
+    df = (va + vb) ** 2 / ((va**2 + vb**2) / (n - 1))
     return _t_test_power(df, diff / np.sqrt(va + vb), alpha)
 
 
@@ -83,13 +84,14 @@ def tost_power(margin, sd_a, sd_b, n, diff=0.0, alpha=ALPHA):
     runs up to 0.03 above the simulated test at n = 4 to 6). Raises ValueError for n < 2, an
     sd < 0, both sds 0, margin <= 0, |diff| >= margin, or alpha outside (0, 1)."""
     from scipy import stats
+
     _check(n=n, alpha=alpha)
     if sd_a < 0 or sd_b < 0 or sd_a == sd_b == 0:
         raise ValueError(f"the sds must be >= 0 and not both 0, got {sd_a} and {sd_b}")
     if not margin > 0 or not abs(diff) < margin:
         raise ValueError(f"the margin must be > 0 and the true difference inside it, got margin {margin}, diff {diff}")
-    va, vb = sd_a ** 2 / n, sd_b ** 2 / n
-    df = (va + vb) ** 2 / ((va ** 2 + vb ** 2) / (n - 1))
+    va, vb = sd_a**2 / n, sd_b**2 / n
+    df = (va + vb) ** 2 / ((va**2 + vb**2) / (n - 1))
     se, t = np.sqrt(va + vb), stats.t.ppf(1 - alpha, df)
     lower, upper = (float(stats.nct.sf(t, df, (margin + s * diff) / se)) for s in (1, -1))
     return max(0.0, lower + upper - 1.0)
@@ -99,6 +101,7 @@ def _t_test_power(df, ncp, alpha):
     """P(|T| > t_{1 − alpha/2, df}) for T noncentral t (df, ncp). The lower tail P(T < −t) is taken as
     P(−T > t), an upper tail at −ncp: scipy's nct.cdf returns nan far in a tail (df = 1, ncp = 70)."""
     from scipy import stats
+
     t = stats.t.ppf(1 - alpha / 2, df)
     return float(stats.nct.sf(t, df, ncp) + stats.nct.sf(t, df, -ncp))
 
@@ -108,10 +111,11 @@ def fisher_pvalues(n):
     [k_a, k_b]; the sum of the hypergeometric probabilities, given the margins, of every table no more
     likely than the one seen (relative tolerance 1e-7, as scipy.stats.fisher_exact)."""
     from scipy import stats
+
     p = np.ones((n + 1, n + 1))
     k = np.arange(n + 1)
-    for total in range(1, 2 * n):                    # total solved; 0 and 2n leave one table, p = 1
-        k_a = k[(k <= total) & (total - k <= n)]     # the tables with this margin
+    for total in range(1, 2 * n):  # total solved; 0 and 2n leave one table, p = 1
+        k_a = k[(k <= total) & (total - k <= n)]  # the tables with this margin
         pmf = stats.hypergeom.pmf(k_a, 2 * n, total, n)
         p[k_a, total - k_a] = [pmf[pmf <= x * (1 + 1e-7)].sum() for x in pmf]
     return np.minimum(p, 1.0)
@@ -123,6 +127,7 @@ def fisher_power(p_a, p_b, n, alpha=ALPHA):
     probability of the outcomes (k_a, k_b) the test separates. Raises ValueError for n < 2, a rate outside
     [0, 1] or alpha outside (0, 1)."""
     from scipy import stats
+
     _check(n=n, alpha=alpha)
     if not (0 <= p_a <= 1 and 0 <= p_b <= 1):
         raise ValueError(f"the solve rates must lie in [0, 1], got {p_a} and {p_b}")
@@ -171,19 +176,27 @@ def _number(text):
 
 @exit_on_user_error
 def main(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("test", choices=["welch", "paired", "fisher", "tost"])
-    p.add_argument("values", nargs="+",
-                   help="welch: DIFF SD_A SD_B; paired: DIFF SD_DIFF; fisher: RATE_A RATE_B; tost: MARGIN SD_A SD_B")
+    p.add_argument(
+        "values",
+        nargs="+",
+        help="welch: DIFF SD_A SD_B; paired: DIFF SD_DIFF; fisher: RATE_A RATE_B; tost: MARGIN SD_A SD_B",
+    )
     p.add_argument("--diff", type=float, default=0.0, help="tost: the true difference B − A (default 0)")
     p.add_argument("--n", type=int, default=None, help="runs per arm: print the power at this n only")
     p.add_argument("--alpha", type=float, default=ALPHA, help="two-sided significance level (default 0.05)")
     p.add_argument("--power", type=float, default=POWER, help="the power to reach (default 0.8)")
     p.add_argument("--max_n", type=int, default=100, help="the largest n per arm searched (default 100)")
     a = p.parse_args(argv)
-    takes = {"welch": "DIFF SD_A SD_B", "paired": "DIFF SD_DIFF", "fisher": "RATE_A RATE_B",
-             "tost": "MARGIN SD_A SD_B"}[a.test]
+    takes = {
+        "welch": "DIFF SD_A SD_B",
+        "paired": "DIFF SD_DIFF",
+        "fisher": "RATE_A RATE_B",
+        "tost": "MARGIN SD_A SD_B",
+    }[a.test]
     if len(a.values) != len(takes.split()):
         raise UserError(f"{a.test} takes {takes}, got {len(a.values)} values")
     if a.test == "welch":
@@ -197,8 +210,10 @@ def main(argv):
     elif a.test == "tost":
         margin, sd_a, sd_b = map(_number, a.values)
         power_at = lambda n: tost_power(margin, sd_a, sd_b, n, a.diff, a.alpha)  # noqa: E731
-        what = (f"TOST (two one-sided Welch tests): margin ±{margin:g}, true difference {a.diff:g}, "
-                f"sd {sd_a:g} (A) and {sd_b:g} (B)")
+        what = (
+            f"TOST (two one-sided Welch tests): margin ±{margin:g}, true difference {a.diff:g}, "
+            f"sd {sd_a:g} (A) and {sd_b:g} (B)"
+        )
     else:
         r_a, r_b = map(_rate, a.values)
         power_at = lambda n: fisher_power(r_a, r_b, n, a.alpha)  # noqa: E731
@@ -213,7 +228,7 @@ def main(argv):
     except ValueError as e:
         raise UserError(str(e)) from None
     print(f"{what}, {level}\n\n| n per arm | power |\n|---|---|")
-    for m in (range(2, min(a.max_n, n + 2) + 1) if n else sorted({*range(2, min(a.max_n, 10) + 1), a.max_n})):
+    for m in range(2, min(a.max_n, n + 2) + 1) if n else sorted({*range(2, min(a.max_n, 10) + 1), a.max_n}):
         print(f"| {m} | {powers[m]:.3f} |")
     if n:
         print(f"\n{a.power:.0%} power from n = {n} runs per arm on (every n from there to --max_n = {a.max_n})")

@@ -21,6 +21,7 @@ def fresh_inductor(folder):
     Inductor's FX graph and AOTAutograd caches do not key on a custom op's fake kernel, so a cache written
     by other code could hand back a compiled graph built from another fake."""
     from torch._inductor.utils import fresh_cache
+
     torch._dynamo.reset()
     try:
         with fresh_cache(dir=str(folder)):
@@ -35,9 +36,20 @@ def pope_gpt(seed=0, **kw):
     so that the loss's gradient is not flat; on DEV. kw: GPTConfig fields."""
     torch.manual_seed(seed)
     n_head = kw.pop("n_head", 2)
-    cfg = GPTConfig(**{"n_layer": 1, "n_head": n_head, "n_embd": 16 * n_head, "block_size": 64,
-                       "vocab_size": 64, "attn_backend": "triton", "pope_delta_init": "uniform",
-                       "dropout": 0.0, "bias": False, **kw})
+    cfg = GPTConfig(
+        **{
+            "n_layer": 1,
+            "n_head": n_head,
+            "n_embd": 16 * n_head,
+            "block_size": 64,
+            "vocab_size": 64,
+            "attn_backend": "triton",
+            "pope_delta_init": "uniform",
+            "dropout": 0.0,
+            "bias": False,
+            **kw,
+        }
+    )
     model = GPT(cfg)
     with torch.no_grad():
         for block in model.transformer.h:

@@ -27,6 +27,7 @@ for path in (os.path.join(REPO, "study"), REPO):  # the study scripts import as 
 def tiny_indirect(tmp_path_factory):
     """A small indirect-indexing dataset (2,000 / 200 / 200 examples) in a session temp dir."""
     from prepare.indirect_indexing import prepare
+
     root = tmp_path_factory.mktemp("data")
     prepare(str(root / "indirect_indexing"), n_train=2000, n_val=200, n_test=200, seed=0)
     return str(root)
@@ -40,12 +41,15 @@ def small_indirect_splits(monkeypatch):
     """Call it with (n_train, n_val, n_test): from then on, building an indirect-indexing dataset (what
     train.py does on first use) writes splits of those sizes instead of 1M / 10k / 10k, so a test is fast."""
     from prepare import indirect_indexing
+
     real = indirect_indexing.prepare
 
     def shrink(n_train, n_val, n_test):
         def small(out_dir, n_train_=None, n_val_=None, n_test_=None, seed=1337, **variant):
             return real(out_dir, n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, **variant)
+
         monkeypatch.setattr(indirect_indexing, "prepare", small)
+
     return shrink
 
 
@@ -53,16 +57,29 @@ def char_dataset(folder, text, name):
     """A character-level stream dataset like data/shakespeare_char: the same text in train, val and
     test, tokenizer {"kind": "char", "itos": sorted characters of text}."""
     import numpy as np
+
     from prepare.common import BinWriter, write_meta
+
     itos = sorted(set(text))
     ids = np.array([itos.index(c) for c in text])
     for split in ("train", "val", "test"):
         with BinWriter(os.path.join(folder, f"{split}.bin"), np.uint8) as w:
             w.write(ids)
-    write_meta(folder, {"dataset": name, "vocab_size": len(itos), "dtype": "uint8", "layout": "stream",
-                        "splits": {s: {"file": f"{s}.bin", "shape": [len(ids)], "tokens": len(ids)}
-                                   for s in ("train", "val", "test")},
-                        "pad_id": None, "loss": "all", "tokenizer": {"kind": "char", "itos": itos}})
+    write_meta(
+        folder,
+        {
+            "dataset": name,
+            "vocab_size": len(itos),
+            "dtype": "uint8",
+            "layout": "stream",
+            "splits": {
+                s: {"file": f"{s}.bin", "shape": [len(ids)], "tokens": len(ids)} for s in ("train", "val", "test")
+            },
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": {"kind": "char", "itos": itos},
+        },
+    )
 
 
 @pytest.fixture(scope="session")
@@ -77,18 +94,38 @@ def char_pretrained(tmp_path_factory):
     import random
 
     import train
+
     root = tmp_path_factory.mktemp("char_pretrained")
     data_root = str(root / "data")
     shuffled = list(CHAR_TEXT)
     random.Random(0).shuffle(shuffled)
     for name, text in (("chars", CHAR_TEXT), ("chars_shuffled", "".join(shuffled)), ("chars_upper", CHAR_TEXT.upper())):
         char_dataset(os.path.join(data_root, name), text, name)
-    args = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=4",
-            "--warmup_iters=2", "--attn_backend=torch", "--compile=False", "--device=cpu", "--block_size=16",
-            "--pos_encoding=rope", "--dropout=0.0", "--bias=False", "--gradient_accumulation_steps=1", "--grad_clip=1.0",
-            "--weight_decay=0.01", f"--data_root={data_root}", "--dataset=chars"]  # all explicit: defaults may change
+    args = [
+        "--n_layer=2",
+        "--n_head=2",
+        "--n_embd=32",
+        "--batch_size=8",
+        "--eval_iters=2",
+        "--log_interval=4",
+        "--warmup_iters=2",
+        "--attn_backend=torch",
+        "--compile=False",
+        "--device=cpu",
+        "--block_size=16",
+        "--pos_encoding=rope",
+        "--dropout=0.0",
+        "--bias=False",
+        "--gradient_accumulation_steps=1",
+        "--grad_clip=1.0",
+        "--weight_decay=0.01",
+        f"--data_root={data_root}",
+        "--dataset=chars",
+    ]  # all explicit: defaults may change
     run = str(root / "pre")
-    train.main(args + ["--max_iters=60", "--eval_interval=30", "--learning_rate=1e-2", "--min_lr=1e-3", f"--out_dir={run}"])
+    train.main(
+        args + ["--max_iters=60", "--eval_interval=30", "--learning_rate=1e-2", "--min_lr=1e-3", f"--out_dir={run}"]
+    )
     return {"root": str(root), "data_root": data_root, "run": run, "args": args}
 
 
@@ -96,16 +133,30 @@ def char_pretrained(tmp_path_factory):
 def toy_stream(tmp_path):
     """A stream dataset whose next token is a fixed function of the current one: learnable fast."""
     import numpy as np
+
     from prepare.common import BinWriter, write_meta
+
     root = tmp_path / "data"
     path = root / "toy"
     seq = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7] * 300) % 16
     for split in ("train", "val", "test"):
         with BinWriter(str(path / f"{split}.bin"), np.uint16) as w:
             w.write(seq)
-    write_meta(str(path), {"dataset": "toy", "vocab_size": 16, "dtype": "uint16", "layout": "stream",
-                           "splits": {s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)} for s in ("train", "val", "test")},
-                           "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    write_meta(
+        str(path),
+        {
+            "dataset": "toy",
+            "vocab_size": 16,
+            "dtype": "uint16",
+            "layout": "stream",
+            "splits": {
+                s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)} for s in ("train", "val", "test")
+            },
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": {"kind": "none"},
+        },
+    )
     return str(root)
 
 

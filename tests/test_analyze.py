@@ -13,8 +13,10 @@ import analyze
 from checkpoint import load_codec
 from model import GPT, GPTConfig
 
-TEXTS = ["Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:",
-         "From fairest creatures we desire increase"]  # different lengths: texts are averaged, not tokens
+TEXTS = [
+    "Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:",
+    "From fairest creatures we desire increase",
+]  # different lengths: texts are averaged, not tokens
 
 
 def save_run(folder, pos_encoding, tokenizer=None, **kw):
@@ -25,9 +27,20 @@ def save_run(folder, pos_encoding, tokenizer=None, **kw):
             p.add_(0.3 * torch.randn_like(p))  # norms far from uniform across frequencies
     model.clamp_pope_delta_()
     os.makedirs(folder, exist_ok=True)
-    torch.save({"model": model.state_dict(), "model_args": asdict(model.config), "config": {},
-                "tokenizer": {"dataset": "x", "vocab_size": 50257, "pad_id": None,
-                              "tokenizer": tokenizer or {"kind": "gpt2"}}}, os.path.join(folder, "best.pt"))
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "model_args": asdict(model.config),
+            "config": {},
+            "tokenizer": {
+                "dataset": "x",
+                "vocab_size": 50257,
+                "pad_id": None,
+                "tokenizer": tokenizer or {"kind": "gpt2"},
+            },
+        },
+        os.path.join(folder, "best.pt"),
+    )
     return model
 
 
@@ -92,10 +105,12 @@ def test_bad_input_exits_2(tmp_path, capsys):
     save_run(char_run, "rope", {"kind": "char", "itos": list("ab")})
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    cases = [([str(tmp_path / "nothing")], "no checkpoint at"),
-             ([char_run], "give --texts=FILE"),
-             ([char_run, f"--texts={empty}"], "holds no text"),
-             ([char_run, f"--texts={tmp_path / 'missing.txt'}"], "cannot read --texts")]
+    cases = [
+        ([str(tmp_path / "nothing")], "no checkpoint at"),
+        ([char_run], "give --texts=FILE"),
+        ([char_run, f"--texts={empty}"], "holds no text"),
+        ([char_run, f"--texts={tmp_path / 'missing.txt'}"], "cannot read --texts"),
+    ]
     for argv, message in cases:
         with pytest.raises(SystemExit) as e:
             analyze.main(argv)
@@ -106,6 +121,7 @@ def test_bad_input_exits_2(tmp_path, capsys):
 def _usage(run, monkeypatch):
     """analyze.frequency_usage of a run folder's model on TEXTS (the numbers behind the plots)."""
     from checkpoint import load_run
+
     monkeypatch.setenv("GPT2_BPE_SOURCE", "local")
     encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
     return analyze.frequency_usage(load_run(run)[0], [encode(t) for t in TEXTS])

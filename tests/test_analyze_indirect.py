@@ -16,9 +16,21 @@ from pope import pope_attention_reference
 from prepare.indirect_indexing import Variant, prepare
 
 VARIANT = Variant(n_letters=8, min_len=4, max_len=8, max_shift=3, n_queries=2)
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=1",
-        "--warmup_iters=1", "--attn_backend=torch", "--compile=False", "--block_size=32", "--max_iters=3",
-        "--eval_interval=1", "--learning_rate=1e-2"]
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--batch_size=8",
+    "--eval_iters=2",
+    "--log_interval=1",
+    "--warmup_iters=1",
+    "--attn_backend=torch",
+    "--compile=False",
+    "--block_size=32",
+    "--max_iters=3",
+    "--eval_interval=1",
+    "--learning_rate=1e-2",
+]
 
 
 def sharp_model(**kw):
@@ -31,12 +43,23 @@ def sharp_model(**kw):
     return model.eval()
 
 
-@pytest.mark.parametrize("kw", [
-    dict(pos_encoding="pope"), dict(pos_encoding="pope", n_kv_head=2), dict(pos_encoding="pope", pope_magnitude="relu"),
-    dict(pos_encoding="pope", pope_use_delta=False), dict(pos_encoding="rope"), dict(pos_encoding="rope_half"),
-    dict(pos_encoding="rope", rope_scaling=2.0, rope_original_block_size=8), dict(pos_encoding="alibi_half"),
-    dict(pos_encoding="learned"), dict(pos_encoding="sinusoidal"), dict(pos_encoding="none"),
-], ids=lambda kw: "-".join(map(str, kw.values())))
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(pos_encoding="pope"),
+        dict(pos_encoding="pope", n_kv_head=2),
+        dict(pos_encoding="pope", pope_magnitude="relu"),
+        dict(pos_encoding="pope", pope_use_delta=False),
+        dict(pos_encoding="rope"),
+        dict(pos_encoding="rope_half"),
+        dict(pos_encoding="rope", rope_scaling=2.0, rope_original_block_size=8),
+        dict(pos_encoding="alibi_half"),
+        dict(pos_encoding="learned"),
+        dict(pos_encoding="sinusoidal"),
+        dict(pos_encoding="none"),
+    ],
+    ids=lambda kw: "-".join(map(str, kw.values())),
+)
 def test_attention_weights_reproduce_the_models_attention_output(kw):
     """Rows sum to 1, later keys get exactly 0, and weights @ values equal what each layer's attention
     gave its output projection (c_proj's input) in the model's own forward pass (SDPA / pope_attention);
@@ -53,9 +76,14 @@ def test_attention_weights_reproduce_the_models_attention_output(kw):
     assert w.max() > 0.9  # sharp: a wrong position or phase would show
     torch.testing.assert_close(ai.final_token_attention(model, idx), w[:, :, -1])
     seen = {}
-    hooks = [h for i, b in enumerate(model.transformer.h) for h in (
-        b.attn.c_attn.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(("qkv", i), out[0].detach())),
-        b.attn.c_proj.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(("y", i), a[0][0].detach())))]
+    hooks = [
+        h
+        for i, b in enumerate(model.transformer.h)
+        for h in (
+            b.attn.c_attn.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(("qkv", i), out[0].detach())),
+            b.attn.c_proj.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(("y", i), a[0][0].detach())),
+        )
+    ]
     with torch.no_grad():
         model(idx)
     for h in hooks:
@@ -66,8 +94,13 @@ def test_attention_weights_reproduce_the_models_attention_output(kw):
         y = w[i] @ v.double().repeat_interleave(H // H_kv, dim=0)  # (H, T, d)
         torch.testing.assert_close(y.transpose(0, 1).reshape(12, H * d).float(), seen["y", i], rtol=1e-4, atol=1e-5)
         if cfg.pos_encoding == "pope":
-            ref = pope_attention_reference(q[None].double(), k[None].double(), v[None].double(), block.attn.pope_delta,
-                                           magnitude=cfg.pope_magnitude)[0]
+            ref = pope_attention_reference(
+                q[None].double(),
+                k[None].double(),
+                v[None].double(),
+                block.attn.pope_delta,
+                magnitude=cfg.pope_magnitude,
+            )[0]
             torch.testing.assert_close(y, ref, rtol=1e-9, atol=1e-11)
 
 
@@ -80,8 +113,10 @@ def trained(tmp_path_factory):
     runs = []
     for enc in ("pope", "rope"):
         run = str(root / enc)
-        train.main(TINY + [f"--dataset={VARIANT.name}", f"--data_root={data_root}", f"--pos_encoding={enc}",
-                           f"--out_dir={run}"])
+        train.main(
+            TINY
+            + [f"--dataset={VARIANT.name}", f"--data_root={data_root}", f"--pos_encoding={enc}", f"--out_dir={run}"]
+        )
         runs.append(run)
     return {"runs": runs, "data_root": data_root, "root": root}
 
@@ -93,6 +128,7 @@ def capture_figures(monkeypatch):
     def save(fig, path):
         figs.append(fig)
         real(fig, path)
+
     monkeypatch.setattr(ai, "_save", save)
     return figs
 
@@ -102,6 +138,7 @@ def test_attention_picture_on_trained_checkpoints(trained, monkeypatch, tmp_path
     test split's row 3, and the weights are those of attention_weights on the row without its target."""
     from checkpoint import load_run
     from data import Dataset
+
     figs = capture_figures(monkeypatch)
     png = str(tmp_path / "att.png")
     path, weights = ai.plot_attention(trained["runs"], png, example=3, data_root=trained["data_root"])
@@ -125,11 +162,14 @@ def test_attention_command_line(trained, tmp_path, capsys):
     out = str(tmp_path / "a.png")
     assert ai.main(["attention", *trained["runs"], f"--out={out}", "--text=ABCDEFGH,C,+2,E,A,+1,B"]) == out
     assert os.path.getsize(out) > 0
-    for argv, message in ((["attention", *trained["runs"], "--text=ABCDEFGH,C,+2,F"], "not the letter at the shift"),
-                          (["attention", *trained["runs"], "--text=ABCXYZ,C,+1,X"], "not in this dataset's vocabulary"),
-                          (["attention", *trained["runs"], "--text=ABCD,A,+1,B,C"], "is not an indirect-indexing row"),
-                          (["attention", *trained["runs"], "--example=20"], "--example must be in 0..19"),
-                          (["attention"], "give one or more run folders"), (["frequencies", "x"], "usage")):
+    for argv, message in (
+        (["attention", *trained["runs"], "--text=ABCDEFGH,C,+2,F"], "not the letter at the shift"),
+        (["attention", *trained["runs"], "--text=ABCXYZ,C,+1,X"], "not in this dataset's vocabulary"),
+        (["attention", *trained["runs"], "--text=ABCD,A,+1,B,C"], "is not an indirect-indexing row"),
+        (["attention", *trained["runs"], "--example=20"], "--example must be in 0..19"),
+        (["attention"], "give one or more run folders"),
+        (["frequencies", "x"], "usage"),
+    ):
         with pytest.raises(SystemExit) as e:
             ai.main(argv)
         err = capsys.readouterr().err
@@ -165,13 +205,27 @@ def test_curves_draw_every_run_coloured_by_encoding(tmp_path, monkeypatch):
     with open(os.path.join(data_root, "toy", "meta.json"), "w") as f:
         json.dump({"tokenizer": {"kind": "char", "itos": list("ABCDEFGH0123456789,+-") + ["<pad>"]}}, f)
     a, b, c = (str(tmp_path / n) for n in ("pope-s1", "rope-s1", "pope-s2"))
-    fake_run(a, "pope", [{"iter": 0, "val_loss": 3, "val_acc": 0.1}, {"iter": 50, "loss": 2.0},
-                         {"iter": 100, "val_loss": 2, "val_acc": 0.5}, {"iter": 100, "val_loss": 2, "val_acc": 0.6},
-                         {"iter": 200, "val_loss": 1, "val_acc": 0.9}], data_root)
-    fake_run(b, "rope", [{"iter": 0, "val_loss": 3, "val_acc": 0.12}, {"iter": 200, "val_loss": 3, "val_acc": 0.2}],
-             data_root)
-    fake_run(c, "pope", [{"iter": 0, "val_loss": 3, "val_acc": 0.1}, {"iter": 200, "val_loss": 1, "val_acc": 0.7}],
-             data_root)
+    fake_run(
+        a,
+        "pope",
+        [
+            {"iter": 0, "val_loss": 3, "val_acc": 0.1},
+            {"iter": 50, "loss": 2.0},
+            {"iter": 100, "val_loss": 2, "val_acc": 0.5},
+            {"iter": 100, "val_loss": 2, "val_acc": 0.6},
+            {"iter": 200, "val_loss": 1, "val_acc": 0.9},
+        ],
+        data_root,
+    )
+    fake_run(
+        b,
+        "rope",
+        [{"iter": 0, "val_loss": 3, "val_acc": 0.12}, {"iter": 200, "val_loss": 3, "val_acc": 0.2}],
+        data_root,
+    )
+    fake_run(
+        c, "pope", [{"iter": 0, "val_loss": 3, "val_acc": 0.1}, {"iter": 200, "val_loss": 1, "val_acc": 0.7}], data_root
+    )
     figs = capture_figures(monkeypatch)
     png = str(tmp_path / "curves.png")
     assert ai.main(["curves", a, b, c, f"--out={png}"]) == png
@@ -179,8 +233,9 @@ def test_curves_draw_every_run_coloured_by_encoding(tmp_path, monkeypatch):
     ax = figs[0].axes[0]
     lines = ax.get_lines()
     assert len(lines) == 4  # three runs and chance
-    for line, steps, acc, enc in zip(lines, ([0, 100, 200], [0, 200], [0, 200]), ([10, 60, 90], [12, 20], [10, 70]),
-                                     ("pope", "rope", "pope")):
+    for line, steps, acc, enc in zip(
+        lines, ([0, 100, 200], [0, 200], [0, 200]), ([10, 60, 90], [12, 20], [10, 70]), ("pope", "rope", "pope")
+    ):
         assert list(line.get_xdata()) == steps and np.allclose(line.get_ydata(), acc)
         assert line.get_color() == ai.COLORS[enc]
     assert np.allclose(lines[3].get_ydata(), 100 / 8)
@@ -197,8 +252,10 @@ def test_curves_from_docs_runs_records_match_the_run_folders(tmp_path, monkeypat
     os.makedirs(os.path.join(data_root, "toy"))
     with open(os.path.join(data_root, "toy", "meta.json"), "w") as f:
         json.dump({"tokenizer": {"kind": "char", "itos": list("ABCDEFGHIJ0123456789,+-")}}, f)
-    rows = {"pope": [{"iter": 0, "val_acc": 0.1}, {"iter": 500, "val_acc": 0.4}, {"iter": 1000, "val_acc": 0.95}],
-            "rope": [{"iter": 0, "val_acc": 0.1}, {"iter": 500, "val_acc": 0.3}, {"iter": 1000, "val_acc": 0.2}]}
+    rows = {
+        "pope": [{"iter": 0, "val_acc": 0.1}, {"iter": 500, "val_acc": 0.4}, {"iter": 1000, "val_acc": 0.95}],
+        "rope": [{"iter": 0, "val_acc": 0.1}, {"iter": 500, "val_acc": 0.3}, {"iter": 1000, "val_acc": 0.2}],
+    }
     records = tmp_path / "docs_runs"
     records.mkdir()
     for enc, r in rows.items():

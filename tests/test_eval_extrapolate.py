@@ -23,7 +23,6 @@ LENGTHS = [16, 32, 64]
 DOCS = [300, 40, 200, 64, 130]  # document lengths: 40 and 64 are shorter than a chunk of 65 tokens
 
 
-
 def exit_code(argv):
     """ee.main's exit status: it returns on success and raises SystemExit(2) on bad input."""
     try:
@@ -31,6 +30,7 @@ def exit_code(argv):
     except SystemExit as e:
         return e.code
     return 0
+
 
 def make_dataset(root, name="toy", docs=DOCS, with_offsets=True):
     """A stream dataset: a periodic pattern with noise, documents of the given lengths."""
@@ -40,9 +40,16 @@ def make_dataset(root, name="toy", docs=DOCS, with_offsets=True):
     out = os.path.join(root, name)
     with BinWriter(os.path.join(out, "test.bin"), np.uint8) as w:
         w.write(tokens)
-    meta = {"dataset": name, "vocab_size": VOCAB, "dtype": "uint8", "layout": "stream",
-            "splits": {"test": {"file": "test.bin", "shape": [n], "tokens": n}}, "pad_id": None, "loss": "all",
-            "tokenizer": {"kind": "toy"}}
+    meta = {
+        "dataset": name,
+        "vocab_size": VOCAB,
+        "dtype": "uint8",
+        "layout": "stream",
+        "splits": {"test": {"file": "test.bin", "shape": [n], "tokens": n}},
+        "pad_id": None,
+        "loss": "all",
+        "tokenizer": {"kind": "toy"},
+    }
     if with_offsets:
         with BinWriter(os.path.join(out, "test.docs.bin"), np.int64) as d:
             d.write(np.concatenate([[0], np.cumsum(docs)]))
@@ -55,17 +62,24 @@ def make_run(path, pos_encoding, block_size=16, seed=0, **kw):
     """A run folder with a tiny random model whose weights are scaled up, so that attention is far from
     uniform and the positions matter."""
     torch.manual_seed(seed)
-    cfg = GPTConfig(block_size=block_size, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=16,
-                    pos_encoding=pos_encoding, **kw)
+    cfg = GPTConfig(
+        block_size=block_size, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=16, pos_encoding=pos_encoding, **kw
+    )
     model = GPT(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("c_attn.weight"):
                 p.mul_(20)
     os.makedirs(path, exist_ok=True)
-    torch.save({"model": model.state_dict(), "model_args": asdict(cfg), "config": {"dataset": "toy"},
-                "tokenizer": {"dataset": "toy", "vocab_size": VOCAB, "pad_id": None, "tokenizer": {"kind": "toy"}}},
-               os.path.join(path, "best.pt"))
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "model_args": asdict(cfg),
+            "config": {"dataset": "toy"},
+            "tokenizer": {"dataset": "toy", "vocab_size": VOCAB, "pad_id": None, "tokenizer": {"kind": "toy"}},
+        },
+        os.path.join(path, "best.pt"),
+    )
     return str(path)
 
 
@@ -73,8 +87,14 @@ def make_run(path, pos_encoding, block_size=16, seed=0, **kw):
 def setup(tmp_path):
     tokens = make_dataset(str(tmp_path / "data"))
     runs = [make_run(tmp_path / "run-rope", "rope", seed=1), make_run(tmp_path / "run-pope", "pope", seed=2)]
-    common = [f"--data_root={tmp_path / 'data'}", "--dataset=toy", "--lengths=16,32,64", "--last_k=8",
-              f"--out_dir={tmp_path / 'out'}", "--device=cpu"]
+    common = [
+        f"--data_root={tmp_path / 'data'}",
+        "--dataset=toy",
+        "--lengths=16,32,64",
+        "--last_k=8",
+        f"--out_dir={tmp_path / 'out'}",
+        "--device=cpu",
+    ]
     return tmp_path, tokens, runs, common
 
 
@@ -105,6 +125,7 @@ def test_same_windows_reference_ppl_table_csv_png(setup, monkeypatch, capsys):
     def spy(model, x, y):
         seen.setdefault(model.config.pos_encoding, []).append(x.clone())
         return real(model, x, y)
+
     monkeypatch.setattr(ee, "token_losses", spy)
     rows = ee.run([*runs, *common, "--max_tokens=192", "--seed=5"])
     assert len(rows) == 2 * len(LENGTHS)
@@ -127,17 +148,31 @@ def test_same_windows_reference_ppl_table_csv_png(setup, monkeypatch, capsys):
             for w in range(64 // L):
                 a0 = s + 64 - (w + 1) * L
                 with torch.no_grad():
-                    logits, loss = model(t[a0:a0 + L][None], t[a0 + 1:a0 + L + 1][None])
+                    logits, loss = model(t[a0 : a0 + L][None], t[a0 + 1 : a0 + L + 1][None])
                 total += loss.item() * L
                 if w == 0:
-                    last += torch.nn.functional.cross_entropy(logits[0, -8:], t[a0 + L - 7:a0 + L + 1]).item()
+                    last += torch.nn.functional.cross_entropy(logits[0, -8:], t[a0 + L - 7 : a0 + L + 1]).item()
         assert r["ppl"] == pytest.approx(math.exp(total / r["tokens"]), rel=1e-5)
         assert r["last_loss"] == pytest.approx(last / 3, rel=1e-5)
 
     with open(tmp_path / "out" / "extrapolation.csv") as f:
         got = list(csv.DictReader(f))
-    assert list(got[0]) == ["run", "label", "protocol", "length", "tokens", "ppl", "ppl_window_mean", "last_loss",
-                            "commit", "libraries", "machine", "threads", "world_size", "data_digest"]
+    assert list(got[0]) == [
+        "run",
+        "label",
+        "protocol",
+        "length",
+        "tokens",
+        "ppl",
+        "ppl_window_mean",
+        "last_loss",
+        "commit",
+        "libraries",
+        "machine",
+        "threads",
+        "world_size",
+        "data_digest",
+    ]
     # every row says where it was scored: this checkout's commit, this torch, this CPU, the data's digest
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     assert {g["commit"].removesuffix("+dirty") for g in got} == {head[:12]}
@@ -176,45 +211,57 @@ def test_old_flag_yarn_scale_still_works_with_a_one_line_note(setup, capsys):
     assert [r["label"] for r in old] == ["rope+yarn(s=4)"] * 3 and old == new
 
 
-@pytest.mark.parametrize("case, message", [
-    ("no_best", "no checkpoint at"),
-    ("unknown_dataset", "unknown dataset 'nope'"),
-    ("zero_length", "positive"),
-    ("negative_length", "positive"),
-    ("too_long", "needs a document of at least 301 tokens"),
-    ("bad_flag", "unrecognized arguments"),
-    ("zero_stride", "--stride must lie in 1 .. the shortest length 16"),
-    ("long_stride", "--stride must lie in 1 .. the shortest length 16"),
-    ("stride_tiled", "--stride applies to --protocol=sliding only"),
-    ("doc_tokens_with_documents", "--doc_tokens must lie in"),
-    ("short_documents", "needs a document of at least 301 tokens"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no_best", "no checkpoint at"),
+        ("unknown_dataset", "unknown dataset 'nope'"),
+        ("zero_length", "positive"),
+        ("negative_length", "positive"),
+        ("too_long", "needs a document of at least 301 tokens"),
+        ("bad_flag", "unrecognized arguments"),
+        ("zero_stride", "--stride must lie in 1 .. the shortest length 16"),
+        ("long_stride", "--stride must lie in 1 .. the shortest length 16"),
+        ("stride_tiled", "--stride applies to --protocol=sliding only"),
+        ("doc_tokens_with_documents", "--doc_tokens must lie in"),
+        ("short_documents", "needs a document of at least 301 tokens"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(setup, case, message, capsys):
     tmp_path, _, runs, common = setup
-    args = {"no_best": [str(tmp_path), *common],
-            "unknown_dataset": [*runs, *common, "--dataset=nope"],
-            "zero_length": [*runs, *common, "--lengths=0,16"],
-            "negative_length": [*runs, *common, "--lengths=-16"],
-            "too_long": [*runs, *common, "--lengths=16,300"],
-            "bad_flag": [*runs, *common, "--bogus=1"],
-            "zero_stride": [*runs, *common, "--protocol=sliding", "--stride=0"],
-            "long_stride": [*runs, *common, "--protocol=sliding", "--stride=17"],
-            "stride_tiled": [*runs, *common, "--stride=8"],
-            "doc_tokens_with_documents": [*runs, *common, "--doc_tokens=50"],
-            "short_documents": [*runs, *common, "--protocol=truncate", "--lengths=16,300"]}[case]
+    args = {
+        "no_best": [str(tmp_path), *common],
+        "unknown_dataset": [*runs, *common, "--dataset=nope"],
+        "zero_length": [*runs, *common, "--lengths=0,16"],
+        "negative_length": [*runs, *common, "--lengths=-16"],
+        "too_long": [*runs, *common, "--lengths=16,300"],
+        "bad_flag": [*runs, *common, "--bogus=1"],
+        "zero_stride": [*runs, *common, "--protocol=sliding", "--stride=0"],
+        "long_stride": [*runs, *common, "--protocol=sliding", "--stride=17"],
+        "stride_tiled": [*runs, *common, "--stride=8"],
+        "doc_tokens_with_documents": [*runs, *common, "--doc_tokens=50"],
+        "short_documents": [*runs, *common, "--protocol=truncate", "--lengths=16,300"],
+    }[case]
     assert exit_code(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("case", ["short_of_the_end", "past_the_end", "not_from_zero", "decreasing", "one_offset", "empty"])
+@pytest.mark.parametrize(
+    "case", ["short_of_the_end", "past_the_end", "not_from_zero", "decreasing", "one_offset", "empty"]
+)
 def test_document_offsets_that_do_not_cover_the_split_exit_2(setup, case, capsys):
     """test.docs.bin must hold 0 = off[0] <= off[1] <= ... <= off[-1] = len(test.bin) = 734."""
     tmp_path, _, runs, common = setup
     off = np.concatenate([[0], np.cumsum(DOCS)])  # 0 300 340 540 604 734
-    bad = {"short_of_the_end": np.r_[off[:-1], 700], "past_the_end": np.r_[off[:-1], 760],
-           "not_from_zero": np.r_[10, off[1:]], "decreasing": off[[0, 2, 1, 3, 4, 5]],
-           "one_offset": off[:1], "empty": off[:0]}[case]
+    bad = {
+        "short_of_the_end": np.r_[off[:-1], 700],
+        "past_the_end": np.r_[off[:-1], 760],
+        "not_from_zero": np.r_[10, off[1:]],
+        "decreasing": off[[0, 2, 1, 3, 4, 5]],
+        "one_offset": off[:1],
+        "empty": off[:0],
+    }[case]
     bad.astype(np.int64).tofile(tmp_path / "data" / "toy" / "test.docs.bin")
     assert exit_code([*runs, *common]) == 2
     err = capsys.readouterr().err
@@ -239,7 +286,7 @@ def test_last_k_equal_to_the_shortest_length_scores_its_whole_last_window(setup)
     t = torch.from_numpy(tokens.astype(np.int64))
     model, _ = load_run(runs[1])
     with torch.no_grad():
-        _, loss = model(t[s + 48:s + 64][None], t[s + 49:s + 65][None])
+        _, loss = model(t[s + 48 : s + 64][None], t[s + 49 : s + 65][None])
     assert rows[0]["length"] == 16 and rows[0]["last_loss"] == pytest.approx(loss.item(), rel=1e-5)
 
 
@@ -253,8 +300,10 @@ def test_rope_scaling_takes_L_from_the_run_block_size(setup, capsys):
     for L in (16, 64):
         saved[L] = str(tmp_path / f"run-yarn-{L}")
         os.makedirs(saved[L])
-        torch.save({**state, "model_args": {**state["model_args"], "rope_scaling": 4.0, "rope_original_block_size": L}},
-                   os.path.join(saved[L], "best.pt"))
+        torch.save(
+            {**state, "model_args": {**state["model_args"], "rope_scaling": 4.0, "rope_original_block_size": L}},
+            os.path.join(saved[L], "best.pt"),
+        )
     rows = ee.run([runs[0], saved[16], saved[64], *common, "--max_tokens=64", "--rope_scaling=4"])
     assert "already YaRN (s=4); --rope_scaling ignored" in capsys.readouterr().out
     ppl = {r: [x["ppl"] for x in rows if x["run"] == r] for r in (runs[0], saved[16], saved[64])}
@@ -269,11 +318,20 @@ def test_a_run_with_another_tokenizer_of_the_same_size_is_refused(char_pretraine
     other = tmp_path / "upper"  # the tokenizer a run trained on chars_upper stores
     other.mkdir()
     state = torch.load(os.path.join(pre, "best.pt"), weights_only=True)
-    state["tokenizer"] = {**state["tokenizer"], "dataset": "chars_upper",
-                          "tokenizer": {"kind": "char", "itos": list(" ,.:ABEHINOQRSTU")}}
+    state["tokenizer"] = {
+        **state["tokenizer"],
+        "dataset": "chars_upper",
+        "tokenizer": {"kind": "char", "itos": list(" ,.:ABEHINOQRSTU")},
+    }
     torch.save(state, other / "best.pt")
-    args = [f"--data_root={data_root}", "--lengths=8,16", "--last_k=4", "--max_tokens=32", "--device=cpu",
-            f"--out_dir={tmp_path / 'out'}"]
+    args = [
+        f"--data_root={data_root}",
+        "--lengths=8,16",
+        "--last_k=4",
+        "--max_tokens=32",
+        "--device=cpu",
+        f"--out_dir={tmp_path / 'out'}",
+    ]
     for runs, dataset in (([pre, str(other)], "chars"), ([pre], "chars_upper")):
         assert exit_code([*runs, *args, f"--dataset={dataset}"]) == 2
         err = capsys.readouterr().err
@@ -284,6 +342,7 @@ def test_a_run_with_another_tokenizer_of_the_same_size_is_refused(char_pretraine
 
 
 # ---- protocols: sliding (YaRN / Position Interpolation), truncate ----
+
 
 def hand_sliding_losses(model, doc, L, S):
     """Reference: the loss of every target t = 1 .. m of doc (m + 1 tokens) from a forward on exactly
@@ -331,7 +390,7 @@ def test_sliding_equals_hand_loop_of_the_promised_context(tmp_path):
         got, means = ee.sliding_losses(model, doc, L, S, batch=3)
         assert torch.allclose(got, ref, rtol=0, atol=2e-5), (L, S, (got - ref).abs().max())
         wins = ee.sliding_windows(150, L, S)
-        want = [ref[a + L - n:a + L].mean() for a, n in wins]
+        want = [ref[a + L - n : a + L].mean() for a, n in wins]
         assert torch.allclose(means, torch.stack(want), atol=2e-5)
     # the context matters for this model: one token less before each target changes its loss
     with torch.no_grad():
@@ -342,8 +401,9 @@ def test_sliding_equals_hand_loop_of_the_promised_context(tmp_path):
 def test_sliding_run_budget_table_csv(setup, monkeypatch, capsys):
     """run(): the same targets at every length, both perplexities from the hand loop, CSV columns."""
     tmp_path, tokens, runs, common = setup
-    rows = ee.run([runs[1], *common, "--lengths=16,32", "--protocol=sliding", "--stride=8", "--max_tokens=200",
-                   "--seed=3"])
+    rows = ee.run(
+        [runs[1], *common, "--lengths=16,32", "--protocol=sliding", "--stride=8", "--max_tokens=200", "--seed=3"]
+    )
     captured = capsys.readouterr()
     off = np.concatenate([[0], np.cumsum(DOCS)])
     stretches = ee.sliding_stretches(off, 32, 200, seed=3)
@@ -357,9 +417,9 @@ def test_sliding_run_budget_table_csv(setup, monkeypatch, capsys):
         L = r["length"]
         losses, means = [], []
         for a, m in stretches:
-            ref = hand_sliding_losses(model, t[a:a + m + 1], L, 8)
+            ref = hand_sliding_losses(model, t[a : a + m + 1], L, 8)
             losses.append(ref)
-            means += [ref[b + L - n:b + L].mean().item() for b, n in ee.sliding_windows(m, L, 8)]
+            means += [ref[b + L - n : b + L].mean().item() for b, n in ee.sliding_windows(m, L, 8)]
         n_windows += len(means)
         assert r["protocol"] == "sliding" and r["tokens"] == 200 and r["last_loss"] is None
         assert r["ppl"] == pytest.approx(math.exp(torch.cat(losses).mean().item()), rel=1e-5)
@@ -370,8 +430,11 @@ def test_sliding_run_budget_table_csv(setup, monkeypatch, capsys):
     assert f"{n_windows}/{n_windows}" in captured.err  # the progress bar counts windows
     with open(tmp_path / "out" / "extrapolation.csv") as f:
         got = list(csv.DictReader(f))
-    assert got[1]["protocol"] == "sliding" and float(got[1]["ppl_window_mean"]) == pytest.approx(
-        rows[1]["ppl_window_mean"], rel=1e-5) and got[1]["last_loss"] == ""
+    assert (
+        got[1]["protocol"] == "sliding"
+        and float(got[1]["ppl_window_mean"]) == pytest.approx(rows[1]["ppl_window_mean"], rel=1e-5)
+        and got[1]["last_loss"] == ""
+    )
 
 
 def test_truncate_is_one_forward_on_each_documents_first_tokens(setup, capsys):
@@ -386,7 +449,7 @@ def test_truncate_is_one_forward_on_each_documents_first_tokens(setup, capsys):
         total = 0.0
         for s in starts.tolist():
             with torch.no_grad():
-                total += model(t[s:s + L][None], t[s + 1:s + L + 1][None])[1].item() * L
+                total += model(t[s : s + L][None], t[s + 1 : s + L + 1][None])[1].item() * L
         assert r["tokens"] == 2 * L and r["ppl_window_mean"] is None and r["last_loss"] is None
         assert r["ppl"] == pytest.approx(math.exp(total / (2 * L)), rel=1e-5)
     assert "perplexity over each document's first L tokens" in capsys.readouterr().out
@@ -394,7 +457,7 @@ def test_truncate_is_one_forward_on_each_documents_first_tokens(setup, capsys):
     # a split without document offsets, read as documents of 100 tokens: windows at 0, 100, ..., 600
     make_dataset(str(tmp_path / "data"), name="flat", with_offsets=False)
     flat = ee.run([runs[0], *common, "--dataset=flat", "--protocol=truncate", "--doc_tokens=100", "--lengths=64"])
-    total = sum(model(t[s:s + 64][None], t[s + 1:s + 65][None])[1].item() * 64 for s in range(0, 700, 100))
+    total = sum(model(t[s : s + 64][None], t[s + 1 : s + 65][None])[1].item() * 64 for s in range(0, 700, 100))
     assert flat[0]["tokens"] == 7 * 64 and flat[0]["ppl"] == pytest.approx(math.exp(total / (7 * 64)), rel=1e-5)
 
 
@@ -406,7 +469,7 @@ def test_truncate_budget_below_the_longest_length_scores_one_document_the_seed_p
     model, _ = load_run(runs[0])
     t = torch.from_numpy(tokens.astype(np.int64))
     with torch.no_grad():
-        by_doc = {s: math.exp(model(t[s:s + 16][None], t[s + 1:s + 17][None])[1].item()) for s in (0, 340, 604)}
+        by_doc = {s: math.exp(model(t[s : s + 16][None], t[s + 1 : s + 17][None])[1].item()) for s in (0, 340, 604)}
     picked = set()
     for seed in (1, 2, 3, 4):
         row = ee.run([runs[0], *common, "--protocol=truncate", "--max_tokens=10", f"--seed={seed}"])[0]
@@ -421,8 +484,14 @@ def test_stride_equal_to_length_tiles_each_document_from_its_start(tmp_path):
     divide places its windows from each chunk's end instead, so its tokens differ."""
     make_dataset(str(tmp_path / "data"), docs=[73, 121, 145])  # 3, 5 and 6 windows of 24
     run = make_run(tmp_path / "run", "rope", seed=1)
-    common = [run, f"--data_root={tmp_path / 'data'}", "--dataset=toy", f"--out_dir={tmp_path / 'out'}", "--device=cpu",
-              "--last_k=8"]
+    common = [
+        run,
+        f"--data_root={tmp_path / 'data'}",
+        "--dataset=toy",
+        f"--out_dir={tmp_path / 'out'}",
+        "--device=cpu",
+        "--last_k=8",
+    ]
     sliding = ee.run([*common, "--protocol=sliding", "--lengths=24,64", "--stride=24"])[0]
     tiled = ee.run([*common, "--lengths=24"])[0]
     assert sliding["tokens"] == tiled["tokens"] == 72 + 120 + 144
@@ -460,8 +529,10 @@ def test_a_gpu_run_names_its_gpus_in_every_csv_row(setup, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
     def on_cpu(f):  # the device argument "cuda" becomes "cpu"
         return lambda *a: f(*(("cpu" if isinstance(x, str) and x == "cuda" else x) for x in a))
+
     for name in ("load_checkpoint", "build_model", "_tokens"):
         monkeypatch.setattr(ee, name, on_cpu(getattr(ee, name)))
     argv = [*runs[1:], *[c for c in common if c != "--device=cpu"], "--max_tokens=64", "--dtype=float32"]

@@ -12,14 +12,14 @@ import os
 
 import pytest
 import torch
+from test_model import reference_logits, sharp
+from test_train import TINY, run
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import eval_extrapolate
 import sample
 from model import GPT, GPTConfig, KVCache
 from pope import pope_attention, pope_attention_decode, pope_key_magnitude
-from test_model import reference_logits, sharp
-from test_train import TINY, run
 
 H, D = 4, 8  # 4 query heads of width 8 (n_embd 32)
 ENCODINGS = ["pope", "rope", "yarn", "none", "rope_half", "alibi_half", "learned", "sinusoidal"]
@@ -62,10 +62,13 @@ def test_config_checks_and_shapes():
     for bad in (3, 0, 5, -2, "2", 2.0, True):
         with pytest.raises(ValueError, match="n_kv_head"):
             GPTConfig(n_head=4, n_embd=32, n_kv_head=bad)
-    attn = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=4, n_kv_head=2, n_embd=32)).transformer.h[0].attn
+    attn = (
+        GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=4, n_kv_head=2, n_embd=32)).transformer.h[0].attn
+    )
     assert attn.c_attn.weight.shape == ((4 + 2 * 2) * 8, 32) and attn.pope_delta.shape == (2, 8)
-    assert GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=4, n_embd=32)).transformer.h[0].attn.c_attn \
-        .weight.shape == (96, 32)  # None: one key/value head per query head, the checkpoint layout of before
+    assert GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=4, n_embd=32)).transformer.h[
+        0
+    ].attn.c_attn.weight.shape == (96, 32)  # None: one key/value head per query head, the checkpoint layout of before
 
 
 @pytest.mark.parametrize("pos_encoding", ENCODINGS)
@@ -89,8 +92,10 @@ def test_gqa_equals_the_model_with_keys_and_values_copied_over_each_group(pos_en
         if name.endswith("attn.c_attn.weight"):
             q, k, v = g.split((C, n_kv_head * D, n_kv_head * D))
             q_t, k_t, v_t = g_twin.split(C)
-            g, g_twin = torch.cat((q, k, v)), torch.cat((q_t, summed_over_groups(k_t, n_kv_head, D),
-                                                         summed_over_groups(v_t, n_kv_head, D)))
+            g, g_twin = (
+                torch.cat((q, k, v)),
+                torch.cat((q_t, summed_over_groups(k_t, n_kv_head, D), summed_over_groups(v_t, n_kv_head, D))),
+            )
         elif name.endswith("attn.pope_delta"):
             g_twin = summed_over_groups(g_twin, n_kv_head, 1)
         torch.testing.assert_close(g, g_twin, atol=2e-4, rtol=1e-3, msg=name)
@@ -126,8 +131,11 @@ def test_cached_pope_decode_step_reads_its_groups_key_head():
     """pope_attention_decode's single-token matmul path (grouped queries as (B, H_kv, G, 2d)) equals
     pope_attention on the raw keys, with keys so different per head that a wrong head shows."""
     g = torch.Generator().manual_seed(7)
-    q, k, v = torch.randn(2, 6, 1, 16, generator=g) * 3, torch.randn(2, 2, 30, 16, generator=g) * 3, \
-        torch.randn(2, 2, 30, 16, generator=g)
+    q, k, v = (
+        torch.randn(2, 6, 1, 16, generator=g) * 3,
+        torch.randn(2, 2, 30, 16, generator=g) * 3,
+        torch.randn(2, 2, 30, 16, generator=g),
+    )
     delta = -2 * math.pi * torch.rand(2, 16, generator=g)
     want = pope_attention(q, k, v, delta, q_offset=29, backend="torch")
     got = pope_attention_decode(q, pope_key_magnitude(k), v, delta, q_offset=29, backend="torch")
@@ -147,8 +155,11 @@ class _AtenOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.counts[str(func.overloadpacket)] += 1
-        self.shapes += [tuple(t.shape) for t in (out if isinstance(out, (tuple, list)) else (out,))
-                        if isinstance(t, torch.Tensor) and t.dim() == 4]
+        self.shapes += [
+            tuple(t.shape)
+            for t in (out if isinstance(out, (tuple, list)) else (out,))
+            if isinstance(t, torch.Tensor) and t.dim() == 4
+        ]
         return out
 
 
@@ -192,8 +203,14 @@ def test_train_resume_sample_and_evaluate_with_n_kv_head_2(toy_stream, tmp_path,
     """--n_kv_head=2 from the command line: the checkpoint keeps it; resume continues the run; sample.py and
     eval_extrapolate.py load the run; a fine-tune refuses another n_kv_head and accepts None = n_head."""
     out = str(tmp_path / "run")
-    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--n_head=4", "--batch_size=8", "--block_size=32",
-                     f"--out_dir={out}"]
+    common = TINY + [
+        f"--data_root={toy_stream}",
+        "--dataset=toy",
+        "--n_head=4",
+        "--batch_size=8",
+        "--block_size=32",
+        f"--out_dir={out}",
+    ]
     first = run(common + ["--n_kv_head=2", "--max_iters=4", "--eval_interval=4"])
     state = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert state["model_args"]["n_kv_head"] == 2 and first["iter_num"] == 4
@@ -203,11 +220,30 @@ def test_train_resume_sample_and_evaluate_with_n_kv_head_2(toy_stream, tmp_path,
     capsys.readouterr()
     text = sample.main([f"--out_dir={out}", "--start=[1, 2, 3]", "--max_new_tokens=5", "--device=cpu"])[0]
     assert isinstance(text, str)
-    rows = eval_extrapolate.run([out, f"--data_root={toy_stream}", "--dataset=toy", "--lengths=16,32",
-                                 "--last_k=8", "--max_tokens=64", "--device=cpu", f"--out_dir={tmp_path / 'ee'}"])
+    rows = eval_extrapolate.run(
+        [
+            out,
+            f"--data_root={toy_stream}",
+            "--dataset=toy",
+            "--lengths=16,32",
+            "--last_k=8",
+            "--max_tokens=64",
+            "--device=cpu",
+            f"--out_dir={tmp_path / 'ee'}",
+        ]
+    )
     assert len(rows) == 2 and all(math.isfinite(r["ppl"]) for r in rows)
-    ft = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--n_head=4", "--batch_size=8", "--block_size=32",
-                 "--init_from=finetune", f"--init_ckpt={out}/best.pt", "--max_iters=1", "--eval_interval=1"]
+    ft = TINY + [
+        f"--data_root={toy_stream}",
+        "--dataset=toy",
+        "--n_head=4",
+        "--batch_size=8",
+        "--block_size=32",
+        "--init_from=finetune",
+        f"--init_ckpt={out}/best.pt",
+        "--max_iters=1",
+        "--eval_interval=1",
+    ]
     with pytest.raises(SystemExit) as e:
         run(ft + ["--n_kv_head=4", f"--out_dir={tmp_path / 'ft4'}"])
     assert e.value.code == 2 and "n_kv_head=2" in capsys.readouterr().err
@@ -235,15 +271,21 @@ def test_sdpa_gqa_expands_keys_and_values_where_cuda_sdpa_would_take_its_math_ke
     kernel then runs), keeps enable_gqa for CUDA fp16 / bf16 without a mask on an sm_90 GPU and for CPU
     tensors, and does nothing without grouping. CUDA is mocked (Tensor.is_cuda, the capability)."""
     import pope
+
     q = torch.randn(1, 4, 5, 8)
     k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     for masked in (False, True):  # CPU: SDPA's fused CPU kernel takes grouped heads in fp32 and with a mask
         assert pope.sdpa_gqa(q, k, v, masked)[2] == {"enable_gqa": True}
     assert pope.sdpa_gqa(q, q, q, True) == (q, q, {})
     _mock_cuda(monkeypatch, (9, 0))
-    for dtype, masked, expand in ((torch.float32, False, True), (torch.float32, True, True),
-                                  (torch.bfloat16, True, True), (torch.float16, True, True),
-                                  (torch.bfloat16, False, False), (torch.float16, False, False)):
+    for dtype, masked, expand in (
+        (torch.float32, False, True),
+        (torch.float32, True, True),
+        (torch.bfloat16, True, True),
+        (torch.float16, True, True),
+        (torch.bfloat16, False, False),
+        (torch.float16, False, False),
+    ):
         kk, vv, kw = pope.sdpa_gqa(q.to(dtype), k.to(dtype), v.to(dtype), masked)
         if expand:
             assert kw == {} and torch.equal(kk, k.to(dtype).repeat_interleave(2, 1)), (dtype, masked)
@@ -252,9 +294,21 @@ def test_sdpa_gqa_expands_keys_and_values_where_cuda_sdpa_would_take_its_math_ke
             assert kw == {"enable_gqa": True} and kk.shape[1] == 2, (dtype, masked)
 
 
-@pytest.mark.parametrize("capability, flash", [((6, 1), False), ((7, 0), False), ((7, 5), False), ((8, 0), True),
-                                               ((8, 6), True), ((9, 0), True), ((10, 0), True), ((12, 0), True),
-                                               ((12, 1), True), ((13, 0), False)])
+@pytest.mark.parametrize(
+    "capability, flash",
+    [
+        ((6, 1), False),
+        ((7, 0), False),
+        ((7, 5), False),
+        ((8, 0), True),
+        ((8, 6), True),
+        ((9, 0), True),
+        ((10, 0), True),
+        ((12, 0), True),
+        ((12, 1), True),
+        ((13, 0), False),
+    ],
+)
 def test_sdpa_gqa_follows_sdpas_flash_rules_per_gpu(monkeypatch, capability, flash):
     """PyTorch's SDPA runs flash from sm_80 to sm_121 only (sdp_utils.cpp, check_flash_attention_hardware_support).
     Below (P100 sm_61, V100 sm_70, T4 sm_75) unmasked fp16 with enable_gqa would take the O(T^2) math kernel:
@@ -265,6 +319,7 @@ def test_sdpa_gqa_follows_sdpas_flash_rules_per_gpu(monkeypatch, capability, fla
     import torch.nn.functional as F
 
     import pope
+
     g = torch.Generator().manual_seed(0)
     q = (2 * torch.randn(1, 4, 6, 16, generator=g)).half()
     k, v = ((2 * torch.randn(1, 2, 6, 16, generator=g)).half() for _ in range(2))
@@ -274,6 +329,7 @@ def test_sdpa_gqa_follows_sdpas_flash_rules_per_gpu(monkeypatch, capability, fla
     def sdpa(q, k, v, *args, **kw):
         calls.append((k.shape[1], v.shape[1], kw.get("enable_gqa", False)))
         return real(q, k, v, *args, **kw)
+
     monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
     got = [pope.sdpa_attention(q, k, v, causal=True), pope.sdpa_attention(q[:, :, -1:], k, v, q_offset=5)]
     assert calls == [(2, 2, True) if flash else (4, 4, False)] * 2, calls
@@ -292,6 +348,7 @@ def test_flash_sdpa_rules_beyond_the_gpu(monkeypatch):
     the autocast dtype), no mask, one head dim for q, k, v of at most 256, flash not disabled, and on sm_86..89 and
     sm_120/121 no training at head dims in (192, 224]."""
     import pope
+
     asked = _mock_cuda(monkeypatch, (9, 0))
     h = lambda d, *s: torch.randn(*(s or (1, 2, 3)), d, dtype=torch.float16)  # noqa: E731
     assert pope.flash_sdpa_accepts(h(64), h(64), h(64), masked=False)
@@ -309,8 +366,14 @@ def test_flash_sdpa_rules_beyond_the_gpu(monkeypatch):
     finally:
         torch.backends.cuda.enable_flash_sdp(prev)
     q200 = h(200).requires_grad_()
-    for capability, training_ok in (((8, 6), False), ((8, 9), False), ((12, 0), False), ((9, 0), True),
-                                    ((8, 0), True), ((10, 0), True)):
+    for capability, training_ok in (
+        ((8, 6), False),
+        ((8, 9), False),
+        ((12, 0), False),
+        ((9, 0), True),
+        ((8, 0), True),
+        ((10, 0), True),
+    ):
         _mock_cuda(monkeypatch, capability)
         assert pope.flash_sdpa_accepts(q200, h(200), h(200), masked=False) == training_ok, capability
         with torch.no_grad():
@@ -328,6 +391,7 @@ def test_cuda_gqa_calls_sdpa_without_enable_gqa_where_flash_cannot_run(monkeypat
     heads and no enable_gqa (which would send it to the O(T^2) math kernel); bf16 calls without a mask keep
     n_kv_head heads and enable_gqa (flash). The logits equal the unmocked CPU run's."""
     import torch.nn.functional as F
+
     idx = torch.randint(0, 16, (1, 12), generator=torch.Generator().manual_seed(0))
     model = gqa_sharp(pos_encoding, 2).to(dtype)
     model.config.attn_backend = "torch"
@@ -335,17 +399,27 @@ def test_cuda_gqa_calls_sdpa_without_enable_gqa_where_flash_cannot_run(monkeypat
     def outputs():
         cache = KVCache(model.config.n_layer, 12)
         with torch.no_grad():
-            return [model(idx)[0], model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:11], kv_cache=cache)[0],
-                    model(idx[:, 11:], kv_cache=cache)[0]]
+            return [
+                model(idx)[0],
+                model(idx[:, :7], kv_cache=cache)[0],
+                model(idx[:, 7:11], kv_cache=cache)[0],
+                model(idx[:, 11:], kv_cache=cache)[0],
+            ]
+
     want = outputs()
     calls, real = [], F.scaled_dot_product_attention
 
     def sdpa(q, k, v, *args, **kw):
         masked = kw.get("attn_mask") is not None
         expand = masked or q.dtype == torch.float32
-        calls.append(((q.shape[1], k.shape[1], v.shape[1], kw.get("enable_gqa", False)),
-                      (H, H, H, False) if expand else (H, 2, 2, True)))
+        calls.append(
+            (
+                (q.shape[1], k.shape[1], v.shape[1], kw.get("enable_gqa", False)),
+                (H, H, H, False) if expand else (H, 2, 2, True),
+            )
+        )
         return real(q, k, v, *args, **kw)
+
     monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
     _mock_cuda(monkeypatch, (8, 0))
     got = outputs()

@@ -10,8 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pope import (pope_attention, pope_attention_decode, pope_attention_reference, pope_frequencies,
-                  pope_key_magnitude, pope_query_decode_form, pope_rotation_table, polar_to_cartesian)
+from pope import (
+    polar_to_cartesian,
+    pope_attention,
+    pope_attention_decode,
+    pope_attention_reference,
+    pope_frequencies,
+    pope_key_magnitude,
+    pope_query_decode_form,
+    pope_rotation_table,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +49,12 @@ def formula_attention(q, k, v, delta, q_offset, causal, magnitude="softplus", th
 
 
 CASES = [  # (Tq, Tk, q_offset, causal)
-    (9, 9, 0, True), (9, 9, 0, False), (3, 11, 8, True), (4, 11, 2, True), (1, 6, 5, True), (5, 12, 30, False),
+    (9, 9, 0, True),
+    (9, 9, 0, False),
+    (3, 11, 8, True),
+    (4, 11, 2, True),
+    (1, 6, 5, True),
+    (5, 12, 30, False),
 ]
 
 
@@ -144,8 +157,10 @@ def test_delta_moved_to_the_query_is_the_same_score_in_float64(H, H_kv):
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
 
 
-@pytest.mark.parametrize("H, H_kv, Tq, Tk, q_offset", [(2, 2, 1, 9, 8), (4, 2, 1, 9, 8), (4, 1, 5, 12, 7),
-                                                      (2, 2, 12, 12, 0), (4, 2, 3, 12, 4)])
+@pytest.mark.parametrize(
+    "H, H_kv, Tq, Tk, q_offset",
+    [(2, 2, 1, 9, 8), (4, 2, 1, 9, 8), (4, 1, 5, 12, 7), (2, 2, 12, 12, 0), (4, 2, 3, 12, 4)],
+)
 @pytest.mark.parametrize("magnitude, with_delta", [("softplus", True), ("relu", True), ("identity", False)])
 def test_decoding_over_key_magnitudes_equals_pope_attention(H, H_kv, Tq, Tk, q_offset, magnitude, with_delta):
     """Decoding over the cached key form (pope_key_magnitude, appended in two pieces as a cache fills, with a
@@ -159,8 +174,7 @@ def test_decoding_over_key_magnitudes_equals_pope_attention(H, H_kv, Tq, Tk, q_o
     want = pope_attention(q, k, v, delta, backend="torch", **kw)
     mu = torch.cat([pope_key_magnitude(k[:, :, :3], magnitude), pope_key_magnitude(k[:, :, 3:], magnitude)], dim=2)
     assert mu.shape == k.shape
-    got = pope_attention_decode(q, mu, v, delta, rotation=pope_rotation_table(Tk + 5, 16, 500.0), backend="torch",
-                                **kw)
+    got = pope_attention_decode(q, mu, v, delta, rotation=pope_rotation_table(Tk + 5, 16, 500.0), backend="torch", **kw)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     ref = pope_attention_reference(q, k, v, delta, **kw)
     torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
@@ -181,35 +195,39 @@ def test_query_decode_form_carries_minus_delta_of_its_key_head():
 
 def test_theta_keyword_still_works_with_one_deprecation_warning():
     """rope_theta was called theta: old callers keep working, warned once per process."""
-    code = (f"import sys, warnings, torch; sys.path.insert(0, {REPO!r})\n"
-            "warnings.simplefilter('always')\n"
-            "import pope\n"
-            "q = torch.randn(1, 2, 5, 8)\n"
-            "with warnings.catch_warnings(record=True) as w:\n"
-            "    warnings.simplefilter('always')\n"
-            "    a = pope.pope_frequencies(8, theta=500.0)\n"
-            "    b = pope.pope_attention(q, q, q, theta=500.0, backend='torch')\n"
-            "    c = pope.pope_attention_reference(q, q, q, theta=500.0)\n"
-            "assert torch.equal(a, pope.pope_frequencies(8, rope_theta=500.0))\n"
-            "assert torch.equal(b, pope.pope_attention(q, q, q, rope_theta=500.0, backend='torch'))\n"
-            "assert torch.equal(c, pope.pope_attention_reference(q, q, q, rope_theta=500.0))\n"
-            "assert not torch.equal(b, pope.pope_attention(q, q, q, backend='torch'))\n"
-            "dep = [x for x in w if issubclass(x.category, DeprecationWarning) and 'rope_theta' in str(x.message)]\n"
-            "assert len(dep) == 1, [str(x.message) for x in w]\n"
-            "print('ok')\n")
+    code = (
+        f"import sys, warnings, torch; sys.path.insert(0, {REPO!r})\n"
+        "warnings.simplefilter('always')\n"
+        "import pope\n"
+        "q = torch.randn(1, 2, 5, 8)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    a = pope.pope_frequencies(8, theta=500.0)\n"
+        "    b = pope.pope_attention(q, q, q, theta=500.0, backend='torch')\n"
+        "    c = pope.pope_attention_reference(q, q, q, theta=500.0)\n"
+        "assert torch.equal(a, pope.pope_frequencies(8, rope_theta=500.0))\n"
+        "assert torch.equal(b, pope.pope_attention(q, q, q, rope_theta=500.0, backend='torch'))\n"
+        "assert torch.equal(c, pope.pope_attention_reference(q, q, q, rope_theta=500.0))\n"
+        "assert not torch.equal(b, pope.pope_attention(q, q, q, backend='torch'))\n"
+        "dep = [x for x in w if issubclass(x.category, DeprecationWarning) and 'rope_theta' in str(x.message)]\n"
+        "assert len(dep) == 1, [str(x.message) for x in w]\n"
+        "print('ok')\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
 
 
 def test_pope_imports_and_runs_without_triton():
     """pope.py is the maths and the torch path: it must import and run where triton is missing (macOS)."""
-    code = (f"import sys; sys.path.insert(0, {REPO!r}); sys.modules['triton'] = None\n"
-            "import torch, pope, model\n"
-            "assert pope.pope_kernel is None\n"
-            "q = torch.randn(1, 2, 5, 16)\n"
-            "assert pope.pope_attention(q, q, q).shape == (1, 2, 5, 16)\n"
-            "assert 'triton is not importable' in pope.triton_unsupported_reason(q, q, q)\n"
-            "print('ok')\n")
+    code = (
+        f"import sys; sys.path.insert(0, {REPO!r}); sys.modules['triton'] = None\n"
+        "import torch, pope, model\n"
+        "assert pope.pope_kernel is None\n"
+        "q = torch.randn(1, 2, 5, 16)\n"
+        "assert pope.pope_attention(q, q, q).shape == (1, 2, 5, 16)\n"
+        "assert 'triton is not importable' in pope.triton_unsupported_reason(q, q, q)\n"
+        "print('ok')\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
 
@@ -219,6 +237,7 @@ def test_single_token_decoding_over_several_key_chunks(monkeypatch):
     8192 for this cache's size): over 600 keys (three chunks, the last one ragged) with grouped heads it equals
     the float64 reference."""
     import pope
+
     g = torch.Generator().manual_seed(8)
     q, k = 3 * torch.randn(1, 4, 1, 16, generator=g), 3 * torch.randn(1, 2, 600, 16, generator=g)
     v, delta = torch.randn(1, 2, 600, 16, generator=g), -2 * math.pi * torch.rand(2, 16, generator=g)

@@ -34,7 +34,7 @@ def test_one_query_at_every_offset_sees_only_keys_up_to_its_position(backend):
     q_all, k, v, delta = _qkv(H, H_kv, Tk, Tk, seed=1)
     mu = pope.pope_key_magnitude(k)
     for q_offset in range(Tk):
-        q = q_all[:, :, q_offset:q_offset + 1]
+        q = q_all[:, :, q_offset : q_offset + 1]
         kw = dict(causal=True, rope_theta=500.0, q_offset=q_offset, backend=backend)
         want = pope.pope_attention_reference(q, k, v, delta, causal=True, rope_theta=500.0, q_offset=q_offset)
         got = pope.pope_attention(q, k, v, delta, **kw)
@@ -51,7 +51,7 @@ def test_sdpa_attention_one_query_at_every_offset():
     for q_offset in range(Tk):
         q = torch.randn(1, 2, 1, 8, generator=g)
         logits = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(8)
-        logits[..., q_offset + 1:] = float("-inf")
+        logits[..., q_offset + 1 :] = float("-inf")
         want = torch.softmax(logits, -1) @ v.double()
         got = pope.sdpa_attention(q, k, v, causal=True, q_offset=q_offset)
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5, msg=f"q_offset {q_offset}")

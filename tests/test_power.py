@@ -1,6 +1,6 @@
-"""study/power.py: the power of Welch's, the paired t- and Fisher's tests and the n a study needs, against independent references
-(scipy's tests applied to simulated or enumerated outcomes) and the numbers docs/cpu_scale.md section 5
-registered."""
+"""study/power.py: the power of Welch's, the paired t- and Fisher's tests and the n a study needs, against
+independent references (scipy's tests applied to simulated or enumerated outcomes) and the numbers
+docs/cpu_scale.md section 5 registered."""
 
 import itertools
 import math
@@ -22,9 +22,11 @@ def test_fisher_pvalues_are_scipys_for_every_table(n):
 
 @pytest.mark.parametrize("p_a, p_b, n", [(7 / 9, 1 / 9, 11), (0.9, 0.3, 7), (0.2, 0.2, 9), (1.0, 0.0, 4)])
 def test_fisher_power_sums_the_binomial_probability_of_every_separated_outcome(p_a, p_b, n):
-    want = sum(stats.binom.pmf(k_a, n, p_a) * stats.binom.pmf(k_b, n, p_b)
-               for k_a, k_b in itertools.product(range(n + 1), repeat=2)
-               if stats.fisher_exact([[k_a, n - k_a], [k_b, n - k_b]]).pvalue < 0.05)
+    want = sum(
+        stats.binom.pmf(k_a, n, p_a) * stats.binom.pmf(k_b, n, p_b)
+        for k_a, k_b in itertools.product(range(n + 1), repeat=2)
+        if stats.fisher_exact([[k_a, n - k_a], [k_b, n - k_b]]).pvalue < 0.05
+    )
     assert power.fisher_power(p_a, p_b, n) == pytest.approx(want, abs=1e-12)
 
 
@@ -41,8 +43,9 @@ def test_welch_power_is_exact_when_the_sds_are_equal(diff, sd, n):
     assert power.welch_power(diff, sd, sd, n) == pytest.approx(_simulated_power(diff, sd, sd, n, True), abs=0.004)
 
 
-@pytest.mark.parametrize("diff, sd_a, sd_b, n", [(0.0165, 0.0153, 0.0058, 10), (0.374, 0.243, 0.132, 6),
-                                                 (0.0165, 0.0153, 0.0058, 4)])
+@pytest.mark.parametrize(
+    "diff, sd_a, sd_b, n", [(0.0165, 0.0153, 0.0058, 10), (0.374, 0.243, 0.132, 6), (0.0165, 0.0153, 0.0058, 4)]
+)
 def test_welch_power_approximates_the_welch_test_with_unequal_sds(diff, sd_a, sd_b, n):
     sim = _simulated_power(diff, sd_a, sd_b, n, False)
     assert power.welch_power(diff, sd_a, sd_b, n) == pytest.approx(sim, abs=0.015)
@@ -55,8 +58,13 @@ def test_paired_power_is_the_one_sample_t_tests_known_answer():
     assert power.paired_power(-0.38, 0.38, 10) == pytest.approx(0.8031, abs=5e-5)  # sign and unit free
     # the same power as an integral over the chi-square of the sample variance, without the noncentral t
     df, t = 9, stats.t.ppf(0.975, 9)
-    reject = lambda v: (stats.norm.sf(t * np.sqrt(v / df) - np.sqrt(10))  # noqa: E731
-                        + stats.norm.cdf(-t * np.sqrt(v / df) - np.sqrt(10))) * stats.chi2.pdf(v, df)
+    reject = lambda v: (
+        (
+            stats.norm.sf(t * np.sqrt(v / df) - np.sqrt(10))  # noqa: E731
+            + stats.norm.cdf(-t * np.sqrt(v / df) - np.sqrt(10))
+        )
+        * stats.chi2.pdf(v, df)
+    )
     assert power.paired_power(1.0, 1.0, 10) == pytest.approx(integrate.quad(reject, 0, np.inf)[0], abs=1e-7)
 
 
@@ -90,9 +98,11 @@ def test_the_registered_study_sizes_reproduce():
     fisher = lambda n: power.fisher_power(7 / 9, 1 / 9, n)  # noqa: E731
     jsb = lambda n: power.welch_power(0.0165, 0.0153, 0.0058, n)  # noqa: E731
     delta = lambda n: power.welch_power(0.374, 0.243, 0.132, n)  # noqa: E731
-    for power_at, table, registered in ((fisher, {9: 0.77, 10: 0.78, 11: 0.86, 12: 0.91}, 11),
-                                        (jsb, {8: 0.72, 9: 0.78, 10: 0.83, 12: 0.90}, 10),
-                                        (delta, {5: 0.72, 6: 0.82, 7: 0.89}, 6)):
+    for power_at, table, registered in (
+        (fisher, {9: 0.77, 10: 0.78, 11: 0.86, 12: 0.91}, 11),
+        (jsb, {8: 0.72, 9: 0.78, 10: 0.83, 12: 0.90}, 10),
+        (delta, {5: 0.72, 6: 0.82, 7: 0.89}, 6),
+    ):
         assert {n: round(power_at(n), 2) for n in table} == table
         assert power.n_required(power_at, max_n=30)[0] == registered
 
@@ -105,11 +115,19 @@ def test_n_required_is_where_the_power_stays_above_the_target():
     assert power.n_required(lambda n: 0.5, max_n=10)[0] is None
 
 
-@pytest.mark.parametrize("call", [lambda: power.welch_power(1, 1, 1, 1), lambda: power.welch_power(1, 0, 0, 5),
-                                  lambda: power.welch_power(1, -1, 1, 5), lambda: power.fisher_power(1.2, 0.5, 5),
-                                  lambda: power.fisher_power(0.5, 0.5, 5, alpha=0),
-                                  lambda: power.paired_power(1, 0, 5), lambda: power.paired_power(1, 1, 1),
-                                  lambda: power.n_required(lambda n: 1.0, target=1.0)])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: power.welch_power(1, 1, 1, 1),
+        lambda: power.welch_power(1, 0, 0, 5),
+        lambda: power.welch_power(1, -1, 1, 5),
+        lambda: power.fisher_power(1.2, 0.5, 5),
+        lambda: power.fisher_power(0.5, 0.5, 5, alpha=0),
+        lambda: power.paired_power(1, 0, 5),
+        lambda: power.paired_power(1, 1, 1),
+        lambda: power.n_required(lambda n: 1.0, target=1.0),
+    ],
+)
 def test_bad_values_raise(call):
     with pytest.raises(ValueError):
         call()
@@ -124,21 +142,28 @@ def test_the_command_line_prints_the_table_and_the_n(capsys):
     power.main(["paired", "1", "1", "--max_n=30"])
     out = capsys.readouterr().out
     assert "| 10 | 0.803 |" in out and "from n = 10 runs per arm" in out
-    for argv, value in ((["paired", "1", "1", "--n=10"], power.paired_power(1, 1, 10, 0.01)),
-                        (["welch", "0.374", "0.243", "0.132", "--n=4"], power.welch_power(0.374, 0.243, 0.132, 4, 0.01)),
-                        (["fisher", "7/9", "1/9", "--n=11"], power.fisher_power(7 / 9, 1 / 9, 11, 0.01))):
-        power.main(argv + ["--alpha=0.01"])   # --alpha reaches every test
+    for argv, value in (
+        (["paired", "1", "1", "--n=10"], power.paired_power(1, 1, 10, 0.01)),
+        (["welch", "0.374", "0.243", "0.132", "--n=4"], power.welch_power(0.374, 0.243, 0.132, 4, 0.01)),
+        (["fisher", "7/9", "1/9", "--n=11"], power.fisher_power(7 / 9, 1 / 9, 11, 0.01)),
+    ):
+        power.main(argv + ["--alpha=0.01"])  # --alpha reaches every test
         assert f"alpha = 0.01: power {value:.3f}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [(["fisher", "7/9", "x"], "k/n or a fraction"),
-                                           (["fisher", "7/9", "10/9"], "must lie in [0, 1]"),
-                                           (["welch", "1", "1"], "takes DIFF SD_A SD_B"),
-                                           (["paired", "1"], "takes DIFF SD_DIFF"),
-                                           (["paired", "1", "0"], "must be > 0"),
-                                           (["welch", "1", "0", "0"], "not both 0"),
-                                           (["welch", "1", "1", "1", "--n=1"], "integer >= 2"),
-                                           (["welch", "1", "1", "1", "--max_n=1"], "integer >= 2")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["fisher", "7/9", "x"], "k/n or a fraction"),
+        (["fisher", "7/9", "10/9"], "must lie in [0, 1]"),
+        (["welch", "1", "1"], "takes DIFF SD_A SD_B"),
+        (["paired", "1"], "takes DIFF SD_DIFF"),
+        (["paired", "1", "0"], "must be > 0"),
+        (["welch", "1", "0", "0"], "not both 0"),
+        (["welch", "1", "1", "1", "--n=1"], "integer >= 2"),
+        (["welch", "1", "1", "1", "--max_n=1"], "integer >= 2"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         power.main(argv)
@@ -148,12 +173,16 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys):
 
 def _table(out):
     """The printed table's rows as [(n, power text)]."""
-    return [(int(c[0]), c[1]) for c in (ln.strip("|").split("|") for ln in out.splitlines() if ln.startswith("| "))
-            if c[0].strip().isdigit()]
+    return [
+        (int(c[0]), c[1])
+        for c in (ln.strip("|").split("|") for ln in out.splitlines() if ln.startswith("| "))
+        if c[0].strip().isdigit()
+    ]
 
 
 def _paired_reference(diff, sd, n, alpha=0.05):
-    """The paired t-test's power straight from scipy: P(T > t) + P(T < -t), T noncentral t (n - 1, diff sqrt(n) / sd)."""
+    """The paired t-test's power straight from scipy: P(T > t) + P(T < -t),
+    T noncentral t (n - 1, diff sqrt(n) / sd)."""
     t = stats.t.ppf(1 - alpha / 2, n - 1)
     ncp = diff * math.sqrt(n) / sd
     return stats.nct.sf(t, n - 1, ncp) + stats.nct.cdf(-t, n - 1, ncp)
@@ -189,9 +218,9 @@ def test_the_target_counts_as_reached_and_alpha_as_not_separated():
     # n_required: power >= target reaches it (a curve that hits 0.8 exactly at n = 3)
     assert power.n_required({2: 0.5, 3: 0.8, 4: 0.9}.get, max_n=4)[0] == 3
     # Fisher at n = 2: the smallest two-sided p is 1/6 + 1/6 = 1/3 (2 of 4 runs solved, all in one arm; by hand
-    # from the hypergeometric 1/6, 4/6, 1/6). "Separated" is p < alpha, as in study/results.py: at alpha = that p nothing
-    # separates, just above it the two one-arm outcomes do, with probability 0.99^4 + 0.01^4
+    # from the hypergeometric 1/6, 4/6, 1/6). "Separated" is p < alpha, as in study/results.py: at alpha = that p
+    # nothing separates, just above it the two one-arm outcomes do, with probability 0.99^4 + 0.01^4
     p_min = power.fisher_pvalues(2).min()
     assert p_min == pytest.approx(1 / 3)
     assert power.fisher_power(0.99, 0.01, 2, alpha=p_min) == 0.0
-    assert power.fisher_power(0.99, 0.01, 2, alpha=p_min * 1.0001) == pytest.approx(0.99 ** 4 + 0.01 ** 4)
+    assert power.fisher_power(0.99, 0.01, 2, alpha=p_min * 1.0001) == pytest.approx(0.99**4 + 0.01**4)

@@ -50,6 +50,7 @@ def test_download_writes_atomically_and_names_the_way_around_a_failure(tmp_path,
     def reset_midway(r, f, length):
         f.write(r.read(1000))
         raise ConnectionResetError("connection reset")
+
     src.write_bytes(b"x" * 5000)
     monkeypatch.setattr(common.shutil, "copyfileobj", reset_midway)
     with pytest.raises(RuntimeError, match="connection reset"):
@@ -62,6 +63,7 @@ def test_token_ids_outside_the_dtype_are_refused_and_leave_no_file(tmp_path, ids
     """BinWriter (every prepare script's splits): an id that uint16 cannot hold, too large or negative,
     raises instead of wrapping around to another token, and the split file is not written."""
     import numpy as np
+
     with pytest.raises(ValueError, match=r"outside uint16 range \[0, 65535\]"):
         with common.BinWriter(str(tmp_path / "train.bin"), np.uint16) as w:
             w.write(np.array(ids, dtype=np.int64))
@@ -78,12 +80,23 @@ def test_a_folder_whose_meta_json_lacks_a_split_is_not_complete(tmp_path):
     """is_complete, which lets a prepare script skip its work: a meta.json without the test split (or whose
     split file is missing) is not a complete dataset, so the script writes it again."""
     import numpy as np
+
     for split in ("train", "val"):
         with common.BinWriter(str(tmp_path / f"{split}.bin"), np.uint8) as w:
             w.write(np.arange(4))
-    common.write_meta(str(tmp_path), {"dataset": "toy", "vocab_size": 4, "dtype": "uint8", "layout": "stream",
-                                      "splits": {s: {"file": f"{s}.bin", "shape": [4], "tokens": 4} for s in ("train", "val")},
-                                      "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    common.write_meta(
+        str(tmp_path),
+        {
+            "dataset": "toy",
+            "vocab_size": 4,
+            "dtype": "uint8",
+            "layout": "stream",
+            "splits": {s: {"file": f"{s}.bin", "shape": [4], "tokens": 4} for s in ("train", "val")},
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": {"kind": "none"},
+        },
+    )
     assert common.is_complete(str(tmp_path), ("train", "val")) and not common.is_complete(str(tmp_path))
     os.remove(tmp_path / "val.bin")
     assert not common.is_complete(str(tmp_path), ("train", "val"))

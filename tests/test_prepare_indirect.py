@@ -19,8 +19,18 @@ from prepare.indirect_indexing import Variant, decode, prepare, sample_example
 from tests.test_data import chisquare_p
 
 SMALL = Variant(n_letters=12, min_len=6, max_len=10, max_shift=3, n_queries=3)
-TINY_MODEL = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=1",
-              "--warmup_iters=2", "--attn_backend=torch", "--compile=False", "--block_size=64"]
+TINY_MODEL = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--batch_size=8",
+    "--eval_iters=2",
+    "--log_interval=1",
+    "--warmup_iters=2",
+    "--attn_backend=torch",
+    "--compile=False",
+    "--block_size=64",
+]
 
 
 def parse(text, v):
@@ -30,7 +40,7 @@ def parse(text, v):
     assert len(fields) == 1 + 3 * v.n_queries, text
     s = fields[0]
     assert v.min_len <= len(s) <= v.max_len and len(set(s)) == len(s), text
-    assert set(s) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"[:v.n_letters]), text
+    assert set(s) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"[: v.n_letters]), text
     queries = []
     for src, shift, tgt in zip(fields[1::3], fields[2::3], fields[3::3]):
         assert shift[0] in "+-" and shift[1:].isdigit() and 1 <= abs(int(shift)) <= v.max_shift, text
@@ -57,8 +67,11 @@ def exact_shift_and_source(v):
 
 
 def test_variant_rows_are_valid_and_cover_every_letter_shift_and_query():
-    for v in (SMALL, Variant(n_letters=2, min_len=2, max_len=2, max_shift=1, n_queries=2),
-              Variant(n_letters=16, min_len=8, max_len=16, max_shift=4, n_queries=8)):
+    for v in (
+        SMALL,
+        Variant(n_letters=2, min_len=2, max_len=2, max_shift=1, n_queries=2),
+        Variant(n_letters=16, min_len=8, max_len=16, max_shift=4, n_queries=8),
+    ):
         rng, shifts, letters = random.Random(1), set(), set()
         for _ in range(3000):
             s, queries = parse(sample_example(rng, v), v)
@@ -73,10 +86,10 @@ def test_variant_distributions_chi_square():
     query index separately the shift and the (length, source position) as enumerated (p > 1e-4)."""
     rng, n, v = random.Random(11), 6000, SMALL
     rows = [parse(sample_example(rng, v), v) for _ in range(n)]
-    lengths = np.bincount([len(s) for s, _ in rows], minlength=v.max_len + 1)[v.min_len:]
+    lengths = np.bincount([len(s) for s, _ in rows], minlength=v.max_len + 1)[v.min_len :]
     assert chisquare_p(lengths) > 1e-4
     letters = Counter(c for s, _ in rows for c in s)
-    assert chisquare_p([letters[c] for c in ii.LETTERS[:v.n_letters]]) > 1e-4
+    assert chisquare_p([letters[c] for c in ii.LETTERS[: v.n_letters]]) > 1e-4
     p_shift, p_source = exact_shift_and_source(v)
     for q in range(v.n_queries):
         shifts = Counter(queries[q][1] for _, queries in rows)
@@ -88,6 +101,7 @@ def test_variant_distributions_chi_square():
 def test_default_is_the_papers_sampler_bit_for_bit(tmp_path):
     """The paper's sampler as it was before variants (a second copy, here) draws the same texts, and
     prepare's default writes the same bytes as before (sha256 of the splits of the earlier code)."""
+
     def paper(rng):
         n = rng.randint(20, 40)
         letters = rng.sample(ii.LETTERS, n)
@@ -96,12 +110,15 @@ def test_default_is_the_papers_sampler_bit_for_bit(tmp_path):
         j = rng.randint(lo, hi - 1)
         j += j >= i
         return f"{''.join(letters)},{letters[i]},{j - i:+d},{letters[j]}"
+
     a, b = random.Random(5), random.Random(5)
     assert [sample_example(a) for _ in range(2000)] == [paper(b) for _ in range(2000)]
     prepare(str(tmp_path), n_train=300, n_val=20, n_test=20, seed=3)
-    want = {"train": "511fc61ebcd6f4e222b92ddbb214dcaf130ed04163e46395bfed8a7ab2133a36",
-            "val": "b6d5e445d1d9499f222985df26056c0516ac671408d957580ac5e1bf4f24f04f",
-            "test": "ec7fff54141d5db176202099011e58e43720455f5c34fd962e3e030175f54b32"}
+    want = {
+        "train": "511fc61ebcd6f4e222b92ddbb214dcaf130ed04163e46395bfed8a7ab2133a36",
+        "val": "b6d5e445d1d9499f222985df26056c0516ac671408d957580ac5e1bf4f24f04f",
+        "test": "ec7fff54141d5db176202099011e58e43720455f5c34fd962e3e030175f54b32",
+    }
     for split, digest in want.items():
         assert hashlib.sha256((tmp_path / f"{split}.bin").read_bytes()).hexdigest() == digest, split
     meta = json.loads((tmp_path / "meta.json").read_text())
@@ -137,7 +154,7 @@ def test_multi_query_rows_targets_and_loss_mask(small_variant):
             targets = ends[2::3]
             assert [int(p) for p in (y[r] != -1).nonzero()] == [t - 1 for t in targets]  # y[p] predicts token p + 1
             assert decode(y[r][y[r] != -1].tolist(), v) == "".join(s[j] for _, _, j in queries)
-            assert decode(x[r, :len(text) - 1].tolist(), v) == text[:-1]  # inputs: the row up to its final target
+            assert decode(x[r, : len(text) - 1].tolist(), v) == text[:-1]  # inputs: the row up to its final target
     assert not set(texts["train"]) & set(texts["val"]) and not set(texts["train"]) & set(texts["test"])
     assert not set(texts["val"]) & set(texts["test"])
     x, y = ds.train_batch(0, 0)
@@ -178,8 +195,18 @@ def test_meta_and_name_round_trip_the_variant(tmp_path, monkeypatch):
     assert meta["tokenizer"]["itos"] == list("ABCDEFGH0123456789,+-") + ["<pad>"] and meta["pad_id"] == 21
     assert meta["loss_sep"] == {"id": 18, "every": 3}
     assert Variant.from_meta({"sampling": {"seed": 1, "min_len": 20, "max_len": 40, "max_shift": 15}}) == Variant()
-    for w in (v, Variant(), Variant(n_queries=2), Variant(max_shift=4), Variant(30, 10, 30), Variant(52, 2, 40, 1, 2),
-              Variant(max_shift=20), Variant(n_letters=45), Variant(min_len=25), Variant(max_len=30)):  # above and below
+    for w in (
+        v,
+        Variant(),
+        Variant(n_queries=2),
+        Variant(max_shift=4),
+        Variant(30, 10, 30),
+        Variant(52, 2, 40, 1, 2),
+        Variant(max_shift=20),
+        Variant(n_letters=45),
+        Variant(min_len=25),
+        Variant(max_len=30),
+    ):  # above and below
         assert Variant.from_name(w.name) == w
     assert prepare(out, n_train=50, n_val=5, n_test=5, seed=0, **asdict(v)) == out  # complete: nothing to do
     for field, value in {"n_letters": 9, "min_len": 5, "max_len": 7, "max_shift": 2, "n_queries": 2}.items():
@@ -187,13 +214,16 @@ def test_meta_and_name_round_trip_the_variant(tmp_path, monkeypatch):
             prepare(out, n_train=50, n_val=5, n_test=5, **{**asdict(v), field: value})
 
 
-@pytest.mark.parametrize("name,message", [
-    ("indirect_indexing_q8_letters16", "not an indirect-indexing variant"),
-    ("indirect_indexing_letters52_q2", "names the variant 'indirect_indexing_q2'"),
-    ("indirect_indexing_letters16", "max_len <= n_letters"),
-    ("indirect_indexing_len4-8_shift3_q5", "n_queries must be in 1..min_len = 4"),
-    ("indirect_indexing_len4-8_shift0", "max_shift must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("indirect_indexing_q8_letters16", "not an indirect-indexing variant"),
+        ("indirect_indexing_letters52_q2", "names the variant 'indirect_indexing_q2'"),
+        ("indirect_indexing_letters16", "max_len <= n_letters"),
+        ("indirect_indexing_len4-8_shift3_q5", "n_queries must be in 1..min_len = 4"),
+        ("indirect_indexing_len4-8_shift0", "max_shift must be >= 1"),
+    ],
+)
 def test_bad_variant_names_are_refused(name, message):
     with pytest.raises(ValueError, match=message):
         Variant.from_name(name)
@@ -215,8 +245,9 @@ def test_a_variant_with_too_few_examples_stops_with_the_fix(tmp_path, monkeypatc
     assert not (tmp_path / "x" / "meta.json").exists()
 
 
-@pytest.mark.parametrize("field,value", [("n_letters", 51), ("min_len", 21), ("max_len", 39), ("max_shift", 14),
-                                         ("n_queries", 2)])
+@pytest.mark.parametrize(
+    "field,value", [("n_letters", 51), ("min_len", 21), ("max_len", 39), ("max_shift", 14), ("n_queries", 2)]
+)
 def test_each_parameter_on_its_own_changes_the_name(field, value, tmp_path, monkeypatch):
     """A variant that differs from the paper in one parameter has a name of its own that parses back to it,
     so its data never lands in data/indirect_indexing, the paper's folder."""
@@ -233,8 +264,9 @@ def test_the_stall_limit_counts_repeats_in_a_row_not_in_all(tmp_path, monkeypatc
     """3 letters, strings of 2-3, shifts of 1: 36 distinct examples. Drawing 28 of them repeats an example
     45 times in all but at most 7 times in a row (seed 0), so a limit of 20 in a row is never reached."""
     monkeypatch.setattr(ii, "MAX_STALL", 20)
-    out = prepare(str(tmp_path / "x"), n_train=20, n_val=4, n_test=4, seed=0, n_letters=3, min_len=2, max_len=3,
-                  max_shift=1)
+    out = prepare(
+        str(tmp_path / "x"), n_train=20, n_val=4, n_test=4, seed=0, n_letters=3, min_len=2, max_len=3, max_shift=1
+    )
     rows = np.concatenate([np.fromfile(tmp_path / "x" / f"{s}.bin", dtype=np.uint8) for s in ("train", "val", "test")])
     v = Variant(3, 2, 3, 1, 1)
     assert len({decode(r, v) for r in rows.reshape(28, v.row_len).tolist()}) == 28 and out == str(tmp_path / "x")
@@ -246,8 +278,16 @@ def test_train_builds_a_variant_named_by_its_dataset_and_scores_every_target(tmp
     small_indirect_splits(300, 30, 40)
     root = tmp_path / "data"
     name = "indirect_indexing_letters8_len4-8_shift3_q4"
-    m = train.main(TINY_MODEL + [f"--dataset={name}", f"--data_root={root}", f"--out_dir={tmp_path / 'out'}",
-                                 "--max_iters=2", "--eval_interval=2"])
+    m = train.main(
+        TINY_MODEL
+        + [
+            f"--dataset={name}",
+            f"--data_root={root}",
+            f"--out_dir={tmp_path / 'out'}",
+            "--max_iters=2",
+            "--eval_interval=2",
+        ]
+    )
     meta = json.loads((root / name / "meta.json").read_text())
     assert meta["variant"] == name and Variant.from_meta(meta) == Variant(8, 4, 8, 3, 4)
     assert m["test"]["targets"] == 4 * 40 and m["val"]["targets"] == 4 * 30
@@ -260,6 +300,7 @@ def test_train_builds_a_variant_named_by_its_dataset_and_scores_every_target(tmp
 def test_an_unknown_loss_mode_is_refused(tmp_path, tiny_indirect):
     """A meta.json whose loss the reader does not know stops with the fix, instead of training on every token."""
     import shutil
+
     folder = tmp_path / "ii"
     shutil.copytree(os.path.join(tiny_indirect, "indirect_indexing"), folder)
     meta = json.loads((folder / "meta.json").read_text())

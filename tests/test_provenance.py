@@ -6,28 +6,45 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 import numpy as np
+import pytest
 import torch
 
 import provenance
 from prepare.common import BinWriter, write_meta
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--dataset=toy", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
-        "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--attn_backend=torch",
-        "--compile=False", "--device=cpu", "--dtype=float32"]
+TINY = [
+    "--dataset=toy",
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    "--block_size=16",
+    "--batch_size=2",
+    "--max_iters=2",
+    "--eval_interval=2",
+    "--eval_iters=1",
+    "--log_interval=1",
+    "--attn_backend=torch",
+    "--compile=False",
+    "--device=cpu",
+    "--dtype=float32",
+]
 
 
 def _git(cwd, *args):
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _code_copy(dest):
     """The repo's Python code (no tests, docs or data) copied to dest, which is not a git checkout."""
-    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(".git", "tests", "docs", "assets", "data", "out*",
-                                                             "__pycache__", "*.png"))
+    shutil.copytree(
+        REPO,
+        dest,
+        ignore=shutil.ignore_patterns(".git", "tests", "docs", "assets", "data", "out*", "__pycache__", "*.png"),
+    )
     return dest
 
 
@@ -36,17 +53,33 @@ def _toy_data(root):
     for split in ("train", "val", "test"):
         with BinWriter(str(root / "toy" / f"{split}.bin"), np.uint16) as w:
             w.write(seq)
-    write_meta(str(root / "toy"), {"dataset": "toy", "vocab_size": 16, "dtype": "uint16", "layout": "stream",
-                                   "splits": {s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)}
-                                              for s in ("train", "val", "test")},
-                                   "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    write_meta(
+        str(root / "toy"),
+        {
+            "dataset": "toy",
+            "vocab_size": 16,
+            "dtype": "uint16",
+            "layout": "stream",
+            "splits": {
+                s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)} for s in ("train", "val", "test")
+            },
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": {"kind": "none"},
+        },
+    )
 
 
 def _train(code, data_root, out):
     """python train.py run from the code copy, with the working directory elsewhere; returns metrics.json."""
-    p = subprocess.run([sys.executable, os.path.join(code, "train.py"), *TINY, f"--data_root={data_root}",
-                        f"--out_dir={out}"], cwd=out.parent, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    p = subprocess.run(
+        [sys.executable, os.path.join(code, "train.py"), *TINY, f"--data_root={data_root}", f"--out_dir={out}"],
+        cwd=out.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads((out / "metrics.json").read_text())
 
@@ -99,9 +132,18 @@ def test_data_fingerprint_sees_a_change_at_either_end_of_a_split_and_nothing_els
     path = tmp_path / "d"
     with BinWriter(str(path / "train.bin"), np.uint16) as w:
         w.write(seq)
-    write_meta(str(path), {"dataset": "d", "vocab_size": 1 << 16, "dtype": "uint16", "layout": "stream",
-                           "splits": {"train": {"file": "train.bin", "shape": [len(seq)], "tokens": len(seq)}},
-                           "loss": "all", "tokenizer": {"kind": "none"}})
+    write_meta(
+        str(path),
+        {
+            "dataset": "d",
+            "vocab_size": 1 << 16,
+            "dtype": "uint16",
+            "layout": "stream",
+            "splits": {"train": {"file": "train.bin", "shape": [len(seq)], "tokens": len(seq)}},
+            "loss": "all",
+            "tokenizer": {"kind": "none"},
+        },
+    )
     base = provenance.dataset_fingerprint(str(path))
     assert base["splits"]["train"]["bytes"] == seq.nbytes and len(base["digest"]) == 16
 
@@ -110,6 +152,7 @@ def test_data_fingerprint_sees_a_change_at_either_end_of_a_split_and_nothing_els
         s[index] ^= 1  # flip one bit: a different token (no uint16 overflow at 65535)
         s.tofile(path / "train.bin")
         return provenance.dataset_fingerprint(str(path))["digest"]
+
     assert digest_after(0) != base["digest"]
     assert digest_after(len(seq) - 1) != base["digest"]  # the last MB is hashed too
     assert digest_after(len(seq) // 2) == base["digest"]  # the middle is not read: cheap at any size
@@ -117,9 +160,11 @@ def test_data_fingerprint_sees_a_change_at_either_end_of_a_split_and_nothing_els
 
 
 def test_machine_commit_and_libraries_name_what_results_py_compares():
-    prov = {"code": {"commit": "a" * 40, "dirty": True},
-            "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "triton": "3.7.1", "numpy": "2.4.6"},
-            "device": {"cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2", "threads": 1, "gpus": {}}}
+    prov = {
+        "code": {"commit": "a" * 40, "dirty": True},
+        "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "triton": "3.7.1", "numpy": "2.4.6"},
+        "device": {"cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2", "threads": 1, "gpus": {}},
+    }
     assert provenance.machine(prov) == "AMD EPYC 7B13 (AVX2)"
     assert provenance.commit(prov) == "a" * 12 + "+dirty"
     assert provenance.libraries(prov) == "torch 2.13.0+cpu, triton 3.7.1, numpy 2.4.6, python 3.11.7"
@@ -130,16 +175,25 @@ def test_machine_commit_and_libraries_name_what_results_py_compares():
 
 # ---- round five (issue 43): what tells two runs apart ----
 
+
 def test_library_versions_are_the_installed_ones_triton_included_and_a_triton_change_is_a_mix(tmp_path):
     import platform
 
     import triton
+
     import results
-    assert provenance.library_versions() == {"python": platform.python_version(), "torch": torch.__version__,
-                                             "triton": triton.__version__, "numpy": np.__version__}
+
+    assert provenance.library_versions() == {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "numpy": np.__version__,
+    }
     here = provenance.provenance()
-    assert provenance.libraries(here) == (f"torch {torch.__version__}, triton {triton.__version__}, "
-                                          f"numpy {np.__version__}, python {platform.python_version()}")
+    assert provenance.libraries(here) == (
+        f"torch {torch.__version__}, triton {triton.__version__}, "
+        f"numpy {np.__version__}, python {platform.python_version()}"
+    )
     other = json.loads(json.dumps(here))
     another = "3.7.1" if triton.__version__ != "3.7.1" else "3.9.0"  # a Triton other than the installed one
     other["versions"]["triton"] = another
@@ -172,15 +226,26 @@ def test_a_gpu_run_records_how_many_gpus_of_each_kind(monkeypatch):
 def test_the_same_token_ids_from_another_tokenizer_are_other_data(tmp_path):
     seq = (np.arange(4000) % 50).astype(np.uint16)
     folders = {}
-    for name, chars in (("a", "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWX"),
-                        ("b", "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "abcdefghijklmnopqrstuvwx"),
-                        ("c", "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWX")):
+    for name, chars in (
+        ("a", "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWX"),
+        ("b", "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "abcdefghijklmnopqrstuvwx"),
+        ("c", "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWX"),
+    ):
         path = tmp_path / name
         with BinWriter(str(path / "train.bin"), np.uint16) as w:
             w.write(seq)
-        write_meta(str(path), {"dataset": "d", "vocab_size": 50, "dtype": "uint16", "layout": "stream",
-                               "splits": {"train": {"file": "train.bin", "shape": [len(seq)], "tokens": len(seq)}},
-                               "loss": "all", "tokenizer": {"kind": "char", "chars": chars}})
+        write_meta(
+            str(path),
+            {
+                "dataset": "d",
+                "vocab_size": 50,
+                "dtype": "uint16",
+                "layout": "stream",
+                "splits": {"train": {"file": "train.bin", "shape": [len(seq)], "tokens": len(seq)}},
+                "loss": "all",
+                "tokenizer": {"kind": "char", "chars": chars},
+            },
+        )
         folders[name] = provenance.dataset_fingerprint(str(path))
     assert folders["a"]["splits"] == folders["b"]["splits"]  # the same bytes in the .bin
     assert folders["a"]["digest"] != folders["b"]["digest"]  # but another tokenizer: other text
@@ -189,11 +254,18 @@ def test_the_same_token_ids_from_another_tokenizer_are_other_data(tmp_path):
 
 # ---- issue 53: the machine is what decides the numbers ----
 
+
 def _device_record(**env):
     """provenance.device_info('cpu') of a fresh process with exactly these ISA variables set."""
     clean = {k: v for k, v in os.environ.items() if k not in provenance.ISA_ENV and k != "ONEDNN_VERBOSE"}
-    p = subprocess.run([sys.executable, "-c", "import json, provenance; print(json.dumps(provenance.device_info('cpu')))"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120, env={**clean, **env})
+    p = subprocess.run(
+        [sys.executable, "-c", "import json, provenance; print(json.dumps(provenance.device_info('cpu')))"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean, **env},
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -201,8 +273,13 @@ def _device_record(**env):
 def _onednn_isa_by_its_own_verbose(**env):
     """oneDNN's instruction set as ONEDNN_VERBOSE=1 prints it (the reference, read without provenance.py)."""
     clean = {k: v for k, v in os.environ.items() if k not in provenance.ISA_ENV}
-    p = subprocess.run([sys.executable, "-c", "import torch; torch.ones(4, 4).to_mkldnn().to_dense()"],
-                       capture_output=True, text=True, timeout=120, env={**clean, "ONEDNN_VERBOSE": "1", **env})
+    p = subprocess.run(
+        [sys.executable, "-c", "import torch; torch.ones(4, 4).to_mkldnn().to_dense()"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean, "ONEDNN_VERBOSE": "1", **env},
+    )
     return next(line.split("isa:", 1)[1].strip() for line in p.stdout.splitlines() if ",isa:" in line)
 
 
@@ -211,8 +288,10 @@ def test_the_machine_names_atens_mkls_and_onednns_instruction_sets_and_what_forc
     name of a real AVX2 machine. The record now holds the CPU model (/proc/cpuinfo), ATen's capability,
     MKL's and oneDNN's own instruction sets (oneDNN's as its ONEDNN_VERBOSE says) and the variables set, and
     study/results.py warns when the runs of a comparison differ in any of them."""
-    import results
     from test_results_compare import arms, prov
+
+    import results
+
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()):
         pytest.skip("this torch has no MKL or oneDNN")
     plain = _device_record()
@@ -231,18 +310,24 @@ def test_the_machine_names_atens_mkls_and_onednns_instruction_sets_and_what_forc
     assert provenance.machine({"device": aten}) != provenance.machine({"device": plain})
     dnn = _device_record(ONEDNN_MAX_CPU_ISA="AVX2")
     assert dnn["onednn_isa"] == _onednn_isa_by_its_own_verbose(ONEDNN_MAX_CPU_ISA="AVX2")
-    assert dnn["cpu_capability"] == plain["cpu_capability"] and "ONEDNN_MAX_CPU_ISA=AVX2" in provenance.machine({"device": dnn})
+    assert dnn["cpu_capability"] == plain["cpu_capability"] and "ONEDNN_MAX_CPU_ISA=AVX2" in provenance.machine(
+        {"device": dnn}
+    )
     assert provenance.machine({"device": dnn}) != provenance.machine({"device": plain})
 
     def with_device(device):
         return {**prov(), "device": device}
+
     for other in (aten, dnn):
         folder = tmp_path / next(iter(other["isa_env"]))
         folder.mkdir()
-        paths = arms(folder, [1.0, 1.1, 1.2], [1.0, 1.1, 1.3],
-                     provs={("pope", i): with_device(plain) for i in range(3)} | {("rope", 0): with_device(other),
-                                                                                  ("rope", 1): with_device(plain),
-                                                                                  ("rope", 2): with_device(plain)})
+        paths = arms(
+            folder,
+            [1.0, 1.1, 1.2],
+            [1.0, 1.1, 1.3],
+            provs={("pope", i): with_device(plain) for i in range(3)}
+            | {("rope", 0): with_device(other), ("rope", 1): with_device(plain), ("rope", 2): with_device(plain)},
+        )
         c = results.compare(paths, "pos_encoding")
         assert any(n.startswith("warning: the group pos_encoding=rope mixes machines") for n in c["notes"]), c["notes"]
         assert any(n.startswith("warning: the two arms differ in machines") for n in c["notes"]), c["notes"]

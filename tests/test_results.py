@@ -15,15 +15,29 @@ import torch
 import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = {"dataset": "shakespeare_char", "pos_encoding": "pope", "pope_magnitude": "softplus", "n_layer": 4,
-        "learning_rate": 1e-3, "wandb_log": False, "init_from": "scratch", "device": "auto"}
+BASE = {
+    "dataset": "shakespeare_char",
+    "pos_encoding": "pope",
+    "pope_magnitude": "softplus",
+    "n_layer": 4,
+    "learning_rate": 1e-3,
+    "wandb_log": False,
+    "init_from": "scratch",
+    "device": "auto",
+}
 
 
 def metrics(config, loss, acc, wall, run=None, splits=("val", "test"), dataset=None):
     """A train.py metrics.json dict for a run with these settings and test/val numbers."""
-    m = {"dataset": dataset or config["dataset"], "pos_encoding": config["pos_encoding"], "iter_num": 3000,
-         "best_val_loss_fixed_batches": loss, "checkpoint": os.path.join(config["out_dir"], "best.pt"),
-         "wall_time_s": wall, "config": config}
+    m = {
+        "dataset": dataset or config["dataset"],
+        "pos_encoding": config["pos_encoding"],
+        "iter_num": 3000,
+        "best_val_loss_fixed_batches": loss,
+        "checkpoint": os.path.join(config["out_dir"], "best.pt"),
+        "wall_time_s": wall,
+        "config": config,
+    }
     for s in splits:
         m[s] = {"loss": loss, "ppl": math.exp(loss), "acc": acc, "targets": 1000}
     if run is not None:
@@ -52,10 +66,13 @@ def write_extrapolation(path, rows):
 @pytest.fixture
 def ablation(tmp_path):
     """Three PoPE seeds (test loss 1.4 / 1.5 / 1.6, acc 40 / 50 / 60 %), two RoPE seeds (1.70 / 1.80), one ReLU run."""
-    runs = [make_run(tmp_path, f"pope-s{s}", loss, acc, wall=w, seed=s)
-            for s, loss, acc, w in ((1, 1.4, 0.40, 600.0), (2, 1.5, 0.50, 660.0), (3, 1.6, 0.60, 720.0))]
-    runs += [make_run(tmp_path, f"rope-s{s}", loss, 0.45, seed=s, pos_encoding="rope")
-             for s, loss in ((1, 1.70), (2, 1.80))]
+    runs = [
+        make_run(tmp_path, f"pope-s{s}", loss, acc, wall=w, seed=s)
+        for s, loss, acc, w in ((1, 1.4, 0.40, 600.0), (2, 1.5, 0.50, 660.0), (3, 1.6, 0.60, 720.0))
+    ]
+    runs += [
+        make_run(tmp_path, f"rope-s{s}", loss, 0.45, seed=s, pos_encoding="rope") for s, loss in ((1, 1.70), (2, 1.80))
+    ]
     runs.append(make_run(tmp_path, "relu-s1", 1.55, 0.5, seed=1, pope_magnitude="relu"))
     return runs
 
@@ -76,7 +93,10 @@ def test_groups_by_the_settings_that_differ_with_mean_and_sample_sd(ablation):
     # seed, out_dir and wandb_run_name differ between every run: bookkeeping, not a group
     assert by == ["pope_magnitude", "pos_encoding"]
     assert [(r["values"], r["n"], r["seeds"]) for r in rows] == [
-        (("softplus", "pope"), 3, [1, 2, 3]), (("softplus", "rope"), 2, [1, 2]), (("relu", "pope"), 1, [1])]
+        (("softplus", "pope"), 3, [1, 2, 3]),
+        (("softplus", "rope"), 2, [1, 2]),
+        (("relu", "pope"), 1, [1]),
+    ]
     pope, rope, relu = rows
     # by hand: 1.4, 1.5, 1.6 -> mean 1.5, sample sd sqrt((0.1² + 0² + 0.1²) / 2) = 0.1 (population sd: 0.0816)
     assert pope["loss"] == pytest.approx((1.5, 0.1))
@@ -88,8 +108,15 @@ def test_groups_by_the_settings_that_differ_with_mean_and_sample_sd(ablation):
     # 1.70, 1.80 -> 1.75 ± sqrt(2 · 0.05² / 1) = 0.0707
     assert rope["loss"] == pytest.approx((1.75, 0.05 * math.sqrt(2)))
     assert relu["loss"] == (1.55, None) and relu["cpu_s"] is None
-    assert info == {"dataset": "shakespeare_char", "split": "test", "protocol": "", "cpu": False, "notes": [],
-                    "machines": {"unknown": 6}, "solved": None}
+    assert info == {
+        "dataset": "shakespeare_char",
+        "split": "test",
+        "protocol": "",
+        "cpu": False,
+        "notes": [],
+        "machines": {"unknown": 6},
+        "solved": None,
+    }
 
 
 def test_by_chooses_the_grouping_and_names_what_else_differs(ablation, capsys):
@@ -125,17 +152,35 @@ def test_markdown_table(ablation, capsys):
         "| pope_magnitude | n | seeds | test loss (nats) | test ppl | test acc (%) | wall per run (min) |\n"
         "|---|---:|---|---:|---:|---:|---:|\n"
         "| softplus | 3 | 1, 2, 3 | 1.5000 ± 0.1000 | 4.497 ± 0.449 | 50.00 ± 10.00 | 11.0 ± 1.0 |\n"  # e^1.4.. e^1.6
-        "| relu | 1 | 1 | 1.5500 ± — | 4.711 ± — | 50.00 ± — | 10.0 ± — |\n")
+        "| relu | 1 | 1 | 1.5500 ± — | 4.711 ± — | 50.00 ± — | 10.0 ± — |\n"
+    )
 
 
 def test_csv_output(ablation, capsys):
     code, out, _ = run_main(ablation + ["--csv"], capsys)
     assert code == 0
     rows = list(csv.DictReader(io.StringIO(out)))
-    assert list(rows[0]) == ["pope_magnitude", "pos_encoding", "n", "seeds", "loss_mean", "loss_sd", "ppl_mean", "ppl_sd",
-                             "acc_pct_mean", "acc_pct_sd", "wall_s_mean", "wall_s_sd", "cpu_s_mean", "cpu_s_sd"]
+    assert list(rows[0]) == [
+        "pope_magnitude",
+        "pos_encoding",
+        "n",
+        "seeds",
+        "loss_mean",
+        "loss_sd",
+        "ppl_mean",
+        "ppl_sd",
+        "acc_pct_mean",
+        "acc_pct_sd",
+        "wall_s_mean",
+        "wall_s_sd",
+        "cpu_s_mean",
+        "cpu_s_sd",
+    ]
     assert [(r["pope_magnitude"], r["pos_encoding"], r["n"], r["seeds"]) for r in rows] == [
-        ("softplus", "pope", "3", "1 2 3"), ("softplus", "rope", "2", "1 2"), ("relu", "pope", "1", "1")]
+        ("softplus", "pope", "3", "1 2 3"),
+        ("softplus", "rope", "2", "1 2"),
+        ("relu", "pope", "1", "1"),
+    ]
     assert float(rows[0]["loss_mean"]) == pytest.approx(1.5, abs=1e-12)
     assert float(rows[0]["loss_sd"]) == pytest.approx(0.1, abs=1e-12)
     assert float(rows[0]["acc_pct_sd"]) == pytest.approx(10.0) and float(rows[0]["wall_s_mean"]) == 660.0
@@ -144,14 +189,23 @@ def test_csv_output(ablation, capsys):
 
 def test_wall_and_cpu_time_from_the_run_entry(tmp_path, capsys):
     """docs/runs/NAME.json: wall time = the sum over the processes of a resumed run; CPU time where present."""
-    a = make_run(tmp_path, "a", 1.0, 0.5, wall=100.0, run={"name": "a", "out_dir": "x", "wall_s_processes": [300.0, 420.0],
-                                                           "cpu_s": 1500.0})
+    a = make_run(
+        tmp_path,
+        "a",
+        1.0,
+        0.5,
+        wall=100.0,
+        run={"name": "a", "out_dir": "x", "wall_s_processes": [300.0, 420.0], "cpu_s": 1500.0},
+    )
     b = make_run(tmp_path, "b", 1.0, 0.5, wall=900.0, seed=2)
     _, rows, info = results.summarize([a, b])
     assert rows[0]["wall_s"] == pytest.approx((810.0, math.sqrt(2) * 90.0))  # 720 and 900 s, not 100
     assert rows[0]["cpu_s"] == (1500.0, None) and rows[0]["cpu_n"] == 1 and info["cpu"]
     code, out, _ = run_main([a, b], capsys)
-    assert out.splitlines()[-1] == "| all | 2 | 1337, 2 | 1.0000 ± 0.0000 | 2.718 ± 0.000 | 50.00 ± 0.00 | 13.5 ± 2.1 | 25.0 ± — (n=1) |"
+    assert (
+        out.splitlines()[-1]
+        == "| all | 2 | 1337, 2 | 1.0000 ± 0.0000 | 2.718 ± 0.000 | 50.00 ± 0.00 | 13.5 ± 2.1 | 25.0 ± — (n=1) |"
+    )
     c = make_run(tmp_path, "c", 1.0, 0.5, wall=None, seed=3)  # no wall time (a metrics.json without it)
     _, rows, _ = results.summarize([a, b, c])
     assert rows[0]["wall_s"] == pytest.approx((810.0, math.sqrt(2) * 90.0)) and rows[0]["wall_n"] == 2  # not a 0 s run
@@ -165,7 +219,9 @@ def test_json_copies_and_settings_from_best_pt(tmp_path):
     (tmp_path / "copy.json").write_text(json.dumps(m))
     with pytest.raises(results.UserError, match="no 'config'.*give the run folder that holds best.pt"):
         results.summarize([str(tmp_path / "copy.json")])
-    torch.save({"model": {}, "model_args": {}, "config": {**config, "pope_magnitude": "relu"}}, os.path.join(folder, "best.pt"))
+    torch.save(
+        {"model": {}, "model_args": {}, "config": {**config, "pope_magnitude": "relu"}}, os.path.join(folder, "best.pt")
+    )
     open(os.path.join(folder, "metrics.json"), "w").write(json.dumps(m))
     for path in (folder, str(tmp_path / "copy.json")):  # the folder's best.pt, or the one "checkpoint" names
         by, rows, _ = results.summarize([path], by=["pope_magnitude"])
@@ -174,14 +230,17 @@ def test_json_copies_and_settings_from_best_pt(tmp_path):
 
 def test_extrapolation_column(tmp_path, capsys):
     a = make_run(tmp_path, "a", 1.5, 0.5)  # a folder: a/extrapolate/extrapolation.csv
-    write_extrapolation(os.path.join(a, "extrapolate", "extrapolation.csv"),
-                        [(a, "tiled", 256, 4.5), (a, "tiled", 4096, 5.0)])
+    write_extrapolation(
+        os.path.join(a, "extrapolate", "extrapolation.csv"), [(a, "tiled", 256, 4.5), (a, "tiled", 4096, 5.0)]
+    )
     b = make_run(tmp_path, "b", 1.5, 0.5, seed=2)  # a copy: b.json and b.extrapolation.csv beside it
     (tmp_path / "b.json").write_text(open(os.path.join(b, "metrics.json")).read())
     write_extrapolation(str(tmp_path / "b.extrapolation.csv"), [(b, "tiled", 4096, 6.0)])
     c = make_run(tmp_path, "c", 1.7, 0.5, pos_encoding="rope")  # a CSV of two runs: c's rows are c's
-    write_extrapolation(os.path.join(c, "extrapolate", "extrapolation.csv"),
-                        [("elsewhere/pope", "tiled", 4096, 1.0), (c, "tiled", 4096, 14.0)])
+    write_extrapolation(
+        os.path.join(c, "extrapolate", "extrapolation.csv"),
+        [("elsewhere/pope", "tiled", 4096, 1.0), (c, "tiled", 4096, 14.0)],
+    )
     by, rows, info = results.summarize([a, str(tmp_path / "b.json"), c], extrapolation=[4096])
     assert rows[0]["ext"] == {4096: pytest.approx((5.5, math.sqrt(0.5)))} and rows[1]["ext"] == {4096: (14.0, None)}
     assert results.summarize([c + "/"], extrapolation=[4096])[1][0]["ext"] == {4096: (14.0, None)}  # as out/*/ gives it
@@ -240,9 +299,15 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_the_script_exits_2_on_its_own(tmp_path):
-    p = subprocess.run([sys.executable, os.path.join(REPO, "study/results.py"), str(tmp_path)], capture_output=True, text=True)
-    assert p.returncode == 2 and p.stderr == f"error: {tmp_path} holds no metrics.json: the run has not finished " \
+    p = subprocess.run(
+        [sys.executable, os.path.join(REPO, "study/results.py"), str(tmp_path)], capture_output=True, text=True
+    )
+    assert (
+        p.returncode == 2
+        and p.stderr
+        == f"error: {tmp_path} holds no metrics.json: the run has not finished "
         "(train.py writes it at the end; an interrupted run resumes with --init_from=resume)\n"
+    )
 
 
 def test_runs_scored_with_two_protocols_are_refused_not_averaged(tmp_path, capsys):
@@ -259,7 +324,9 @@ def test_runs_scored_with_two_protocols_are_refused_not_averaged(tmp_path, capsy
 def test_an_empty_perplexity_cell_exits_2_with_one_line(tmp_path, capsys):
     """eval_extrapolate.py leaves ppl empty for an absolute encoding past its block_size: one line, exit 2."""
     a = make_run(tmp_path, "a", 1.5, 0.5, pos_encoding="learned")
-    write_extrapolation(os.path.join(a, "extrapolate", "extrapolation.csv"), [(a, "tiled", 256, 4.5), (a, "tiled", 4096, "")])
+    write_extrapolation(
+        os.path.join(a, "extrapolate", "extrapolation.csv"), [(a, "tiled", 256, 4.5), (a, "tiled", 4096, "")]
+    )
     code, out, err = run_main([a, "--extrapolation=256,4096"], capsys)
     assert (code, out) == (2, "") and err.count("\n") == 1
     assert "has no perplexity at length 4096" in err
@@ -281,4 +348,8 @@ def test_a_group_without_any_wall_time_shows_a_bare_dash(tmp_path, capsys):
     d = make_run(tmp_path, "d", 1.0, 0.5, wall=120.0, seed=2, pos_encoding="rope")
     code, out, _ = run_main([a, b, c, d], capsys)
     lines = out.splitlines()
-    assert code == 0 and lines[-2].endswith("| 50.00 ± 0.00 | — |") and lines[-1].endswith("| 50.00 ± 0.00 | 2.0 ± — (n=1) |")
+    assert (
+        code == 0
+        and lines[-2].endswith("| 50.00 ± 0.00 | — |")
+        and lines[-1].endswith("| 50.00 ± 0.00 | 2.0 ± — (n=1) |")
+    )

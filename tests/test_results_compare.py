@@ -9,9 +9,9 @@ import math
 
 import pytest
 from scipy import stats
+from test_results import metrics
 
 import results
-from test_results import metrics
 
 BASE = {"dataset": "jsb", "pos_encoding": "pope", "n_layer": 4, "learning_rate": 1e-3}
 T_975_DF4 = 2.7764451  # Student's t, 0.975 quantile, 4 degrees of freedom (any printed table)
@@ -19,10 +19,12 @@ T_975_DF4 = 2.7764451  # Student's t, 0.975 quantile, 4 degrees of freedom (any 
 
 def prov(cpu="AMD EPYC (AVX512)", commit="c" * 40, torch_version="2.13.0+cpu"):
     name, cap = cpu[:-1].split(" (")
-    return {"code": {"commit": commit, "dirty": False},
-            "versions": {"python": "3.11.7", "torch": torch_version, "triton": "3.7.1", "numpy": "2.4.6"},
-            "device": {"device": "cpu", "cpu": name, "cpu_capability": cap, "threads": 1, "gpus": {}},
-            "world_size": 1}
+    return {
+        "code": {"commit": commit, "dirty": False},
+        "versions": {"python": "3.11.7", "torch": torch_version, "triton": "3.7.1", "numpy": "2.4.6"},
+        "device": {"device": "cpu", "cpu": name, "cpu_capability": cap, "threads": 1, "gpus": {}},
+        "world_size": 1,
+    }
 
 
 def write_run(tmp_path, name, loss, acc=0.5, seed=1, provenance=None, **settings):
@@ -104,8 +106,9 @@ def test_every_number_of_the_comparison_against_scipy(tmp_path):
     assert r["paired"][1] == pytest.approx(tuple(paired.confidence_interval(0.95)))
     assert r["paired"][2] == pytest.approx(paired.pvalue)
     ppl = row(c, "test ppl")["welch"][2]
-    assert ppl == pytest.approx(stats.ttest_ind([math.exp(x) for x in b], [math.exp(x) for x in a],
-                                                equal_var=False).pvalue)
+    assert ppl == pytest.approx(
+        stats.ttest_ind([math.exp(x) for x in b], [math.exp(x) for x in a], equal_var=False).pvalue
+    )
     acc = row(c, "test acc")["welch"]
     assert acc[0] == pytest.approx(100 * (sum(accs["rope"]) - sum(accs["pope"])) / 4)
     s = c["solved"]
@@ -143,7 +146,7 @@ def test_extrapolation_lengths_are_compared_too(tmp_path):
     for path in paths:
         m = json.load(open(path))
         arm, i = m["config"]["pope_use_delta"], m["config"]["seed"] - 1
-        with open(path[:-len(".json")] + ".extrapolation.csv", "w") as f:
+        with open(path[: -len(".json")] + ".extrapolation.csv", "w") as f:
             f.write(f"run,label,protocol,length,tokens,ppl\nout/x,pope,tiled,4096,65536,{ppl[arm][i]}\n")
     c = results.compare(paths, "pope_use_delta", extrapolation=[4096])
     r = row(c, "ppl at 4096 (tiled)")
@@ -179,13 +182,16 @@ def test_solved_without_compare_adds_the_rate_per_group(tmp_path):
     assert f"| 2 / 3 [{100 * lo:.0f}, {100 * hi:.0f} %] |" in out and "| 0 / 3 [0, 56 %] |" in out
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--compare=n_layer"], "splits the runs into 1 group(s) (4); give the runs of exactly two values"),
-    (["--compare=no_such"], "no run has the setting 'no_such'"),
-    (["--compare=pos_encoding", "--solved=90"], "in [0, 1] (e.g. 0.9 for 90 %), got 90.0"),
-    (["--solved=-0.1"], "in [0, 1]"),
-    (["--compare=pos_encoding", "--by=seed"], "drop --by"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--compare=n_layer"], "splits the runs into 1 group(s) (4); give the runs of exactly two values"),
+        (["--compare=no_such"], "no run has the setting 'no_such'"),
+        (["--compare=pos_encoding", "--solved=90"], "in [0, 1] (e.g. 0.9 for 90 %), got 90.0"),
+        (["--solved=-0.1"], "in [0, 1]"),
+        (["--compare=pos_encoding", "--by=seed"], "drop --by"),
+    ],
+)
 def test_bad_comparisons_exit_2_with_one_line(tmp_path, capsys, args, message):
     paths = arms(tmp_path, [1.0, 2.0], [3.0, 4.0])
     with pytest.raises(SystemExit) as e:
@@ -199,9 +205,11 @@ def test_arms_that_differ_in_more_than_one_thing_or_hold_one_run_are_refused(tmp
     three = paths + [write_run(tmp_path, "alibi", 1.0, provenance=prov(), pos_encoding="alibi_half")]
     other = paths + [write_run(tmp_path, "lr", 1.0, seed=5, provenance=prov(), learning_rate=3e-3)]
     one = paths[:2] + paths[3:]
-    for runs, message in ((three, "splits the runs into 3 group(s) (pope, rope, alibi_half)"),
-                          (other, "also differ in learning_rate; a comparison changes one setting"),
-                          (one, "the group pos_encoding=rope has 1 run; a t-test needs at least 2 runs per group")):
+    for runs, message in (
+        (three, "splits the runs into 3 group(s) (pope, rope, alibi_half)"),
+        (other, "also differ in learning_rate; a comparison changes one setting"),
+        (one, "the group pos_encoding=rope has 1 run; a t-test needs at least 2 runs per group"),
+    ):
         with pytest.raises(SystemExit) as e:
             results.main(runs + ["--compare=pos_encoding"])
         err = capsys.readouterr().err
@@ -215,10 +223,16 @@ def test_allow_lets_the_arms_differ_in_the_methods_own_settings_and_names_them(t
     """DroPE against its RoPE runs: a recalibration with its own learning rate and length. --allow names
     the settings that belong to the method; any other difference is still refused, and the numbers are
     the plain comparison's (the same Welch test on the same values)."""
-    rope = [write_run(tmp_path, f"rope-s{s}", x, seed=s, provenance=prov(), pos_encoding="rope")
-            for s, x in ((1, 1.0), (2, 2.0), (3, 3.0))]
-    drope = [write_run(tmp_path, f"drope-s{s}", x, seed=s, provenance=prov(), pos_encoding="none",
-                       learning_rate=3e-4, max_iters=60) for s, x in ((1, 3.0), (2, 4.0), (3, 5.0))]
+    rope = [
+        write_run(tmp_path, f"rope-s{s}", x, seed=s, provenance=prov(), pos_encoding="rope")
+        for s, x in ((1, 1.0), (2, 2.0), (3, 3.0))
+    ]
+    drope = [
+        write_run(
+            tmp_path, f"drope-s{s}", x, seed=s, provenance=prov(), pos_encoding="none", learning_rate=3e-4, max_iters=60
+        )
+        for s, x in ((1, 3.0), (2, 4.0), (3, 5.0))
+    ]
     with pytest.raises(SystemExit) as e:
         results.main(rope + drope + ["--compare=pos_encoding"])
     assert e.value.code == 2 and "also differ in learning_rate, max_iters" in capsys.readouterr().err
@@ -240,7 +254,9 @@ def test_pairing_needs_a_known_machine_and_a_resume_on_another_machine_counts(tm
     (tmp_path / "new").mkdir()
     unknown = arms(tmp_path / "old", a, b, provs={(arm, i): None for arm in ("pope", "rope") for i in range(3)})
     c = results.compare(unknown, "pos_encoding")  # same seeds, but nothing says the machine was the same
-    assert c["rows"][0]["paired"] is None and c["paired_why"] == "not all runs are known to share one machine (unknown x6)"
+    assert (
+        c["rows"][0]["paired"] is None and c["paired_why"] == "not all runs are known to share one machine (unknown x6)"
+    )
     paths = arms(tmp_path / "new", a, b)
     assert results.compare(paths, "pos_encoding")["rows"][0]["paired"] is not None
     m = json.load(open(paths[0]))  # pope seed 1 was resumed: its first process ran on an AVX2 machine
@@ -255,7 +271,7 @@ def test_arms_scored_with_different_protocols_are_refused(tmp_path, capsys):
     paths = arms(tmp_path, [1.5, 1.5], [1.5, 1.5])
     for i, path in enumerate(paths):  # arm A tiled, arm B sliding: the same length, another measurement
         protocol = "tiled" if i < 2 else "sliding"
-        with open(path[:-len(".json")] + ".extrapolation.csv", "w") as f:
+        with open(path[: -len(".json")] + ".extrapolation.csv", "w") as f:
             f.write(f"run,label,protocol,length,tokens,ppl\nout/x,pope,{protocol},4096,65536,{5 + i}\n")
     with pytest.raises(SystemExit) as e:
         results.main(paths + ["--compare=pos_encoding", "--extrapolation=4096"])
@@ -263,6 +279,7 @@ def test_arms_scored_with_different_protocols_are_refused(tmp_path, capsys):
 
 
 # ---- round five (issue 43): the CSV's columns, printed p-values, no spread, repeated seeds, provenance counts ----
+
 
 def _csv_rows(text):
     return {r["metric"]: r for r in csv.DictReader(io.StringIO(text))}
@@ -296,7 +313,9 @@ def test_compare_csv_columns_are_b_minus_a_with_the_low_end_first_against_scipy(
     assert float(r["paired_p"]) == pytest.approx(ref.pvalue)
     # the markdown of the same comparison: B − A, then [low, high], for Welch and paired
     out = results.main([*arms(tmp_path / "p", a, b3), "--compare=pos_encoding"])
-    cells = [x.strip() for x in next(ln for ln in out.splitlines() if ln.startswith("| test loss")).strip("|").split("|")]
+    cells = [
+        x.strip() for x in next(ln for ln in out.splitlines() if ln.startswith("| test loss")).strip("|").split("|")
+    ]
     w = stats.ttest_ind(b3, a, equal_var=False).confidence_interval(0.95)
     assert cells[3] == f"{-1.4 / 3:+.4f} [{w.low:+.4f}, {w.high:+.4f}]"
     assert cells[6] == f"{-1.4 / 3:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]"
@@ -330,7 +349,9 @@ def test_a_metric_with_no_spread_in_either_arm_is_not_called_separated_or_not(tm
     diff, (lo, hi), p = row(c, "test acc")["welch"]
     assert diff == 0 and p != p
     out = results.compare_markdown(c)
-    cells = [x.strip() for x in next(ln for ln in out.splitlines() if ln.startswith("| test acc")).strip("|").split("|")]
+    cells = [
+        x.strip() for x in next(ln for ln in out.splitlines() if ln.startswith("| test acc")).strip("|").split("|")
+    ]
     assert cells[1] == "100.00 ± 0.00 (3)" and cells[4] == "nan" and cells[5] == "—"
     r = _csv_rows(results.compare_csv(c))["test acc (%)"]
     assert r["a_sd"] == r["b_sd"] == "0.0" and r["p"] == "nan"
@@ -352,9 +373,10 @@ def test_arms_that_repeat_a_seed_are_not_paired(tmp_path):
     # A 1, 2, 3 and B 1, 2, 2, 3: the same set of seeds, but B repeats one
     (tmp_path / "b").mkdir()
     paths = arms(tmp_path / "b", [1.0, 1.4, 1.2], [1.5, 1.6, 1.9, 1.7], seeds_b=[1, 2, 2, 3])
-    paths = [p for p in paths if p.endswith(("pope-s1.json", "pope-s2.json", "pope-s3.json"))] + \
-        [write_run(tmp_path / "b", f"rope-{i}", x, seed=s, provenance=prov(), pos_encoding="rope")
-         for i, (x, s) in enumerate(zip([1.5, 1.6, 1.9, 1.7], [1, 2, 2, 3]))]
+    paths = [p for p in paths if p.endswith(("pope-s1.json", "pope-s2.json", "pope-s3.json"))] + [
+        write_run(tmp_path / "b", f"rope-{i}", x, seed=s, provenance=prov(), pos_encoding="rope")
+        for i, (x, s) in enumerate(zip([1.5, 1.6, 1.9, 1.7], [1, 2, 2, 3]))
+    ]
     c = results.compare(paths, "pos_encoding")
     assert c["rows"][0]["paired"] is None and "same seeds" in c["paired_why"]
     assert "paired: not computed (the arms do not hold the same seeds" in results.compare_markdown(c)
@@ -394,10 +416,17 @@ def test_solved_csv_columns_hold_k_n_and_wilsons_ends_in_order(tmp_path):
     for r, k in zip(table, (4, 1)):
         ci = stats.binomtest(k, 5).proportion_ci(0.95, method="wilson")
         assert (r["solved_k"], r["solved_n"]) == (str(k), "5")
-        assert float(r["solved_ci_low"]) == pytest.approx(ci.low) and float(r["solved_ci_high"]) == pytest.approx(ci.high)
+        assert float(r["solved_ci_low"]) == pytest.approx(ci.low) and float(r["solved_ci_high"]) == pytest.approx(
+            ci.high
+        )
     solved = _csv_rows(results.main([*paths, "--compare=pos_encoding", "--solved=0.9", "--csv"]))[
-        "solved (acc >= 0.9), Fisher"]
-    assert float(solved["a_mean"]) == 0.8 and float(solved["b_mean"]) == 0.2 and float(solved["diff"]) == pytest.approx(-0.6)
+        "solved (acc >= 0.9), Fisher"
+    ]
+    assert (
+        float(solved["a_mean"]) == 0.8
+        and float(solved["b_mean"]) == 0.2
+        and float(solved["diff"]) == pytest.approx(-0.6)
+    )
     assert float(solved["p"]) == pytest.approx(stats.fisher_exact([[4, 1], [1, 4]]).pvalue)
 
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 from scipy import stats
+from test_results_compare import arms
 
 import results
-from test_results_compare import arms
 
 T_95_DF4 = 2.1318468  # Student's t, 0.95 quantile, 4 degrees of freedom (any printed table)
 
@@ -40,16 +40,19 @@ def test_tost_is_the_larger_of_two_one_sided_welch_tests_with_unequal_sds():
     margin = 0.02
     diff, ci, p = results.tost(a, b, margin)
     va, vb = stats.tvar(a) / len(a), stats.tvar(b) / len(b)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))  # Welch-Satterthwaite
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))  # Welch-Satterthwaite
     d, se = sum(b) / len(b) - sum(a) / len(a), math.sqrt(va + vb)
-    p_low = stats.t.sf((d + margin) / se, df)     # H0 diff <= −margin
-    p_high = stats.t.cdf((d - margin) / se, df)   # H0 diff >= +margin
+    p_low = stats.t.sf((d + margin) / se, df)  # H0 diff <= −margin
+    p_high = stats.t.cdf((d - margin) / se, df)  # H0 diff >= +margin
     assert diff == pytest.approx(d) and p == pytest.approx(max(p_low, p_high), rel=1e-9)
     half = stats.t.ppf(0.95, df) * se
     assert ci == (pytest.approx(d - half, rel=1e-9), pytest.approx(d + half, rel=1e-9))
     # the swap of the arms mirrors the interval and keeps p
     diff2, ci2, p2 = results.tost(b, a, margin)
-    assert (diff2, p2) == (pytest.approx(-diff), pytest.approx(p)) and ci2 == (pytest.approx(-ci[1]), pytest.approx(-ci[0]))
+    assert (diff2, p2) == (pytest.approx(-diff), pytest.approx(p)) and ci2 == (
+        pytest.approx(-ci[1]),
+        pytest.approx(-ci[0]),
+    )
     with pytest.raises(ValueError):
         results.tost(a, b, 0.0)
 
@@ -58,8 +61,10 @@ def test_the_printed_tost_line_and_its_csv_row(tmp_path):
     paths = arms(tmp_path, [1.0, 2.0, 3.0], [3.0, 4.0, 5.0], seeds_b=[7, 8, 9])
     out = results.main([*paths, "--compare=pos_encoding", "--tost=4"])
     line = next(ln for ln in out.splitlines() if ln.startswith("TOST"))
-    assert line == ("TOST (equivalence of the test loss (nats) within ±4, two one-sided Welch tests at 0.05): "
-                    "B − A +2.0000, 90 % CI [+0.2594, +3.7406], p = 0.035: equivalent (p < 0.05)")
+    assert line == (
+        "TOST (equivalence of the test loss (nats) within ±4, two one-sided Welch tests at 0.05): "
+        "B − A +2.0000, 90 % CI [+0.2594, +3.7406], p = 0.035: equivalent (p < 0.05)"
+    )
     assert "not shown equivalent" in results.main([*paths, "--compare=pos_encoding", "--tost=3"])
     assert "TOST" not in results.main([*paths, "--compare=pos_encoding"])
     rows = list(csv.reader(io.StringIO(results.main([*paths, "--compare=pos_encoding", "--tost=4", "--csv"]))))
@@ -69,10 +74,13 @@ def test_the_printed_tost_line_and_its_csv_row(tmp_path):
     assert float(last[12]) == pytest.approx(0.035242, abs=2e-6)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--tost=0"], "--tost is an equivalence margin in nats, > 0"),
-    (["--tost=-0.05"], "--tost is an equivalence margin in nats, > 0"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--tost=0"], "--tost is an equivalence margin in nats, > 0"),
+        (["--tost=-0.05"], "--tost is an equivalence margin in nats, > 0"),
+    ],
+)
 def test_bad_tost_exits_2_with_one_line(tmp_path, capsys, args, message):
     paths = arms(tmp_path, [1.0, 2.0, 3.0], [3.0, 4.0, 5.0])
     with pytest.raises(SystemExit) as e:

@@ -7,16 +7,20 @@ last_loss) and the sliding protocol at 16x (NAME.sliding.csv), and draws the plo
     python docs/runs/i54-report.py                         # the registered runs: i54-{rope,pope,yarn,drope}-s*
     python docs/runs/i54-report.py --prefix=i54-pilot --png=/tmp/pilot.png   # the pilot
 """
+
 import argparse
 import csv
 import glob
-import math
 import os
 import re
 import statistics as st
 
-ARMS = [("rope", "RoPE"), ("pope", "PoPE (δ at zero)"), ("yarn", "RoPE + YaRN (s = 4, fine-tuned at 4x)"),
-        ("drope", "DroPE (60-step recalibration)")]
+ARMS = [
+    ("rope", "RoPE"),
+    ("pope", "PoPE (δ at zero)"),
+    ("yarn", "RoPE + YaRN (s = 4, fine-tuned at 4x)"),
+    ("drope", "DroPE (60-step recalibration)"),
+]
 
 
 def read(path):
@@ -53,22 +57,30 @@ def main():
     print("|---|---:|---|" + "---:|" * (len(lengths) + 1))
     for arm, label in ARMS:
         runs = data[arm]
-        cells = [pm([float(r["ppl"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L], 3)
-                 for L in lengths]
+        cells = [
+            pm([float(r["ppl"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L], 3)
+            for L in lengths
+        ]
         sl = [float(r["ppl"]) for run in runs.values() for r in run["sliding"] if int(r["length"]) == 4096]
-        print(f"| {label} | {len(runs)} | {', '.join(runs)} | " + " | ".join(cells) + f" | {pm(sl, 3)} (n = {len(sl)}) |")
+        print(
+            f"| {label} | {len(runs)} | {', '.join(runs)} | " + " | ".join(cells) + f" | {pm(sl, 3)} (n = {len(sl)}) |"
+        )
     print("\nloss (nats) on the last 256 characters of each chunk, the same characters at every length")
     print("| arm | " + " | ".join(f"at {L}" for L in lengths) + " |")
     print("|---|" + "---:|" * len(lengths))
     for arm, label in ARMS:
         runs = data[arm]
-        cells = [pm([float(r["last_loss"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L], 4)
-                 for L in lengths]
+        cells = [
+            pm([float(r["last_loss"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L], 4)
+            for L in lengths
+        ]
         print(f"| {label} | " + " | ".join(cells) + " |")
     if a.png:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
         for (arm, label), marker in zip(ARMS, "osD^"):
             runs = data[arm]
@@ -83,6 +95,7 @@ def main():
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         from matplotlib.ticker import FormatStrFormatter
+
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
         ax.set_xticks(lengths, [f"{L}\n({L // lengths[0]}x)" for L in lengths])
