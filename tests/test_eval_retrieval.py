@@ -193,10 +193,10 @@ def test_score_last_matches_full_logits_of_a_gpt():
 
 # ---- the command line --------------------------------------------------------------------------
 
-def save_run(folder, tokenizer, vocab_size, pos_encoding="rope", block_size=64):
+def save_run(folder, tokenizer, vocab_size, pos_encoding="rope", block_size=64, **config):
     torch.manual_seed(0)
     cfg = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16,
-                    pos_encoding=pos_encoding)
+                    pos_encoding=pos_encoding, **config)
     os.makedirs(folder, exist_ok=True)
     from dataclasses import asdict
     torch.save({"model": GPT(cfg).state_dict(), "model_args": asdict(cfg), "config": {}, "tokenizer": tokenizer},
@@ -369,3 +369,210 @@ def test_copy_defaults_to_200_sequences_with_a_wilson_interval_that_study_result
         assert f"{k / n:.3f} ({ci.low:.3f}-{ci.high:.3f}) / " in table
         run = {"path": a, "out_dir": a, "retrieval_csv": {"copy": os.path.join(out, "copy.csv")}}
         assert results.retrieval_accuracy(run, "copy", L) == float(r["acc_second"])
+
+
+# ---- issue 53, round six: behaviour the review's surviving plants showed unpinned -------------------
+
+@pytest.mark.parametrize("depth,key_pos", [(0.5625, 30), (0.3203125, 11), (0.828125, 42),
+                                           (0.5703125, 42), (0.5546875, 30)])
+def test_a_depth_exactly_between_two_boundaries_takes_the_earlier(depth, key_pos):
+    """n_filler = 64: the last 64 characters of the filler cycle, "ky is blue." + three sentences, boundaries
+    11, 30, 42, 64 (not 0: the fragment). depth x 64 exactly between two of them (dyadic depths, no rounding):
+    36 between 30 and 42 -> 30, 20.5 between 11 and 30 -> 11, 53 between 42 and 64 -> 42 (ties: the earlier);
+    36.5 and 35.5, just off the middle, go to the nearer (42, 30)."""
+    fill = "ky is blue. The sun is yellow. Here we go. There and back again."
+    length = 64 + len(KEY_42) + len(QUESTION) + len(" 42") - 1
+    assert depth * 64 in (36, 20.5, 53, 36.5, 35.5)  # exact in binary floating point
+    x, _, p = er.passkey_window(chars, "42", length, depth)
+    assert p == key_pos and "".join(x) == fill[:key_pos] + KEY_42 + fill[key_pos:] + QUESTION + " 4"
+
+
+class Scripted(torch.nn.Module):
+    """A model that predicts, for each input row it knows (by its tokens), the ids in `script[tuple(row)]`
+    (one per position): its hidden state is the id, its lm_head OneHotHead (logits 10 x one-hot)."""
+
+    def __init__(self, vocab, script):
+        super().__init__()
+        self.script, self.lm_head = script, OneHotHead(vocab)
+
+    def hidden_states(self, x):
+        return torch.tensor([self.script[tuple(r)] for r in x.tolist()], dtype=torch.float32).unsqueeze(-1)
+
+
+def test_answers_of_two_and_three_gpt2_tokens_are_scored_on_their_own_positions_in_one_batch():
+    """GPT-2 BPE spells " 00000" in 2 tokens and " 00521" in 3: in one batch each window is scored on its
+    own last len(answer) positions (the question's last token, then the answer but its last). A 2-token
+    window wrong only at the position before those (where a 3-token answer starts) is still right; a
+    3-token window wrong only there is wrong; each the same alone as in the batch."""
+    from checkpoint import load_codec
+    encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
+    windows = [er.passkey_window(encode, k, 64, d) for k, d in (("00000", 0.0), ("00521", 0.5), ("00521", 1.0),
+                                                                ("00000", 1.0), ("00000", 0.5))]
+    assert [len(a) for _, a, _ in windows] == [2, 3, 3, 2, 2]
+    wrong_at = [-3, -3, None, -1, -2]  # position (from the end) where each window's prediction is wrong
+    script = {}
+    for (x, a, _), w in zip(windows, wrong_at):
+        pred = x[1:] + [a[-1]]  # the true next token everywhere: x ends with the answer but its last
+        if w is not None:
+            pred[w] = (pred[w] + 1) % 50257
+        script[tuple(x)] = pred
+    model = Scripted(50257, script)
+    expected = [True, False, True, False, False]
+    assert er.passkey_correct(model, windows) == expected
+    assert [er.passkey_correct(model, [w])[0] for w in windows] == expected
+    assert er.passkey_correct(model, windows[::-1]) == expected[::-1]
+
+
+class Recorder(InductionOracle):
+    """The induction oracle, keeping every input row it reads (in order)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.rows = []
+
+    def hidden_states(self, x):
+        self.rows += [tuple(r) for r in x.tolist()]
+        return super().hidden_states(x)
+
+
+def test_each_task_length_and_depth_draws_its_own_documented_stream():
+    """passkey (task 0): the keys of (L, depth index j) from default_rng([seed, 0, L, j]), key_len draws of
+    integers(0, len(alphabet)) per key; copy (task 1): default_rng([seed, 1, L]), one choice(ids, m) per
+    sequence. By hand with numpy, for two lengths, three depths and batches that split the trials."""
+    vocab, encode = char_encoder()
+    seed, trials = 7, 3
+    rec = Recorder(vocab, k=8)
+    er.run_passkey(rec, encode, er.DIGITS, [160, 320], [0.0, 0.5, 1.0], trials, 5, seed, 320)
+    want = []
+    for L in (160, 320):
+        for j, d in enumerate((0.0, 0.5, 1.0)):
+            rng = np.random.default_rng([seed, 0, L, j])
+            for _ in range(trials):
+                key = "".join("0123456789"[i] for i in rng.integers(0, 10, 5))
+                want.append(tuple(er.passkey_window(encode, key, L, d)[0]))
+    assert rec.rows == want
+    draws = np.random.default_rng([seed, 0, 320, 2]).integers(0, 10, (trials, 5))
+    assert er.passkey_keys(er.DIGITS, 5, trials, seed, 320, 2) == ["".join(map(str, d)) for d in draws]
+    ids = np.arange(3, 40)
+    rec = Recorder(64, k=3)
+    er.run_copy(rec, ids, [32, 63], 3, seed, 64)
+    want = []
+    for L in (32, 63):
+        rng, m = np.random.default_rng([seed, 1, L]), -(-(L + 1) // 2)
+        for _ in range(3):
+            s = rng.choice(ids, m)
+            want.append(tuple(np.concatenate([s, s])[:L].tolist()))
+    assert rec.rows == want
+    rec2 = Recorder(64, k=3)
+    er.run_copy(rec2, ids, [63], 3, seed, 64)  # without the other length: the same sequences
+    assert rec2.rows == want[3:]
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal"])
+def test_an_absolute_encoding_keeps_its_row_at_exactly_block_size(tmp_path, capsys, pos_encoding):
+    """A learned or sinusoidal run has positions 0 .. block_size - 1: a window of exactly block_size (64) is
+    scored; 65 is left empty with a note."""
+    tok = {"dataset": "t", "vocab_size": 16, "pad_id": None, "tokenizer": {"kind": "none"}}
+    a = save_run(str(tmp_path / "a"), tok, 16, pos_encoding=pos_encoding, block_size=64)
+    _, cp = er.run([a, "--tasks=copy", "--lengths=32,64,65", "--copy_trials=2", f"--out_dir={tmp_path / 'o'}",
+                    "--device=cpu"])
+    assert [r["length"] for r in cp] == [32, 64] and all(0 <= r["acc_second"] <= 1 for r in cp)
+    assert f"uses the absolute encoding {pos_encoding!r}: lengths 65 left empty" in capsys.readouterr().out
+
+
+def test_a_length_that_exactly_holds_the_passkey_prompt_is_scored(tmp_path, capsys):
+    """The prompt without filler is 102 characters with a 5-digit key (59 + 38 + 6 - 1): 102 is scored (no
+    filler, the key sentence at 0), 101 is left empty with a note."""
+    itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
+    tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
+    a = save_run(str(tmp_path / "a"), tok, len(itos), block_size=128)
+    pk, _ = er.run([a, "--lengths=101,102,128", "--depths=0,1", "--trials=2", "--tasks=passkey",
+                    f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    assert "passkey prompt needs 102 tokens: passkey at 101 left empty" in capsys.readouterr().out
+    assert [(r["length"], r["depth"], r["trials"]) for r in pk] == [(102, 0.0, 2), (102, 1.0, 2), (128, 0.0, 2),
+                                                                   (128, 1.0, 2)]
+
+
+def test_multiples_of_a_yarn_fine_tune_are_of_its_original_context(tmp_path, capsys):
+    """A YaRN fine-tune (s = 4 from 32 to 128) trained at 32: --multiples=1,2,4 are 32, 64, 128 tokens, and
+    the CSV's multiple is length / 32. A plain run with --rope_scaling=4 at evaluation: multiples of its
+    block_size (32), which YaRN records as the original context."""
+    tok = {"dataset": "t", "vocab_size": 16, "pad_id": None, "tokenizer": {"kind": "none"}}
+    y = save_run(str(tmp_path / "y"), tok, 16, block_size=128, rope_scaling=4.0, rope_original_block_size=32)
+    _, cp = er.run([y, "--tasks=copy", "--multiples=1,2,4", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}",
+                    "--device=cpu"])
+    assert [(r["length"], r["multiple"]) for r in cp] == [(32, 1.0), (64, 2.0), (128, 4.0)]
+    assert f"lengths 32, 64, 128 (context 32 of {y})" in capsys.readouterr().out
+    p = save_run(str(tmp_path / "p"), tok, 16, block_size=32)
+    _, cp = er.run([p, "--tasks=copy", "--multiples=1,4", "--rope_scaling=4", "--copy_trials=1",
+                    f"--out_dir={tmp_path / 'o2'}", "--device=cpu"])
+    assert [(r["length"], r["multiple"]) for r in cp] == [(32, 1.0), (128, 4.0)]
+
+
+@pytest.mark.parametrize("meta,vocab_size,expected", [
+    ({"pad_id": 0, "tokenizer": {"kind": "char", "itos": list("_abcdefg")}}, 8, [1, 2, 3, 4, 5, 6, 7]),
+    ({"pad_id": 7, "tokenizer": {"kind": "char", "itos": list("abcdefg_")}}, 8, [0, 1, 2, 3, 4, 5, 6]),
+    ({"pad_id": 3, "tokenizer": {"kind": "none"}}, 6, [0, 1, 2, 4, 5]),
+    ({"pad_id": None, "tokenizer": {"kind": "none"}}, 4, [0, 1, 2, 3]),
+    ({"pad_id": None, "tokenizer": {"kind": "char", "itos": list("abc")}}, 8, [0, 1, 2]),  # padded vocabulary
+])
+def test_copy_ids_leave_out_the_padding_id_wherever_it_is(meta, vocab_size, expected):
+    assert er.copy_ids(meta, vocab_size).tolist() == expected
+
+
+def test_gpt2_copy_ids_are_its_50257_tokens_without_the_padding_id():
+    assert len(er.copy_ids({"pad_id": None, "tokenizer": {"kind": "gpt2"}}, 50304)) == 50257
+    ids = er.copy_ids({"pad_id": 50256, "tokenizer": {"kind": "gpt2"}}, 50304)
+    assert len(ids) == 50256 and ids[-1] == 50255
+
+
+def test_copy_sequences_of_the_command_never_hold_the_padding_id(tmp_path, monkeypatch):
+    """A run whose tokenizer pads with id 0 (of 6): every token the model reads in the copy test is one of
+    1 .. 5, and each of them occurs."""
+    seen = []
+    score = er.score_last
+
+    def recording(model, x, y):
+        seen.append(x.clone())
+        return score(model, x, y)
+    monkeypatch.setattr(er, "score_last", recording)
+    tok = {"dataset": "t", "vocab_size": 6, "pad_id": 0, "tokenizer": {"kind": "none"}}
+    a = save_run(str(tmp_path / "a"), tok, 6, block_size=16)
+    er.run([a, "--tasks=copy", "--lengths=16", "--copy_trials=20", f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    assert set(torch.cat(seen).unique().tolist()) == {1, 2, 3, 4, 5}
+
+
+class Cheat(torch.nn.Module):
+    """A copy-test model that knows the answer: right at the first copy's first target (t = 0), at the seam
+    (t = m - 1, the first token of the second copy, which nothing can predict) and at the second copy's
+    targets after its first (t > m); wrong at every other position (the right id + 1). Its hidden state is
+    the predicted id; lm_head OneHotHead (logits 10 x one-hot)."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.lm_head = OneHotHead(vocab)
+
+    def hidden_states(self, x):
+        B, T = x.shape
+        m = -(-(T + 1) // 2)
+        truth = torch.cat([x[:, 1:], x[:, T - m:T - m + 1]], 1)  # the next token; the last one lies m back
+        t = torch.arange(T)
+        right = (t == 0) | (t == m - 1) | (t > m)
+        pred = torch.where(right, truth, (truth + 1) % self.lm_head.out_features)
+        return pred.unsqueeze(-1).float()
+
+
+@pytest.mark.parametrize("L", [7, 8, 12])
+def test_the_first_copy_baseline_and_the_second_copy_stop_short_of_the_seam(L):
+    """The first copy's scored targets are t = 0 .. m - 2 (its tokens 1 .. m - 1), the second copy's
+    t = m + 1 - 1 .. L - 1 (its tokens after the first); the target at t = m - 1 (the second copy's first
+    token, after the seam) is in neither. By hand, with Cheat right at t = 0, m - 1 and t > m:
+    acc_first = 1 / (m - 1), acc_second = (L - m - 1) / (L - m); losses from the one-hot logits."""
+    V, m, trials = 16, -(-(L + 1) // 2), 3
+    got = er.run_copy(Cheat(V), np.arange(V), [L], trials, 0, 16)[L]
+    right, wrong = np.log1p((V - 1) * np.exp(-10)), np.log(np.exp(10) + V - 1)
+    assert (got["distance"], got["targets"], got["hits_second"]) == (m, trials * (L - m), trials * (L - m - 1))
+    assert got["acc_first"] == pytest.approx(1 / (m - 1))
+    assert got["acc_second"] == pytest.approx((L - m - 1) / (L - m))
+    assert got["loss_first"] == pytest.approx((right + (m - 2) * wrong) / (m - 1), rel=1e-5)
+    assert got["loss_second"] == pytest.approx((wrong + (L - m - 1) * right) / (L - m), rel=1e-5)

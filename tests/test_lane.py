@@ -244,3 +244,64 @@ def test_a_committed_record_is_done_in_a_fresh_checkout_without_out(repo):
     assert [line for line in log if line.startswith("start")] == ["start c: python train.py --seed=3 --out_dir=out/c "]
     assert calls(repo, "out/a") == calls(repo, "out/b") == []
     assert (repo / "docs" / "runs" / "a.json").read_text() == before
+
+
+# ---- issue 53, round six ------------------------------------------------------------------------
+
+def test_both_retrieval_csvs_are_copied_beside_the_record(repo):
+    """eval_retrieval.py's passkey.csv and copy.csv (OUT_DIR/retrieval) become docs/runs/NAME.passkey.csv
+    and NAME.copy.csv, byte for byte, with no temporary file left."""
+    after = ("mkdir -p out/a/retrieval && printf 'run,correct\\nout/a,3\\n' > out/a/retrieval/passkey.csv"
+             " && printf 'run,acc_second\\nout/a,0.25\\n' > out/a/retrieval/copy.csv")
+    lane(repo, queue(repo, "q.tsv", ("a", "out/a", "--seed=1", after)))
+    runs = repo / "docs" / "runs"
+    assert (runs / "a.passkey.csv").read_text() == "run,correct\nout/a,3\n"
+    assert (runs / "a.copy.csv").read_text() == "run,acc_second\nout/a,0.25\n"
+    assert sorted(os.listdir(runs)) == ["a.copy.csv", "a.json", "a.log.jsonl", "a.passkey.csv"]
+
+
+def test_init_ckpt_followed_by_other_arguments_names_the_run_it_starts_from(repo):
+    """--init_ckpt=out/r/best.pt is not the line's last argument: the run it starts from is still out/r
+    (the path ends at the next space). Unfinished r: d is skipped naming out/r; finished: d trains."""
+    args = "--init_ckpt=out/r/best.pt --seed=1 --data_root=data/x"
+    q = queue(repo, "q.tsv", ("d", "out/d", args))
+    (repo / "out" / "r").mkdir(parents=True)
+    (repo / "out" / "r" / "best.pt").write_text("an intermediate best.pt")
+    log, _ = lane(repo, q)
+    assert log == ["skipped d: the run it starts from (out/r) has not finished; a later lane takes it",
+                   "lane finished"] and calls(repo, "out/d") == []
+    (repo / "out" / "r" / "metrics.json").write_text("{}")
+    log, _ = lane(repo, q)
+    assert calls(repo, "out/d") == [f"{args} --out_dir=out/d"] and log[-2:] == ["done d", "lane finished"]
+
+
+def test_a_lane_killed_while_copying_a_retrieval_csv_leaves_no_half_copy(repo):
+    """The lane dies (SIGKILL) half-way through copying copy.csv: docs/runs/a.copy.csv still holds the whole
+    earlier copy (the record was deleted to run a again), never a half-written file; the next lane copies it
+    whole. `cp` is a shim on PATH that writes half of a retrieval CSV, then kills its lane, once."""
+    import shutil
+    real_cp = shutil.which("cp")
+    shim = repo / "bin"
+    shim.mkdir()
+    (shim / "cp").write_text(f'''#!/bin/bash
+if [[ "${{@: -2:1}}" == */retrieval/*.csv && ! -e out/a/cp.killed ]]; then
+  touch out/a/cp.killed; head -c 20 "${{@: -2:1}}" > "${{@: -1}}"; kill -9 $PPID; exit 1
+fi
+exec {real_cp} "$@"
+''')
+    (shim / "cp").chmod(0o755)
+    runs = repo / "docs" / "runs"
+    (runs / "a.copy.csv").write_text("run,acc_second\nout/a,0.10\n")  # the earlier copy
+    new = "run,acc_second\\nout/a,0.25\\n" + "out/a,0.5\\n" * 20
+    after = f"mkdir -p out/a/retrieval && printf '{new}' > out/a/retrieval/copy.csv"
+    q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1", after))
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    p = subprocess.run(["bash", str(repo / "study" / "lane.sh"), q], cwd=repo, capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert p.returncode == -9 and (repo / "out" / "a" / "cp.killed").exists()
+    assert (runs / "a.copy.csv").read_text() == "run,acc_second\nout/a,0.10\n" and not (runs / "a.json").exists()
+    p = subprocess.run(["bash", str(repo / "study" / "lane.sh"), q], cwd=repo, capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert p.returncode == 0 and (runs / "a.json").exists()
+    assert (runs / "a.copy.csv").read_text() == (repo / "out" / "a" / "retrieval" / "copy.csv").read_text()
+    assert (runs / "a.copy.csv").read_text().count("\n") == 22

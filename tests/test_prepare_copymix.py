@@ -53,3 +53,71 @@ def test_the_copy_cpu_config_trains_on_the_mix_its_comment_prepares(tmp_path):
     cfg = metrics["config"]
     assert metrics["dataset"] == "shakespeare_char_copyrand32"
     assert (cfg["n_layer"], cfg["n_embd"], cfg["block_size"], cfg["learning_rate"], cfg["min_lr"]) == (2, 128, 64, 3e-3, 3e-4)
+
+
+# ---- issue 53, round six ------------------------------------------------------------------------
+
+def reference_mix(tokens, p_copy, min_span, max_span, seed):
+    """The documented mix without random spans, drawn by hand: per span, integers(min_span, max_span + 1)
+    for its length, then one random() < p_copy for its repeat, and nothing else."""
+    rng, out, i = np.random.default_rng(seed), [], 0
+    while i < len(tokens):
+        span = tokens[i:i + int(rng.integers(min_span, max_span + 1))]
+        i += len(span)
+        out += [span, span] if rng.random() < p_copy else [span]
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_p_random_zero_draws_nothing_more_so_a_recorded_mix_is_reproduced(seed):
+    """With p_random = 0 (the default, and every mix recorded before --p_random existed) the generator
+    makes no extra draw: the mix is the hand-drawn reference's, with or without vocab_size given."""
+    tokens = np.arange(500) % 61
+    ref = reference_mix(tokens, 0.5, 3, 20, seed)
+    for kwargs in ({}, {"p_random": 0.0, "vocab_size": 61}, {"p_random": 0, "vocab_size": 61}):
+        mixed, n_spans, n_copied = cm.copy_mix(tokens, 0.5, 3, 20, seed, **kwargs)
+        assert mixed.tolist() == ref.tolist()
+    assert 0 < n_copied < n_spans  # the test sees both outcomes of the repeat draw
+
+
+def test_random_spans_draw_every_id_of_the_vocabulary_and_no_other():
+    """Random characters are uniform over 0 .. vocab_size - 1: with 4 ids, 0 and 3 included, nothing else;
+    each id about a quarter of the 2000 drawn (binomial sd ~19)."""
+    tokens = np.full(2000, 9, dtype=np.uint8)
+    mixed, _, _ = cm.copy_mix(tokens, p_copy=1.0, min_span=10, max_span=10, p_random=1.0, vocab_size=4)
+    first = mixed.reshape(-1, 2, 10)[:, 0].ravel()
+    assert set(mixed.tolist()) == {0, 1, 2, 3} and mixed.dtype == np.uint8
+    assert all(abs((first == v).sum() - 500) < 100 for v in range(4))
+
+
+def test_prepare_draws_random_spans_from_the_source_vocabulary(tmp_path):
+    """Through prepare: the random spans' ids are exactly the source tokenizer's, 0 .. vocab_size - 1."""
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    char_dataset(src, "abcdefghij " * 300, "chars")  # 11 symbols
+    cm.prepare(src, out, p_copy=1.0, min_span=8, max_span=8, p_random=1.0)
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    train = np.fromfile(os.path.join(out, "train.bin"), dtype=meta["dtype"])
+    assert meta["vocab_size"] == 11 and set(train.tolist()) == set(range(11))
+
+
+@pytest.mark.parametrize("p_random", ["1.5", "-0.1", "2"])
+def test_p_random_outside_0_1_exits_2_in_one_line_before_writing(tmp_path, capsys, p_random):
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    char_dataset(src, "to be or not to be " * 20, "chars")
+    with pytest.raises(SystemExit) as e:
+        cm.exit_on_user_error(cm.main)(["--source_dir", src, "--out_dir", out, f"--p_random={p_random}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "p_random" in err and p_random in err, err
+    assert not os.path.exists(out)
+    for ok in ("0", "1"):  # the ends are allowed
+        cm.main(["--source_dir", src, "--out_dir", out, f"--p_random={ok}", "--p_copy=1"])
+        assert json.load(open(os.path.join(out, "meta.json")))["copymix"]["p_random"] == float(ok)
+
+
+def test_the_dataset_is_named_after_the_out_dir_with_or_without_a_trailing_slash(tmp_path):
+    src = str(tmp_path / "src")
+    char_dataset(src, "to be or not to be " * 20, "chars")
+    for out in (str(tmp_path / "shakespeare_char_copyrand32") + "/", str(tmp_path / "mix2")):
+        cm.main(["--source_dir", src, "--out_dir", out])
+        meta = json.load(open(os.path.join(out, "meta.json")))
+        assert meta["dataset"] == os.path.basename(out.rstrip("/"))

@@ -60,3 +60,36 @@ def test_retrieval_needs_compare_and_the_csv(tmp_path, capsys):
     with pytest.raises(SystemExit):
         results.main(paths + ["--compare=pos_encoding", "--retrieval=copy@256"])
     assert "has no copy results" in capsys.readouterr().err
+
+
+def test_a_csv_of_several_runs_of_one_label_gives_each_run_its_own_rows(tmp_path):
+    """eval_retrieval.py run once on all seeds of an arm writes one CSV whose rows share a label ("rope")
+    and differ in run folder; each record (NAME.json, its run folder out/NAME) holds that whole CSV. Each run
+    reads its own rows, matched by run folder (a trailing slash in the CSV's run column included): passkey
+    pooled over its own depths, copy its own acc_second, never another run's nor a pool of all."""
+    paths = arms(tmp_path, [1.0, 1.1, 1.2], [1.0, 1.1, 1.3], seeds_b=[7, 8, 9])
+    names = ["pope-s1", "pope-s2", "pope-s3", "rope-s7", "rope-s8", "rope-s9"]
+    passkey = {"pope-s1": (2, 4), "pope-s2": (5, 5), "pope-s3": (0, 3), "rope-s7": (9, 10), "rope-s8": (10, 10),
+               "rope-s9": (7, 9)}
+    copies = dict(zip(names, [0.10, 0.12, 0.08, 0.50, 0.61, 0.55]))
+    pk_text = "run,label,length,depth,trials,correct\n" + "".join(
+        f"out/{n}{'/' if n.endswith('2') else ''},rope,{L},{d},10,{k if L == 256 else 10 - k}\n"
+        for n in names for L in (128, 256) for d, k in zip((0.0, 1.0), passkey[n]))
+    cp_text = "run,label,length,distance,acc_second\n" + "".join(
+        f"out/{n},rope,{L},{L // 2 + 1},{copies[n] if L == 256 else 1 - copies[n]}\n"
+        for n in names for L in (128, 256))
+    for p in paths:
+        stem = p[:-len(".json")]
+        open(f"{stem}.passkey.csv", "w").write(pk_text)
+        open(f"{stem}.copy.csv", "w").write(cp_text)
+    for p, n in zip(paths, names):
+        run = results.load_run(p)
+        assert results.retrieval_accuracy(run, "passkey", 256) == pytest.approx(sum(passkey[n]) / 20)
+        assert results.retrieval_accuracy(run, "passkey", 128) == pytest.approx(1 - sum(passkey[n]) / 20)
+        assert results.retrieval_accuracy(run, "copy", 256) == pytest.approx(copies[n])
+    c = results.compare(paths, "pos_encoding", retrieval=results.parse_retrieval("passkey@256,copy@256"))
+    pk = next(r for r in c["rows"] if r["metric"] == "passkey acc (%) at 256")
+    assert pk["a"][0] == pytest.approx(100 * (6 / 20 + 10 / 20 + 3 / 20) / 3)
+    assert pk["b"][0] == pytest.approx(100 * (19 / 20 + 20 / 20 + 16 / 20) / 3)
+    cp = next(r for r in c["rows"] if r["metric"] == "copy acc (%) at 256")
+    assert cp["a"][0] == pytest.approx(100 * 0.30 / 3) and cp["b"][0] == pytest.approx(100 * 1.66 / 3)
