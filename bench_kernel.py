@@ -377,7 +377,7 @@ def reference_fa_kernels():
         kv_off = base + offs_n[:, None] * stride_m + offs_d[None, :]
         k = tl.load(K + kv_off, mask=offs_n[:, None] < T, other=0.0)
         v = tl.load(V + kv_off, mask=offs_n[:, None] < T, other=0.0)
-        k = tl.where(offs_n[:, None] < T, k, 0.0)  # as in pope_kernel._dkdv_kernel: k reaches the wgmma in registers
+        k = tl.where(offs_n[:, None] < T, k, 0.0)  # as in pope_kernel.KERNELS["dkdv"]: k reaches the wgmma in registers
         dk = tl.full([BLOCK_N, D], 0.0, tl.float32)
         dv = tl.full([BLOCK_N, D], 0.0, tl.float32)
         lo = n0 // BLOCK_M * BLOCK_M
@@ -460,7 +460,7 @@ _DECODE_KERNELS = {}
 
 
 def reference_rope_decode_kernel():
-    """A RoPE decode kernel of pope_kernel._decode_kernel's shape, for --decode-sass: the same grid, rows (GROUP
+    """A RoPE decode kernel of pope_kernel.DECODE_KERNEL's shape, for --decode-sass: the same grid, rows (GROUP
     query heads x Tq queries of a key/value head), split, masks and online softmax, but keys already rotated
     (RoPE's cache) and one dot of width D. Compiled only, never launched."""
     if _DECODE_KERNELS:
@@ -525,7 +525,7 @@ _DECODE_POINTERS = {"Q": None, "MU": None, "K": None, "V": None, "ROT": "fp32", 
 
 
 def compile_decode(arch, d=64, dtype="bf16", group=4, tq=1, impl="pope", block_n=64, warps=None):
-    """Compile pope_kernel._decode_kernel (impl 'pope': mu_k tiles rotated in registers, q/k width 2d) or
+    """Compile pope_kernel.DECODE_KERNEL (impl 'pope': mu_k tiles rotated in registers, q/k width 2d) or
     reference_rope_decode_kernel ('rope': rotated keys, width d) for sm_<arch>, no GPU needed: GROUP = group
     query heads per key/value head, tq queries, d = D_V, BLOCK_N = block_n keys, causal, warps (default
     pope_kernel.DECODE_WARPS). Returns the
@@ -537,7 +537,7 @@ def compile_decode(arch, d=64, dtype="bf16", group=4, tq=1, impl="pope", block_n
     bm = max(16, 1 << max(group * tq - 1, 0).bit_length())
     warps = warps or pk.DECODE_WARPS
     if impl == "pope":
-        fn = pk._decode_kernel
+        fn = pk.DECODE_KERNEL
         consts = dict(GROUP=group, D=d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=block_n,
                       OFFSET_FROM_PTR=False)
     else:

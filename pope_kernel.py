@@ -13,14 +13,14 @@ j <= q_offset + i (q_offset = Tk - Tq is the bottom-right alignment of decoding 
 Grouped-query attention: K and V may have H_kv heads for H query heads (H a multiple of H_kv);
 query head h reads key/value head h // (H / H_kv).
 
-Kernels (one program per tile, a 1-D grid over (batch, head, tile)):
-    _fwd_kernel    a BLOCK_M tile of queries against every visible key block: O, lse
-    _pre_kernel    Di = rowsum(dO * O) (FlashAttention-2's backward preprocessing)
-    _dkdv_kernel   a BLOCK_N tile of keys of one key/value head against the visible query blocks of
-                   every query head of its group: dK, dV summed in registers, no atomics
-    _dq_kernel     a BLOCK_M tile of queries against every visible key block: dQ
-    _decode_kernel decoding (flash-decoding): the query heads of one key/value head against one split of a
-                   cache of key magnitudes, each key tile rotated in registers (section "decoding" below)
+Kernels (one program per tile, a 1-D grid over (batch, head, tile)), by their public names:
+    KERNELS["fwd"]   a BLOCK_M tile of queries against every visible key block: O, lse
+    PRE_KERNEL       Di = rowsum(dO * O) (FlashAttention-2's backward preprocessing)
+    KERNELS["dkdv"]  a BLOCK_N tile of keys of one key/value head against the visible query blocks of
+                     every query head of its group: dK, dV summed in registers, no atomics
+    KERNELS["dq"]    a BLOCK_M tile of queries against every visible key block: dQ
+    DECODE_KERNEL    decoding (flash-decoding): the query heads of one key/value head against one split of a
+                     cache of key magnitudes, each key tile rotated in registers (section "decoding" below)
 Every program writes every element of its output tile exactly once and reads no output buffer, so
 the autotuner, which launches each candidate on the live buffers, leaves nothing behind; results are
 bitwise deterministic for a given set of tiles.
@@ -31,7 +31,9 @@ Public API (imports nothing from this repo):
         pope::attention_backward (fake kernels registered, so torch.compile keeps them in its graph)
     unsupported_reason(q, k, v), device_unsupported_reason(device, dtype, D_QK, D_V), check_limits(...),
     dot_precision(dtype), shared_memory_bytes(...), select_configs(...), SHARED_MEMORY_LIMITS
-    KERNELS, CONFIGS, INTERPRET_BLOCKS, PIN_ENV, COMPILE_OPTIONS, pinned_configs(), pin_configs(spec)
+    KERNELS, PRE_KERNEL, DECODE_KERNEL (the kernels, for bench_kernel.py's compile-only builds and for tests),
+    CONFIGS, INTERPRET_BLOCKS, PIN_ENV, COMPILE_OPTIONS, pinned_configs(), pin_configs(spec), head_class(D_QK, D_V),
+    pow2_bucket(n), tile_config(bm, bn, warps, stages), gpu_configs(role), prune_configs(role)
     decode(q, mu, v, rot, *, causal, q_offset, n_split) -> (o, lse), not differentiable: the custom op
         pope::decode (decode_forward); decode_at, the same with the position as a device tensor (pope::decode_at);
         decode_splits(bh_kv, Tk), decode_split_table()
@@ -97,15 +99,21 @@ PRE_BLOCK_M = 32 if INTERPRETING else 64
 PIN_ENV = "POPE_TRITON_CONFIG"
 
 
-def _head_class(D_QK, D_V):
+def head_class(D_QK, D_V):
+    """The head-dim class (a key of CONFIGS[role]) of query/key width D_QK and value width D_V: 64 for
+    D_QK <= 128 and D_V <= 64 (PoPE at d <= 64), else 128."""
     return 64 if D_QK <= 128 and D_V <= 64 else 128
 
 
-def _pow2_bucket(n):
+def pow2_bucket(n):
+    """n (tokens, >= 0) rounded up to a power of two (0 and 1 -> 1): the TQ_BUCKET / TK_BUCKET the kernels are
+    launched with, which the autotuner keys on and select_configs sizes tiles by."""
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def _config(bm, bn, warps=4, stages=2):
+def tile_config(bm, bn, warps=4, stages=2):
+    """A triton.Config of tile (BLOCK_M, BLOCK_N) = (bm, bn) with num_warps=warps, num_stages=stages: one
+    autotune candidate (CONFIGS lists them as tuples (bm, bn, warps, stages))."""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
 
 
@@ -187,7 +195,7 @@ def select_configs(role, configs, tq_bucket, tk_bucket, D_QK, D_V, elem_bytes=2,
     """
     def key(c):
         return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages
-    allowed = set(CONFIGS[role][_head_class(D_QK, D_V)])
+    allowed = set(CONFIGS[role][head_class(D_QK, D_V)])
     keep = [c for c in configs if key(c) in allowed] or list(configs)
     if limit is not None:
         keep = [c for c in keep if shared_memory_bytes(role, key(c), D_QK, D_V, elem_bytes, arch) <= limit]
@@ -197,8 +205,11 @@ def select_configs(role, configs, tq_bucket, tk_bucket, D_QK, D_V, elem_bytes=2,
     return fit or keep[-1:]
 
 
-def _prune(role):
-    """Autotune pre-filter (select_configs) with the shared-memory limit of the tensors' device."""
+def prune_configs(role):
+    """The autotuner's early_config_prune for kernel `role` ('fwd' | 'dkdv' | 'dq'): a function
+    (configs, named_args, **kwargs) -> the triton.Config list select_configs keeps for the launch's Q (its element
+    size and device: the device's shared-memory limit on CUDA, none otherwise), TQ_BUCKET, TK_BUCKET, D_QK and D_V;
+    never empty (the last candidate if nothing fits)."""
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
         q = args["Q"]
@@ -213,7 +224,7 @@ def shared_memory_reason(arch, limit, dtype, D_QK, D_V):
     sm_<arch> for `dtype` operands of widths D_QK, D_V; else a sentence naming the kernel that has none."""
     elem = torch.empty((), dtype=dtype).element_size()
     for role in KERNELS:
-        need = min(shared_memory_bytes(role, c, D_QK, D_V, elem, arch) for c in CONFIGS[role][_head_class(D_QK, D_V)])
+        need = min(shared_memory_bytes(role, c, D_QK, D_V, elem, arch) for c in CONFIGS[role][head_class(D_QK, D_V)])
         if need > limit:
             return (f"no {role} tile of the Triton attention kernel fits sm_{arch}'s {limit:,} bytes of shared memory "
                     f"per block for {str(dtype).replace('torch.', '')} at widths {D_QK}/{D_V} (the smallest needs "
@@ -242,17 +253,17 @@ def _device_reason(device, dtype, D_QK, D_V):
 
 def gpu_configs(role):
     """The autotune candidates of `role` on a GPU: both head-dim classes' CONFIGS, as triton.Config, largest first."""
-    return [_config(*c) for c in sorted(set(CONFIGS[role][64]) | set(CONFIGS[role][128]), reverse=True)]
+    return [tile_config(*c) for c in sorted(set(CONFIGS[role][64]) | set(CONFIGS[role][128]), reverse=True)]
 
 
 def _autotune_configs(role):
-    return [_config(*INTERPRET_BLOCKS[role])] if INTERPRETING else gpu_configs(role)
+    return [tile_config(*INTERPRET_BLOCKS[role])] if INTERPRETING else gpu_configs(role)
 
 
 def _autotune(role):
     # cache_results: the timings go to Triton's cache dir, so later processes on this machine reuse the choice
     return triton.autotune(_autotune_configs(role), key=["TQ_BUCKET", "TK_BUCKET", "D_QK", "D_V", "CAUSAL", "GROUP"],
-                           prune_configs_by={"early_config_prune": _prune(role)}, cache_results=True)
+                           prune_configs_by={"early_config_prune": prune_configs(role)}, cache_results=True)
 
 
 _NO_SPECIALIZE = ["Tq", "Tk", "q_offset", "TQ_BUCKET", "TK_BUCKET"]  # decoding: no recompile per length
@@ -542,7 +553,14 @@ def _dq_kernel(Q, K, V, DO, LSE, DI, DQ,
              mask=row_ok[:, None])
 
 
-KERNELS = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel}  # triton Autotuner objects
+# The kernels by role, as public names (bench_kernel.py compiles them for a part without a GPU; the tests launch
+# and inspect them). KERNELS: the autotuned kernels, triton Autotuner objects whose .fn is the @triton.jit
+# function; runtime arguments as their signatures, constexprs GROUP (query heads per key/value head), D_QK, D_V
+# (widths), CAUSAL, DOT_PREC ('tf32' | 'ieee', dot_precision), BLOCK_M, BLOCK_N (a tile_config; the autotuner
+# sets them). PRE_KERNEL: Di = rowsum(dO * O), a @triton.jit function with constexprs D_V and BLOCK_M
+# (PRE_BLOCK_M), not autotuned. DECODE_KERNEL (below): the decoding kernel.
+KERNELS = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel}
+PRE_KERNEL = _pre_kernel
 
 
 # ---- tile pinning -------------------------------------------------------------------------------------
@@ -578,7 +596,7 @@ def pin_configs(spec):
     before = {}
     for role, cfg in pinned_configs(spec).items():
         before[role] = KERNELS[role].configs
-        KERNELS[role].configs = [_config(*cfg)]
+        KERNELS[role].configs = [tile_config(*cfg)]
     return before
 
 
@@ -660,7 +678,7 @@ def _forward(q, k, v, causal, q_offset):
     check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), k.stride(2), v.stride(2), o.stride(2)))
     with _device(q):
         _fwd_kernel[lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,)](
-            q, k, v, o, lse, *_strides(q, k, v, o), H, Tq, Tk, q_offset, _pow2_bucket(Tq), _pow2_bucket(Tk),
+            q, k, v, o, lse, *_strides(q, k, v, o), H, Tq, Tk, q_offset, pow2_bucket(Tq), pow2_bucket(Tk),
             **_meta(q, k, v, causal), **COMPILE_OPTIONS)
     return o, lse
 
@@ -676,7 +694,7 @@ def _backward(do, q, k, v, o, lse, causal, q_offset):
     check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), k.stride(2), v.stride(2), o.stride(2), do.stride(2)))
     di = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
     meta = _meta(q, k, v, causal)
-    buckets = (_pow2_bucket(Tq), _pow2_bucket(Tk))
+    buckets = (pow2_bucket(Tq), pow2_bucket(Tk))
     with _device(q):
         _pre_kernel[(triton.cdiv(Tq, PRE_BLOCK_M) * B * H,)](o, do, di, *_strides(o, do), H, Tq, D_V=v.shape[-1],
                                                             BLOCK_M=PRE_BLOCK_M, **COMPILE_OPTIONS)
@@ -905,6 +923,14 @@ def _decode_kernel(Q, MU, V, ROT, OP, LP, QOFF,
     tl.store(LP + out_rows, tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=row_ok)
 
 
+# The decoding kernel (a @triton.jit function, not autotuned: decode launches it with BLOCK_N = DECODE_BLOCK_N,
+# BLOCK_M = max(16, pow2_bucket(G * Tq)), num_warps = DECODE_WARPS). Constexprs: GROUP (query heads per key/value
+# head, G), D (key magnitude width d; queries are 2d wide), D_V, CAUSAL, DOT_PREC (dot_precision), BLOCK_M (query
+# rows G * Tq of a program, a power of two >= 16), BLOCK_N (keys per tile), OFFSET_FROM_PTR (q_offset read from
+# QOFF on the device: decode_at). bench_kernel.compile_decode compiles it for a part without a GPU.
+DECODE_KERNEL = _decode_kernel
+
+
 def decode_splits(bh_kv, Tk, n_sm=DEFAULT_SM_COUNT, block_n=None):
     """(n_split, blocks_per_split): how decode cuts a cache of Tk keys for bh_kv = B * H_kv programs per split.
 
@@ -952,7 +978,7 @@ def _decode(q, mu, v, rot, causal, q_offset, n_split, at=None):
             _decode_kernel[(n_split * B * H_kv,)](
                 q, mu, v, rot, op, lp, lp if at is None else at, *_strides(q, mu, v), rot.stride(0), B * H_kv, H_kv,
                 Tq, Tk, q_offset, per, GROUP=G, D=D2 // 2, D_V=D_V, CAUSAL=bool(causal),
-                DOT_PREC=dot_precision(q.dtype), BLOCK_M=max(16, _pow2_bucket(G * Tq)), BLOCK_N=DECODE_BLOCK_N,
+                DOT_PREC=dot_precision(q.dtype), BLOCK_M=max(16, pow2_bucket(G * Tq)), BLOCK_N=DECODE_BLOCK_N,
                 OFFSET_FROM_PTR=at is not None, num_warps=DECODE_WARPS, **COMPILE_OPTIONS)
     if n_split == 1:
         return op[0].to(v.dtype), lp[0] * _LN2.value

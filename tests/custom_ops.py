@@ -10,13 +10,15 @@ contiguous, and its fake kernel says so. Checked here on the layouts the model r
                                      Inductor saves model.py's q, k, v views for the backward
     check_layout_contract(cases)     torch.library.opcheck with every default test_util (schema, fake
                                      tensor, autograd registration, AOT dispatch with dynamic shapes) on
-                                     each (name, op, args), and the real op's outputs contiguous
+                                     each (name, op, args), the real op's outputs contiguous, and the fake
+                                     kernel's outputs of the same shapes, dtypes and strides (fake_meta)
 
 A new custom op (e.g. a decoding kernel) adds its calls to tests/test_custom_ops.py, whose coverage test
 fails for a pope:: op that no case calls.
 """
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
@@ -78,18 +80,34 @@ def with_grad(args):
     return tree_map_only(torch.Tensor, lambda t: t.detach().requires_grad_(t.is_floating_point()), args)
 
 
+def meta(outputs):
+    """[(shape, dtype, strides)] of the tensors in an op's outputs (any nesting)."""
+    return [(tuple(t.shape), t.dtype, t.stride()) for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
+
+
+def fake_meta(op, args):
+    """meta() of op's outputs from its fake kernel: op run under FakeTensorMode on fake copies of args (same shapes,
+    dtypes, strides and devices), as Inductor sees it when it lays out the real outputs."""
+    with FakeTensorMode() as mode:
+        return meta(op(*tree_map_only(torch.Tensor, mode.from_tensor, args)))
+
+
 def check_layout_contract(cases):
     """For each (name, op, args): torch.library.opcheck(op, args) with all its default test_utils, then the
-    real op's tensor outputs must be contiguous. Raises AssertionError naming the case and the check."""
+    real op's tensor outputs must be contiguous, and the fake kernel's outputs must have the real ones' shapes,
+    dtypes and strides. Raises AssertionError naming the case and the check."""
     for name, op, args in cases:
         try:
             torch.library.opcheck(op, args)
         except Exception as e:  # OpCheckError: name the case, keep opcheck's message
             raise AssertionError(f"{name}: {op}: {e}\n  inputs: {describe(args)}") from e
-        outputs, _ = tree_flatten(op(*args))
+        real = op(*args)
+        outputs, _ = tree_flatten(real)
         bad = [(i, tuple(t.shape), t.stride()) for i, t in enumerate(outputs)
                if isinstance(t, torch.Tensor) and not t.is_contiguous()]
         assert not bad, f"{name}: {op}: outputs (index, shape, strides) not contiguous: {bad}"
+        fake = fake_meta(op, args)
+        assert fake == meta(real), f"{name}: {op}: fake outputs {fake} != real {meta(real)}"
 
 
 def describe(args):

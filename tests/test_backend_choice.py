@@ -55,7 +55,7 @@ def _need(D_QK, D_V, dtype, arch=86):
     """The fewest bytes of shared memory per block with which every kernel keeps a candidate (the kernel's model)."""
     elem = torch.empty((), dtype=dtype).element_size()
     return max(min(pk.shared_memory_bytes(role, c, D_QK, D_V, elem, arch)
-                   for c in pk.CONFIGS[role][pk._head_class(D_QK, D_V)]) for role in ("fwd", "dkdv", "dq"))
+                   for c in pk.CONFIGS[role][pk.head_class(D_QK, D_V)]) for role in ("fwd", "dkdv", "dq"))
 
 
 @pytest.mark.parametrize("d, dv", [(64, 64), (128, 32), (32, 128)])
@@ -130,11 +130,78 @@ def test_the_autotuners_prune_keeps_tiles_that_fit_at_the_operands_element_size(
     kept = {}
     for dtype in (torch.float16, torch.float32):
         Q = torch.empty(1, 1, 1024, 128, dtype=dtype)
-        kept[dtype] = pk._prune("fwd")(configs, {"Q": Q, "TQ_BUCKET": 1024, "TK_BUCKET": 1024, "D_QK": 128, "D_V": 64})
+        kept[dtype] = pk.prune_configs("fwd")(configs, {"Q": Q, "TQ_BUCKET": 1024, "TK_BUCKET": 1024, "D_QK": 128,
+                                                        "D_V": 64})
         need = [pk.shared_memory_bytes("fwd", key(c), 128, 64, Q.element_size(), 86) for c in kept[dtype]]
         assert kept[dtype] and max(need) <= pk.SHARED_MEMORY_LIMITS[86], (dtype, need)
     assert {key(c) for c in kept[torch.float16]} != {key(c) for c in kept[torch.float32]}
-    c = pk._config(64, 64, 4, 2)
+    c = pk.tile_config(64, 64, 4, 2)
     exact = pk.shared_memory_bytes("fwd", key(c), 128, 64, 4, 86)
     assert pk.select_configs("fwd", [c], 64, 64, 128, 64, 4, 86, limit=exact) == [c]
     assert pk.select_configs("fwd", [c], 64, 64, 128, 64, 4, 86, limit=exact - 1) == []
+
+
+def test_shared_memory_model_worked_by_hand_term_by_term():
+    """pope_kernel.shared_memory_bytes against byte counts worked by hand from its documented model, PoPE at d = 64
+    (q~, k~ 128 wide, v 64: a row of q~ and dO, or of k~ and v, is 192 elements), one term per tile it names."""
+    row2, row4 = 192 * 2, 192 * 4  # bytes of a row in 16 bits and in fp32
+    cases = [
+        # dK/dV, mma.sync (sm_80), bf16, (32, 64, 4, 3): num_stages - 1 = 2 buffers of 32 query rows with their lse and
+        # Di (4 + 4 bytes each); the key tile's k~, v once; one 16-bit score tile; 1 KB
+        (("dkdv", (32, 64, 4, 3), 2, 80), 2 * 32 * (row2 + 8) + 64 * row2 + 32 * 64 * 2 + 1024),
+        # the same in fp32: two fp32 score tiles (S^T and dS^T) and 16 bytes of row-reduction scratch per query row
+        (("dkdv", (32, 64, 4, 3), 4, 80), 2 * 32 * (row4 + 8) + 64 * row4 + 2 * 32 * 64 * 4 + 16 * 32 + 1024),
+        # dK/dV with tcgen05 (sm_100, 128 keys): num_stages + 1 = 4 buffers; 2 KB
+        (("dkdv", (32, 128, 8, 3), 2, 100), 4 * 32 * (row2 + 8) + 128 * row2 + 32 * 128 * 2 + 2048),
+        # ... and with wgmma (sm_90): num_stages = 3 buffers; 1 KB
+        (("dkdv", (32, 128, 8, 3), 2, 90), 3 * 32 * (row2 + 8) + 128 * row2 + 32 * 128 * 2 + 1024),
+        # dQ, fp32, sm_80, (64, 64, 4, 3): 2 buffers of 64 key rows (k~, v); q~ and dO resident; two score tiles and
+        # the scratch; V^T for dO V^T; 1 KB
+        (("dq", (64, 64, 4, 3), 4, 80), 2 * 64 * row4 + 64 * row4 + 2 * 64 * 64 * 4 + 16 * 64 + 64 * 64 * 4 + 1024),
+        # dQ with tcgen05 (sm_100), bf16, (64, 64, 8, 3): 3 buffers; q~, dO; no score tile (dS in tensor memory); a
+        # second copy of the k~ tile; 2 KB
+        (("dq", (64, 64, 8, 3), 2, 100), 3 * 64 * row2 + 64 * row2 + 64 * 128 * 2 + 2048),
+        # forward, fp32, sm_80, (64, 64, 4, 3): 2 buffers; q~ only; one score tile and the scratch; 1 KB
+        (("fwd", (64, 64, 4, 3), 4, 80), 2 * 64 * row4 + 64 * 128 * 4 + 64 * 64 * 4 + 16 * 64 + 1024),
+        # forward, bf16, 128 rows (sm_90 wgmma): scores in registers
+        (("fwd", (128, 64, 8, 3), 2, 90), 3 * 64 * row2 + 128 * 128 * 2 + 1024),
+    ]
+    for (role, cfg, e, arch), want in cases:
+        assert pk.shared_memory_bytes(role, cfg, 128, 64, e, arch) == want, (role, cfg, e, arch)
+
+
+def _keys(configs):
+    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs]
+
+
+@pytest.mark.parametrize("T, training_tiles_only", [(512, True), (300, True), (1024, True), (256, False)])
+def test_a_training_step_of_512_tokens_or_more_autotunes_no_decoding_tiles(T, training_tiles_only):
+    """From Tq = 512 on (the query bucket pow2_bucket(Tq) >= 512: 300 -> 512) the forward and dQ keep no 16/32-row
+    decoding tile, only the >= 64-row ones, in CONFIGS' order; below (256) every tile that fits the problem is
+    kept, decoding tiles included. dK/dV (rows = keys) keeps all of its tiles either way. No shared-memory limit."""
+    assert [pk.pow2_bucket(t) for t in (1, 2, 257, 300, 511, 512, 513)] == [1, 2, 512, 512, 512, 512, 1024]
+    b = pk.pow2_bucket(T)
+    for d in (16, 64, 128):
+        cls = pk.head_class(2 * d, d)
+        for role in ("fwd", "dq", "dkdv"):
+            cands = [pk.tile_config(*c) for c in pk.CONFIGS[role][cls]]
+            kept = _keys(pk.select_configs(role, cands, b, b, 2 * d, d))
+            fits = [c for c in pk.CONFIGS[role][cls] if c[0] <= b and c[1] <= b]
+            want = [c for c in fits if c[0] >= 64] if training_tiles_only and role != "dkdv" else fits
+            assert kept == want and any(c[0] < 64 for c in fits), (T, d, role, kept)
+
+
+def test_the_prune_sizes_tiles_by_the_query_bucket_for_rows_and_the_key_bucket_for_columns(monkeypatch):
+    """prune_configs reads the launch's TQ_BUCKET as the queries (BLOCK_M) and TK_BUCKET as the keys (BLOCK_N): a
+    16-query chunk over 1,024 keys keeps the 16-row tiles with long key tiles; 1,024 queries over 32 keys keep the
+    128-row tile with 32 keys; swapped, each would keep the other's. Hand-worked from the d = 64 candidates, on a
+    mocked sm_90 (every candidate fits its 232,448 bytes in bf16)."""
+    _mock_gpu(monkeypatch, 90)
+    Q = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16)
+    configs = [pk.tile_config(*c) for c in pk.CONFIGS["fwd"][64]]
+    prune = pk.prune_configs("fwd")
+    for tq, tk, want in ((16, 1024, [(16, 64, 4, 2), (16, 128, 4, 2)]), (1024, 32, [(128, 32, 4, 3)]),
+                         (32, 1024, [(16, 64, 4, 2), (32, 64, 4, 2), (16, 128, 4, 2)])):
+        got = _keys(prune(configs, {"Q": Q, "TQ_BUCKET": tq, "TK_BUCKET": tk, "D_QK": 128, "D_V": 64}))
+        assert got == want, (tq, tk, got)
+        assert _keys(pk.select_configs("fwd", configs, tq, tk, 128, 64, 2, 90, 232_448)) == want

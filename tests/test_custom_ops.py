@@ -97,3 +97,45 @@ def test_every_pope_op_is_checked():
     checked = {"pope::attention_forward", "pope::attention_backward", "pope::decode", "pope::decode_at"}
     assert set(registered_ops()) == checked, set(registered_ops()) ^ checked
     assert pope.pope_kernel is pk
+
+
+def test_under_autocast_with_delta_the_fakes_give_the_real_dtypes_and_delta_keeps_its_own():
+    """One training step of a PoPE GPT with δ, fp32 weights, under fp16 autocast: pope::attention_forward and
+    attention_backward receive fp16 operands, and their fake kernels give the real outputs' shapes, dtypes and
+    strides (check_layout_contract); the gradients that leave the region keep their parameters' dtype (δ's
+    float32) and equal the torch backend's under the same autocast."""
+    calls = model_op_calls(pope_gpt(n_head=4, n_kv_head=2), _idx(3), autocast=torch.float16)
+    assert [op for op, _ in calls] == [FORWARD, BACKWARD]
+    assert {t.dtype for _, args in calls for t in args if isinstance(t, torch.Tensor)} == {torch.float16,
+                                                                                          torch.float32}  # lse
+    check_layout_contract([(f"fp16 autocast {op}", op, args) for op, args in calls])
+    grads = {}
+    for backend in ("triton", "torch"):
+        model = pope_gpt(n_head=4, n_kv_head=2, attn_backend=backend)
+        with torch.autocast(DEV, dtype=torch.float16):
+            model(_idx(3), _idx(3).roll(-1, dims=1))[1].backward()
+        grads[backend] = model.transformer.h[0].attn.pope_delta.grad
+    assert grads["triton"].dtype == grads["torch"].dtype == torch.float32
+    scale = grads["torch"].abs().max()
+    assert scale > 0 and (grads["triton"] - grads["torch"]).abs().max() <= 0.02 * scale
+
+
+@pytest.mark.parametrize("d, dv", [(16, 32), (32, 16)])
+def test_the_decoding_ops_fakes_are_dv_wide_when_dv_is_not_d(d, dv):
+    """pope::decode and pope::decode_at with values of width dv != d (key magnitudes d wide, queries 2d wide): the
+    fake kernels' o is (B, H, Tq, dv), as the real op's, with the real dtypes and strides; opcheck passes on cache
+    slices, grouped heads and two splits."""
+    g = torch.Generator().manual_seed(0)
+    B, H, H_kv, Tk, L = 1, 4, 2, 20, 24
+    qd = torch.randn(B, H, 1, 2 * d, generator=g).to(DEV)
+    mu_buf = torch.rand(B, H_kv, L, d, generator=g).to(DEV)
+    v_buf = torch.randn(B, H_kv, L, dv, generator=g).to(DEV)
+    rot = pope.pope_rotation_table(L, d, device=DEV)
+    at = torch.tensor([Tk - 1], device=DEV)
+    cases = [(f"decode d={d} dv={dv}", DECODE, (qd, mu_buf[:, :, :Tk], v_buf[:, :, :Tk], rot, True, Tk - 1, 2)),
+             (f"decode_at d={d} dv={dv}", DECODE_AT, (qd, mu_buf, v_buf, rot, at, 2))]
+    check_layout_contract(cases)
+    for name, op, args in cases:
+        o, lse = op(*args)
+        assert o.shape == (B, H, 1, dv) and lse.shape == (B, H, 1), name
+    torch.testing.assert_close(DECODE(*cases[0][2])[0], DECODE_AT(*cases[1][2])[0])

@@ -244,3 +244,185 @@ def test_decode_kernel_compiles_for_every_part_without_loop_spills():
     """sm_80, 86, 89, 90, 100, 120 at d = 64 and 128: `python bench_kernel.py --decode-sass` prints the table."""
     import bench_kernel as bk
     _decode_compile([(arch, d) for arch in bk.DECODE_ARCH_LIMITS for d in (64, 128)])
+
+
+# ---- the decode path's edges: the torch step's shortcut, autocast, the merge, the table's end, the row limit ----
+
+@pytest.mark.parametrize("Tq, causal, q_offset, fast", [
+    (1, True, 39, True),  # the token at the cache's end: it sees every key
+    (1, True, 44, True),  # past the end (keys 40..44 not cached): still every key
+    (1, False, 0, True),  # not causal: every key whatever its position
+    (1, True, 38, False),  # one key after the token: masked, so SDPA with its causal mask
+    (1, True, 5, False),
+    (2, True, 38, False),  # two tokens
+])
+def test_the_torch_single_token_step_runs_exactly_where_the_token_sees_every_key(monkeypatch, Tq, causal, q_offset,
+                                                                                 fast):
+    """pope_attention_decode(backend='torch') takes its two-matmul step (no mask) for one token that sees every cached
+    key (causal with q_offset >= Tk - 1, or not causal) and SDPA with the causal mask otherwise; both equal the
+    float64 reference, and for the tokens that miss keys the missing keys matter (peaked attention)."""
+    calls = []
+    real = pope.sdpa_attention
+    monkeypatch.setattr(pope, "sdpa_attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    Tk = 40
+    q, k, v, delta = _cache(1, 4, 2, Tq, Tk, seed=5, gain=3.0)
+    v = v.clone()
+    v[:, :, -2:] = 100.0  # the last keys' values: a token that attends to them (or not) shows
+    rot = pope.pope_rotation_table(64, 16, device=DEV)
+    got = pope.pope_attention_decode(q, pope.pope_key_magnitude(k), v, delta, rotation=rot, causal=causal,
+                                     q_offset=q_offset, backend="torch")
+    ref = pope.pope_attention_reference(q, k, v, delta, causal=causal, q_offset=q_offset)
+    assert (got.double() - ref).abs().max().item() < 1e-4
+    assert (not calls) == fast, calls
+    if not fast:  # what the two-matmul step would give (every key): far from the right answer
+        every = pope.pope_attention_reference(q, k, v, delta, causal=False, q_offset=q_offset)
+        assert (every - ref).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16])
+def test_cached_magnitudes_are_in_the_autocast_dtype_rounded_from_float32(amp):
+    """pope_key_magnitude: under autocast the cache's dtype is autocast's (whatever k's dtype), softplus computed in
+    float32 and rounded once; an explicit dtype wins; outside autocast k's dtype. A PoPE GPT in fp32 under autocast
+    caches keys and values in the autocast dtype, for the prefill, an eager step and the static step, and its
+    cache_bytes is n_layer * B * H_kv * max_len * 2d * 2 bytes."""
+    from model import KVCache
+    k = 3 * torch.randn(1, 2, 7, 16, generator=torch.Generator().manual_seed(0))
+    want = torch.nn.functional.softplus(k.double()).to(amp)
+    with torch.autocast("cpu", dtype=amp):
+        mu = pope.pope_key_magnitude(k)
+        assert mu.dtype == amp and torch.equal(mu, want)
+        assert pope.pope_key_magnitude(k, dtype=torch.float32).dtype == torch.float32
+        assert pope.pope_key_magnitude(k.half(), "relu").dtype == amp
+    assert pope.pope_key_magnitude(k).dtype == torch.float32 and pope.pope_key_magnitude(k.half()).dtype == torch.half
+    from compiled import pope_gpt
+    model = pope_gpt(n_head=4, n_kv_head=2, attn_backend="torch", n_layer=2).cpu()
+    idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), torch.autocast("cpu", dtype=amp):
+        cache = KVCache(2, 12)
+        model.hidden_states(idx[:, :7], cache)
+        model.hidden_states(idx[:, 7:8], cache)
+        model.decode_step(idx[:, 8:9], cache, torch.tensor(8))
+    assert {t.dtype for t in (*cache.k, *cache.v)} == {amp}
+    assert cache.cache_bytes() == 2 * 2 * 2 * 12 * (2 * 16) * 2
+    raw = model.transformer.h[0].attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx)))
+    k0 = raw.split((64, 32, 32), 2)[1].view(2, 9, 2, 16).transpose(1, 2)
+    torch.testing.assert_close(cache.k[0][:, :, :9].float(), torch.nn.functional.softplus(k0.float()),
+                               atol=0.02, rtol=0.02)  # the magnitudes (rounded to 8 or 11 bits), not raw keys
+
+
+def test_the_split_merge_is_exact_for_logits_hundreds_of_bits_apart():
+    """decode's log-sum-exp merge of 4 splits against float64 when the splits' base-2 logsumexps lie hundreds apart
+    (the largest in the last split for one head, in the first for another) and for a head whose logits are all near
+    -300: a merge that scales by anything but the splits' running maximum overflows or underflows float32."""
+    n = pk.DECODE_BLOCK_N
+    Tk, D = 4 * n, 16
+    j = torch.arange(Tk, dtype=torch.float64)
+    mu = torch.zeros(1, 1, Tk, D, dtype=torch.float64)
+    mu[..., 0] = torch.where(j < Tk // 2, -1.0, 1.0) * (1 + 0.01 * (j % n))  # split 0 low, split 3 high
+    mu[..., 1] = -1 - 0.01 * (j % n)  # every key low
+    q = torch.zeros(1, 3, 1, 2 * D, dtype=torch.float64)
+    q[0, 0, 0, 0], q[0, 1, 0, 0], q[0, 2, 0, 1] = 300.0, -300.0, 300.0  # base-2 logits up to +-300
+    rot = torch.cat((torch.ones(Tk, D), torch.zeros(Tk, D)), 1)  # theta = 0: the keys' x = mu, y = 0
+    v = torch.randn(1, 1, Tk, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    logits = (q[..., :D] @ mu.transpose(-1, -2))  # (1, 3, 1, Tk) base 2
+    want_o = torch.softmax(logits * math.log(2), -1) @ v
+    want_lse = torch.logsumexp(logits * math.log(2), -1)
+    assert want_lse.max() > 200 and want_lse.min() < -200
+    for n_split in (1, 4):
+        o, lse = pk.decode(q.float().to(DEV), mu.float().to(DEV), v.float().to(DEV), rot.to(DEV), q_offset=Tk - 1,
+                           n_split=n_split)
+        assert torch.isfinite(o).all() and torch.isfinite(lse).all(), n_split
+        torch.testing.assert_close(o.double().cpu(), want_o, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lse.double().cpu(), want_lse, atol=1e-3, rtol=1e-6)
+
+
+class _BoundsChecked:
+    """Under the Triton interpreter: records the loads (element addresses with their mask on) that fall in
+    [lo, hi) bytes; the interpreter reads raw host memory and checks no bounds itself."""
+
+    def __init__(self, lo, hi):
+        import triton.runtime.interpreter as interp
+        self.interp, self.lo, self.hi, self.hits = interp, lo, hi, []
+
+    def __enter__(self):
+        real, outer = self.interp._interpreter, self
+
+        class Proxy:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def load(self, ptrs, mask, other, dtype):
+                addr = ptrs[mask.astype(bool)] if ptrs.shape else ptrs.reshape(1)
+                bad = addr[(addr >= outer.lo) & (addr < outer.hi)]
+                outer.hits += bad.tolist()
+                return real.load(ptrs, mask, other, dtype)
+
+        self.real = real
+        self.interp._interpreter = Proxy()
+        return self
+
+    def __exit__(self, *exc):
+        self.interp._interpreter = self.real
+
+
+@pytest.mark.skipif(CUDA, reason="checks the interpreter's loads")
+@pytest.mark.parametrize("Tk", [1, 5, 15])
+def test_decode_reads_no_rotation_row_past_a_table_shorter_than_a_tile(Tk):
+    """A cache (and its rotation table) of fewer keys than a tile (DECODE_BLOCK_N): the kernel reads the table's
+    first BLOCK_N rows for e^{i j theta} only where j < Tk. The table is the first Tk rows of a longer buffer
+    filled with NaN: no load touches the rows after it, and the result equals the float64 reference."""
+    assert Tk < pk.DECODE_BLOCK_N
+    q, k, v, delta = _cache(1, 4, 2, 1, Tk, seed=2)
+    buf = torch.full((pk.DECODE_BLOCK_N + 8, 32), float("nan"))
+    buf[:Tk] = pope.pope_rotation_table(Tk, 16)
+    rot = buf[:Tk]
+    start = rot.data_ptr() + rot.numel() * rot.element_size()
+    with _BoundsChecked(start, buf.data_ptr() + buf.numel() * buf.element_size()) as seen:
+        got = pope.pope_attention_decode(q, pope.pope_key_magnitude(k), v, delta, rotation=rot, q_offset=Tk - 1,
+                                         backend="triton")
+    assert not seen.hits, f"{len(seen.hits)} loads past the table's {Tk} rows"
+    ref = pope.pope_attention_reference(q, k, v, delta, q_offset=Tk - 1)
+    assert (got.double() - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("G, Tq, kernel", [(16, 4, "decode"), (64, 1, "decode"), (13, 5, "attention"),
+                                            (65, 1, "attention")])
+def test_decode_max_rows_is_where_the_decode_kernel_stops(monkeypatch, G, Tq, kernel):
+    """G * Tq = DECODE_MAX_ROWS (64) query rows per key/value head run pope_kernel.decode (one 64-row tile), 65 run
+    the prefill kernel on rotated keys; both equal the float64 reference. pope_kernel.decode takes 64 rows and
+    refuses 65; the static step (decode_step_backend) takes the kernel for G <= 64 and the torch step above."""
+    assert pk.DECODE_MAX_ROWS == 64
+    ran = []
+    for name in ("decode", "attention"):
+        real = getattr(pk, name)
+        monkeypatch.setattr(pk, name, lambda *a, _r=real, _n=name, **kw: ran.append(_n) or _r(*a, **kw))
+    Tk = 20
+    q, k, v, delta = _cache(1, G, 1, Tq, Tk, seed=4, gain=2.0)
+    got = pope.pope_attention_decode(q, pope.pope_key_magnitude(k), v, delta, q_offset=Tk - Tq, backend="triton")
+    assert ran == [kernel]
+    ref = pope.pope_attention_reference(q, k, v, delta, q_offset=Tk - Tq)
+    assert (got.double() - ref).abs().max().item() < 1e-4
+    qd = torch.zeros(1, G, Tq, 32, device=DEV)
+    mu, rot = pope.pope_key_magnitude(k), pope.pope_rotation_table(Tk, 16, device=DEV)
+    if kernel == "decode":
+        o, _ = pk.decode(qd, mu, v, rot, q_offset=Tk - Tq)
+        assert o.shape == (1, G, Tq, 16)
+    else:
+        with pytest.raises(ValueError, match="query rows"):
+            pk.decode(qd, mu, v, rot, q_offset=Tk - Tq)
+    if Tq == 1:
+        assert pope.decode_step_backend(q, mu, v, "triton") == ("triton" if G <= 64 else "torch")
+
+
+@pytest.mark.parametrize("G, Tq", [(17, 1), (3, 7), (5, 9), (1, 33)])
+def test_decode_rows_that_are_no_power_of_two_are_all_computed(G, Tq):
+    """G * Tq = 17, 21, 45, 33 query rows per key/value head: the kernel's row tile (BLOCK_M) is the next power of
+    two (32 or 64), so every row is computed; each equals the float64 reference, with one and three splits."""
+    Tk = 40
+    q, k, v, delta = _cache(1, G, 1, Tq, Tk, seed=6, gain=2.0)
+    ref = pope.pope_attention_reference(q, k, v, delta, q_offset=Tk - Tq)
+    for n_split in (1, 3):
+        got = pope.pope_attention_decode(q, pope.pope_key_magnitude(k), v, delta, q_offset=Tk - Tq, backend="triton",
+                                         n_split=n_split)
+        err = (got.double() - ref).abs().amax(-1)  # (1, G, Tq): per row
+        assert err.max().item() < 1e-4, (n_split, (err >= 1e-4).nonzero().tolist()[:5])

@@ -130,3 +130,36 @@ def test_top_k_none_keeps_every_token_as_zero_and_the_whole_vocabulary_do():
     assert every != complete(model, encode, decode, "1234", top_k=1, **kw)
     with pytest.raises(ValueError, match="top_k >= 0"):
         complete(model, encode, decode, "1234", top_k=-1, **kw)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("max_new_tokens", [0, 1, 4])
+def test_generate_runs_the_prompt_once_and_one_step_per_token_but_the_last(monkeypatch, compile, max_new_tokens):
+    """GPT.generate runs the model max(1, max_new_tokens) times: the prompt once (all its tokens in one forward), then
+    one single-token step for each new token but the last, whose logits nothing would read; the cache ends holding
+    the prompt and every new token but the last. compile=True runs the same steps through compiled_decode_step
+    (here the eager decode_step, counted). The greedy tokens equal the full forward's argmax, step by step."""
+    from model import GPT, GPTConfig, KVCache
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=37, pos_encoding="pope",
+                          attn_backend="torch", dropout=0.0)).eval()
+    widths, caches = [], []
+    model.transformer.h[0].register_forward_hook(lambda mod, args, out: widths.append(args[0].shape[1]))
+    real_cache = KVCache.__init__
+    monkeypatch.setattr(KVCache, "__init__", lambda self, *a: caches.append(self) or real_cache(self, *a))
+    steps = []
+    monkeypatch.setattr(model, "compiled_decode_step",
+                        lambda cache: (lambda idx, c, pos: steps.append(int(pos)) or model.decode_step(idx, c, pos)))
+    idx = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(1))
+    out = model.generate(idx, max_new_tokens, temperature=0.0, compile=compile)
+    assert out.shape == (2, 5 + max_new_tokens) and torch.equal(out[:, :5], idx)
+    n_steps = max(max_new_tokens - 1, 0)
+    if compile:
+        assert widths == [5] and steps == list(range(5, 5 + n_steps))
+    else:
+        assert widths == [5] + [1] * n_steps and not steps
+    (cache,) = caches
+    assert cache.q_offset == 5 + n_steps
+    with torch.no_grad():
+        for t in range(5, out.shape[1]):
+            assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
