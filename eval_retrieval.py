@@ -54,7 +54,7 @@ answer as the run's training context (block_size) or farther at every depth aske
 first spelling is 81 characters before the answer) is refused with a note: no cell there can succeed
 by construction, so a context-64 character model gets no passkey row at all (exit 2 with --tasks=passkey).
 Bad input (no best.pt, every length too short for the passkey prompt, a tokenizer that cannot spell it,
-a depth outside [0, 1], trials < 1, ...) prints one line and exits with code 2.
+a copy length under 3 tokens, a depth outside [0, 1], trials < 1, ...) prints one line and exits with code 2.
 """
 
 import argparse
@@ -456,6 +456,9 @@ def run(argv):
     else:
         mults = parse_floats(a.multiples, "--multiples", 1e-9)
         lengths = sorted({max(1, round(m * ctx)) for m in mults})
+    if "copy" in tasks and lengths[0] < 3:  # L <= 2: m = L, no second-copy token after its first to score
+        raise UserError(f"copying needs windows of at least 3 tokens (a second copy with a token after its first), "
+                        f"got {lengths[0]}: use longer --lengths or --multiples, or --tasks=passkey")
     max_length = lengths[-1]
     device = resolve_device(a.device)
     autocast = functools.partial(autocast_context, device, resolve_dtype(a.dtype, device))

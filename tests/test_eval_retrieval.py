@@ -239,6 +239,8 @@ def test_command_line_writes_tables_csvs_and_plot(tmp_path, capsys):
     (["--depths=0,1.5"], "--depths must lie in"),
     (["--trials=0"], "--trials must be >= 1"),
     (["--tasks=needle"], "--tasks must name"),
+    (["--lengths=2,128", "--tasks=copy"], "copying needs windows of at least 3 tokens"),  # was a ValueError
+    (["--multiples=0.01,1", "--tasks=copy"], "a token after its first), got 1:"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, extra, message):
     itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
