@@ -808,18 +808,19 @@ def _tiny_rope_params(n_layer=2, n_embd=32, vocab=64):
 
 @pytest.mark.parametrize("batch,accum", [(8, 1), (4, 2), (2, 4)])
 def test_mfu_counts_attention_at_the_sequence_length_under_gradient_accumulation(toy_stream, tmp_path, batch, accum):
-    """MFU's attention term is per token at the context T, whatever the micro-batching: every logged row
-    has mfu = tokens_per_s x (6N + 12 L H Q T) / peak (one process), T = 32, N counted by hand."""
+    """MFU's attention term is per token at the context T, whatever the micro-batching and however many
+    steps a log line covers: every logged row has mfu = tokens_per_s x (6N + 12 L H Q T) / peak (one
+    process), T = 32, N counted by hand."""
     from model import GPT, GPTConfig
     out = str(tmp_path / "out")
-    run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=32", "--max_iters=2",
-                "--eval_interval=10", "--pos_encoding=rope", f"--batch_size={batch}",
+    run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=32", "--max_iters=4",
+                "--eval_interval=10", "--pos_encoding=rope", f"--batch_size={batch}", "--log_interval=2",
                 f"--gradient_accumulation_steps={accum}", "--peak_flops=1e9", f"--out_dir={out}"])
     n = _tiny_rope_params()
     assert GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32,
                          pos_encoding="rope")).get_num_params() == n
     rows = [r for r in _log(out) if "mfu" in r]
-    assert [r["iter"] for r in rows] == [1, 2]
+    assert [r["iter"] for r in rows] == [2, 4]
     for r in rows:
         assert r["mfu"] == pytest.approx(r["tokens_per_s"] * _flops_per_token(2, 2, 16, 32, n) / 1e9, rel=1e-9)
 
