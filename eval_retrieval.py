@@ -29,9 +29,11 @@ copy     The induction test of Olsson et al. 2022: a random sequence s of m = ce
          with the accuracy's Wilson 95 % interval over the targets. The distance is about L / 2: a distance
          of 16x the context needs L = 32x.
 
-Seeds: each (task, length, depth) draws from numpy's default_rng([--seed, task, L, depth index]), so a
-number does not change when other lengths or depths are added, and every model with one tokenizer sees
-the same prompts and sequences.
+Seeds: each (task, length, depth) draws from numpy's default_rng([--seed, task, L, depth index]) (task:
+passkey 0, copy 1; copy has no depth), so a number does not change when other lengths are added, nor when
+depths are added after the last (the index of a depth counts the smaller depths asked: adding 0.5 to
+--depths=0,1 draws other keys at depth 1), and every model with one tokenizer sees the same prompts and
+sequences.
 Memory is O(L): attention runs on SDPA's fused kernels (PoPE: its torch path or Triton kernel), and the
 lm_head and cross-entropy run on slices of positions (eval_extrapolate.token_losses' rule); windows of
 one length run max(1, L_max // L) at a time. Checkpoint loading, the tokenizer check, YaRN (a fine-tune's
