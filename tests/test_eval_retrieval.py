@@ -578,3 +578,29 @@ def test_the_first_copy_baseline_and_the_second_copy_stop_short_of_the_seam(L):
     assert got["acc_second"] == pytest.approx((L - m - 1) / (L - m))
     assert got["loss_first"] == pytest.approx((right + (m - 2) * wrong) / (m - 1), rel=1e-5)
     assert got["loss_second"] == pytest.approx((wrong + (L - m - 1) * right) / (L - m), rel=1e-5)
+
+
+def test_gpt2_the_passkey_prompt_is_sized_from_the_keys_of_every_scored_length_and_depth(tmp_path, capsys):
+    """GPT-2 BPE spells the prompt of a 5-digit key in 28 or 31 tokens; a length of 30 is scored only where
+    every key drawn, at every (length, depth index) stream default_rng([seed, 0, L, j]), takes 28 (the
+    prompt is sized from the longest, issue 53). One key per cell, lengths 30 and 64, depths 0 and 1: the
+    seeds below put the only 31-token key in a different cell each (22: none), so the note and the rows at 30
+    follow the streams by hand."""
+    from checkpoint import load_codec
+    encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
+    tok = {"dataset": "owt", "vocab_size": 50257, "pad_id": None, "tokenizer": {"kind": "gpt2"}}
+    run = save_run(str(tmp_path / "a"), tok, 50257)
+    cells = {}
+    for seed in (22, 19, 11, 12):
+        for L in (30, 64):
+            for j in (0, 1):
+                key = "".join(map(str, np.random.default_rng([seed, 0, L, j]).integers(0, 10, 5)))
+                cells[seed, L, j] = len(encode(er.KEY_SENTENCE.format(key=key) + QUESTION)) + len(encode(" " + key)) - 1
+        need = max(cells[seed, L, j] for L in (30, 64) for j in (0, 1))
+        pk, _ = er.run([run, "--lengths=30,64", "--depths=0,1", "--trials=1", "--tasks=passkey", f"--seed={seed}",
+                        f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+        out = capsys.readouterr().out
+        assert [r["length"] for r in pk] == ([30, 30] if need <= 30 else []) + [64, 64], (seed, need)
+        assert ("passkey at 30 left empty" in out) == (need > 30)
+    longest = {s: [c for c in ((30, 0), (30, 1), (64, 0), (64, 1)) if cells[(s, *c)] == 31] for s in (22, 19, 11, 12)}
+    assert longest == {22: [], 19: [(64, 1)], 11: [(64, 0)], 12: [(30, 1)]}  # the seeds do their job
