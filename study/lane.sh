@@ -7,9 +7,10 @@
 # A QUEUE line: NAME <tab> OUT_DIR <tab> train.py arguments [<tab> a command run after training]; one tab
 # between fields, an empty field stays empty (NAME<tab>OUT_DIR<tab><tab>CMD: no train.py arguments).
 # Lines starting with # are comments; a queue file's last line needs no newline.
-# A run whose record docs/runs/NAME.json is there (with NAME.extrapolation.csv where an after-command
-# writes one) is done, also in a fresh checkout without out/ (a study that spans sessions); delete the
-# record to run it again. A run whose OUT_DIR/metrics.json exists is not trained again; one with
+# A run whose record docs/runs/NAME.json is there is done, also in a fresh checkout without out/ (a study
+# that spans sessions), where its line has no after-command or the record says it ran ("after_done": true
+# in its "run" entry; records from before that: NAME.extrapolation.csv is there); delete the record to run
+# it again. A run whose OUT_DIR/metrics.json exists is not trained again; one with
 # OUT_DIR/ckpt.pt resumes (--init_from=resume). A line whose arguments hold --init_ckpt=RUN/best.pt (a DroPE
 # or YaRN fine-tune) waits while another lane trains RUN and is skipped while RUN has no metrics.json, so it
 # never starts from an unfinished run. The after-command runs once (marker OUT_DIR/after.done). Each run gets one
@@ -29,9 +30,11 @@ while IFS= read -r line; do
   IFS=$'\x1f' read -r name out args after <<< "${line//$'\t'/$'\x1f'}"
   [[ -z "$name" || "$name" == \#* ]] && continue
   [[ -n "$out" ]] || { echo "$(date -u +%FT%TZ) skipped $name: no OUT_DIR (the second field)"; continue; }
-  # done: its record is committed (docs/runs/NAME.json, and NAME.extrapolation.csv if an after-command makes
-  # one), even in a fresh checkout without out/; or its folder says so
+  # done: its record is committed (docs/runs/NAME.json; with an after-command, the record says it ran, or, for
+  # records from before "after_done", NAME.extrapolation.csv is there), even in a fresh checkout without out/;
+  # or its folder says so
   [[ -f "docs/runs/$name.json" && ( -z "${after:-}" || -f "docs/runs/$name.extrapolation.csv" ) ]] && continue
+  [[ -n "${after:-}" && -f "docs/runs/$name.json" ]] && grep -q '"after_done": true' "docs/runs/$name.json" && continue
   mkdir -p "$out"
   [[ -f "$out/metrics.json" && -f "docs/runs/$name.json" && ( -z "${after:-}" || -f "$out/after.done" ) ]] && continue
   exec {lock}> "$out/lane.lock"
@@ -72,7 +75,7 @@ while IFS= read -r line; do
     fi
   done
   python - "$name" "$out" <<'PY'
-import json, re, sys
+import json, os, re, sys
 name, out = sys.argv[1:]
 m = json.load(open(f"{out}/metrics.json"))
 t = open(f"{out}/time.txt").read()
@@ -80,7 +83,8 @@ wall = [sum(float(x) * 60 ** i for i, x in enumerate(reversed(s.split(":"))))
         for s in re.findall(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", t)]
 cpu = [float(u) + float(s) for u, s in zip(re.findall(r"User time \(seconds\): (\S+)", t),
                                            re.findall(r"System time \(seconds\): (\S+)", t))]
-m["run"] = {"name": name, "out_dir": out, "wall_s_processes": wall, "cpu_s": round(sum(cpu), 1)}
+m["run"] = {"name": name, "out_dir": out, "wall_s_processes": wall, "cpu_s": round(sum(cpu), 1),
+            "after_done": os.path.exists(f"{out}/after.done")}
 sys.path.insert(0, ".")
 from cli import atomic_write_json
 atomic_write_json(f"docs/runs/{name}.json", m)

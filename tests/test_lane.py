@@ -305,3 +305,20 @@ exec {real_cp} "$@"
     assert p.returncode == 0 and (runs / "a.json").exists()
     assert (runs / "a.copy.csv").read_text() == (repo / "out" / "a" / "retrieval" / "copy.csv").read_text()
     assert (runs / "a.copy.csv").read_text().count("\n") == 22
+
+
+def test_a_record_whose_after_command_wrote_no_extrapolation_csv_is_done_in_a_fresh_checkout(repo):
+    """An after-command that runs eval_retrieval.py only (no NAME.extrapolation.csv): once it has run, the
+    record says so ("after_done": true) and a fresh checkout without out/ does not train the run again (it
+    did: the record counted as done only beside NAME.extrapolation.csv). A record whose after-command failed
+    says false, and that run is trained again, as one without a record."""
+    import shutil
+    ok = "mkdir -p out/a/retrieval && echo run,acc_second > out/a/retrieval/copy.csv"
+    q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1", ok), ("b", "out/b", "--seed=2", "exit 3"))
+    lane(repo, q)
+    assert record(repo, "a")["run"]["after_done"] is True and record(repo, "b")["run"]["after_done"] is False
+    assert (repo / "docs" / "runs" / "a.copy.csv").exists() and not (repo / "docs" / "runs" / "a.extrapolation.csv").exists()
+    shutil.rmtree(repo / "out")
+    log, _ = lane(repo, q)
+    assert [line for line in log if line.startswith("start")] == ["start b: python train.py --seed=2 --out_dir=out/b "]
+    assert calls(repo, "out/a") == []
