@@ -317,7 +317,8 @@ def test_a_record_whose_after_command_wrote_no_extrapolation_csv_is_done_in_a_fr
     q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1", ok), ("b", "out/b", "--seed=2", "exit 3"))
     lane(repo, q)
     assert record(repo, "a")["run"]["after_done"] is True and record(repo, "b")["run"]["after_done"] is False
-    assert (repo / "docs" / "runs" / "a.copy.csv").exists() and not (repo / "docs" / "runs" / "a.extrapolation.csv").exists()
+    runs = repo / "docs" / "runs"
+    assert (runs / "a.copy.csv").exists() and not (runs / "a.extrapolation.csv").exists()
     shutil.rmtree(repo / "out")
     log, _ = lane(repo, q)
     assert [line for line in log if line.startswith("start")] == ["start b: python train.py --seed=2 --out_dir=out/b "]
