@@ -33,18 +33,37 @@ from dataclasses import asdict
 import torch
 
 from cli import UserError, atomic_open
-from model import RENAMED_FIELDS, GPT, GPTConfig
+from model import GPT, RENAMED_FIELDS, GPTConfig
 
 TOKENIZER_KEYS = ("dataset", "vocab_size", "pad_id", "tokenizer")
 BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer", "provenance")
 CKPT_KEYS = BEST_KEYS + ("optimizer", "scaler", "rng", "data_position")
 DROPE = ("rope", "none")  # the one change of encoding a fine-tune may make: DroPE (Gelberg et al. 2025)
-FINETUNE_FREE = ("block_size", "rope_scaling", "rope_original_block_size", "dropout", "attn_backend",
-                 "pope_delta_init")  # what a fine-tune may change (delta's init is moot once weights load)
+FINETUNE_FREE = (
+    "block_size",
+    "rope_scaling",
+    "rope_original_block_size",
+    "dropout",
+    "attn_backend",
+    "pope_delta_init",
+)  # what a fine-tune may change (delta's init is moot once weights load)
 
 
-def save_checkpoint(out_dir, *, model, optimizer, scaler, model_args, config, iter_num, best_val_loss, rng,
-                    tokenizer, best, provenance=()):
+def save_checkpoint(
+    out_dir,
+    *,
+    model,
+    optimizer,
+    scaler,
+    model_args,
+    config,
+    iter_num,
+    best_val_loss,
+    rng,
+    tokenizer,
+    best,
+    provenance=(),
+):
     """Write out_dir/ckpt.pt (CKPT_KEYS) and, if best, out_dir/best.pt (BEST_KEYS) first, each atomically.
 
     model: the GPT (not its compiled or DDP wrapper); optimizer, scaler: their state_dicts are saved;
@@ -52,10 +71,19 @@ def save_checkpoint(out_dir, *, model, optimizer, scaler, model_args, config, it
     process's RNG states; tokenizer: tokenizer_to_checkpoint of the dataset's meta.json; provenance:
     provenance.provenance() of every process that trained the run so far, oldest first.
     """
-    state = {"model": model.state_dict(), "model_args": model_args, "config": config, "iter_num": iter_num,
-             "best_val_loss": best_val_loss, "tokenizer": tokenizer, "provenance": list(provenance), "optimizer": optimizer.state_dict(),
-             "scaler": scaler.state_dict(), "rng": rng,
-             "data_position": {"seed": config["seed"], "iter_num": iter_num}}
+    state = {
+        "model": model.state_dict(),
+        "model_args": model_args,
+        "config": config,
+        "iter_num": iter_num,
+        "best_val_loss": best_val_loss,
+        "tokenizer": tokenizer,
+        "provenance": list(provenance),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "rng": rng,
+        "data_position": {"seed": config["seed"], "iter_num": iter_num},
+    }
     if best:
         _atomic_save(os.path.join(out_dir, "best.pt"), {k: state[k] for k in BEST_KEYS})
     _atomic_save(os.path.join(out_dir, "ckpt.pt"), {k: state[k] for k in CKPT_KEYS})
@@ -74,8 +102,10 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
     """
     path = os.path.join(out_dir, ckpt)
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "
-                        "or point to a run folder that has one")
+        raise UserError(
+            f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "
+            "or point to a run folder that has one"
+        )
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # truncated file, pickle from elsewhere, ...
@@ -136,9 +166,11 @@ def tokenizer_from_checkpoint(state, data_root=None, source=None):
     if os.path.isfile(path):
         with open(path) as f:
             return tokenizer_to_checkpoint(json.load(f), data_dir)
-    raise UserError(f"no tokenizer: {source or 'the checkpoint'} stores none (written before train.py stored it) "
-                    f"and {path} does not exist; prepare the dataset '{cfg.get('dataset')}' there (or point "
-                    f"--data_root to it), or resume the run once with this train.py to store it")
+    raise UserError(
+        f"no tokenizer: {source or 'the checkpoint'} stores none (written before train.py stored it) "
+        f"and {path} does not exist; prepare the dataset '{cfg.get('dataset')}' there (or point "
+        f"--data_root to it), or resume the run once with this train.py to store it"
+    )
 
 
 PROVENANCE_KEYS = ("source", "file", "file_text")  # where a tokenizer was read from, not what its ids mean
@@ -153,6 +185,7 @@ def same_tokenizer(a, b):
 
     def meaning(d, t):
         return d.get("vocab_size"), d.get("pad_id"), {k: v for k, v in t.items() if k not in PROVENANCE_KEYS}
+
     if meaning(a, ta) != meaning(b, tb):
         return False
     return "file_text" not in ta or "file_text" not in tb or ta["file_text"] == tb["file_text"]
@@ -182,38 +215,55 @@ def load_finetune_checkpoint(init_ckpt, model_args, out_dir, device, data_tokeni
     None and n_head count as equal).
     """
     if not init_ckpt:
-        raise UserError("init_from='finetune' needs init_ckpt, the checkpoint to start from, e.g. --init_ckpt=out-owt-124m-rope/best.pt")
-    ckpt_dirs = {os.path.realpath(os.path.dirname(os.path.abspath(init_ckpt))),  # the folder named, resolved
-                 os.path.dirname(os.path.realpath(init_ckpt))}  # the folder of the file a symlink points to
+        raise UserError(
+            "init_from='finetune' needs init_ckpt, the checkpoint to start from, "
+            "e.g. --init_ckpt=out-owt-124m-rope/best.pt"
+        )
+    ckpt_dirs = {
+        os.path.realpath(os.path.dirname(os.path.abspath(init_ckpt))),  # the folder named, resolved
+        os.path.dirname(os.path.realpath(init_ckpt)),
+    }  # the folder of the file a symlink points to
     if os.path.realpath(out_dir) in ckpt_dirs:
-        raise UserError(f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir")
+        raise UserError(
+            f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir"
+        )
     state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), device)
     trained = tokenizer_from_checkpoint(state, source=init_ckpt)
     if not same_tokenizer(trained, data_tokenizer):
-        raise UserError(f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, this run's data uses "
-                        f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
-                        "prepared with the checkpoint's tokenizer")
+        raise UserError(
+            f"init_ckpt {init_ckpt} was trained with {describe_tokenizer(trained)}, this run's data uses "
+            f"{describe_tokenizer(data_tokenizer)}: its token ids would change meaning; fine-tune on data "
+            "prepared with the checkpoint's tokenizer"
+        )
     old = {**asdict(GPTConfig()), **state["model_args"]}
     for args in (model_args, old):  # n_kv_head None means n_head: one architecture, however it is written
         args["n_kv_head"] = args["n_kv_head"] or args["n_head"]
     if model_args["pos_encoding"] != old["pos_encoding"]:
         if (old["pos_encoding"], model_args["pos_encoding"]) != DROPE:
-            raise UserError(f"init_from='finetune' changes the encoding only from 'rope' to 'none' (DroPE); {init_ckpt} "
-                            f"has pos_encoding={old['pos_encoding']!r} and this run asks for "
-                            f"{model_args['pos_encoding']!r}: set pos_encoding={old['pos_encoding']!r}")
+            raise UserError(
+                f"init_from='finetune' changes the encoding only from 'rope' to 'none' (DroPE); {init_ckpt} "
+                f"has pos_encoding={old['pos_encoding']!r} and this run asks for "
+                f"{model_args['pos_encoding']!r}: set pos_encoding={old['pos_encoding']!r}"
+            )
         if old.get("rope_scaling", 1.0) != 1.0:
-            raise UserError(f"{init_ckpt} is a YaRN fine-tune (rope_scaling={old['rope_scaling']}); DroPE starts from "
-                            "a RoPE checkpoint without YaRN: give the pretraining run's best.pt")
+            raise UserError(
+                f"{init_ckpt} is a YaRN fine-tune (rope_scaling={old['rope_scaling']}); DroPE starts from "
+                "a RoPE checkpoint without YaRN: give the pretraining run's best.pt"
+            )
     rope_only = ("rope_theta",) if model_args["pos_encoding"] != old["pos_encoding"] else ()  # moot without RoPE
     diff = [k for k in model_args if k not in FINETUNE_FREE + ("pos_encoding",) + rope_only and model_args[k] != old[k]]
     if old["pos_encoding"] == "learned" and model_args["block_size"] != old["block_size"]:
         diff.append("block_size")
     if diff:
-        raise UserError(f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
-                        + ", ".join(f"{k}={old[k]!r}" for k in diff) + "; this run asks for "
-                        + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
-                        + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
-                        + (", and not block_size for learned position embeddings" if "block_size" in diff else "") + ")")
+        raise UserError(
+            f"init_from='finetune' keeps the encoding and shapes of {init_ckpt}: it has "
+            + ", ".join(f"{k}={old[k]!r}" for k in diff)
+            + "; this run asks for "
+            + ", ".join(f"{k}={model_args[k]!r}" for k in diff)
+            + f" (set them as the checkpoint has them; only {', '.join(FINETUNE_FREE[:4])} may change"
+            + (", and not block_size for learned position embeddings" if "block_size" in diff else "")
+            + ")"
+        )
     model_args["pope_delta_init"] = old["pope_delta_init"]
     if model_args["rope_scaling"] != 1.0 and not model_args["rope_original_block_size"]:
         model_args["rope_original_block_size"] = old["rope_original_block_size"] or old["block_size"]
@@ -226,9 +276,12 @@ def miditok_tokenizer(meta):
     has none."""
     tok = meta.get("tokenizer") or {}
     if tok.get("kind") != "miditok" or not tok.get("file_text"):
-        raise UserError(f"tokenizer {tok.get('kind')!r} embeds no miditok tokenizer.json; resume the run once "
-                        "with this train.py, with the dataset folder present, to store it")
+        raise UserError(
+            f"tokenizer {tok.get('kind')!r} embeds no miditok tokenizer.json; resume the run once "
+            "with this train.py, with the dataset folder present, to store it"
+        )
     import miditok
+
     with tempfile.TemporaryDirectory() as folder:  # miditok reads its parameters from a file
         path = os.path.join(folder, "tokenizer.json")
         with open(path, "w", encoding="utf-8") as f:
@@ -253,9 +306,11 @@ def load_codec(meta):
             if missing:
                 raise ValueError(f"characters {missing} are not in this dataset's vocabulary {''.join(itos)!r}")
             return [stoi[c] for c in text]
+
         return encode, lambda ids: "".join(itos[i] for i in ids if i != pad and i < len(itos))
     if tok.get("kind") == "gpt2":
         from prepare.gpt2_bpe import gpt2_encoding
+
         enc = gpt2_encoding()
         return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
     return _ids, (lambda ids: " ".join(map(str, ids)))
@@ -267,6 +322,7 @@ def _ids(text):
     except (ValueError, SyntaxError):
         ids = None
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-        raise ValueError("this dataset's tokenizer has no text codec here: give the prompt as token ids, "
-                         "e.g. --start='[1, 2, 3]'")
+        raise ValueError(
+            "this dataset's tokenizer has no text codec here: give the prompt as token ids, e.g. --start='[1, 2, 3]'"
+        )
     return ids

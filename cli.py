@@ -33,6 +33,7 @@ class UserError(Exception):
 def exit_on_user_error(main):
     """Decorator for a script's main(): a UserError prints 'error: <message>' (then its details) on
     stderr and exits with code 2; other exceptions propagate unchanged."""
+
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         try:
@@ -40,6 +41,7 @@ def exit_on_user_error(main):
         except UserError as e:
             print(f"error: {e}" + (f"\n{e.details}" if e.details else ""), file=sys.stderr)
             sys.exit(2)
+
     return wrapper
 
 
@@ -134,6 +136,7 @@ def resolve_device(device):
     'cdua', 'cuda1') and for a CUDA device torch cannot see ('cuda' on a machine without a GPU, 'cuda:2'
     where there are two), instead of a traceback at its first use."""
     import torch  # here, so that prepare/ scripts import this module without torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -145,8 +148,10 @@ def resolve_device(device):
     if not torch.cuda.is_available():
         raise UserError(f"device {device!r}: torch sees no CUDA GPU on this machine; use --device=cpu (or auto)")
     if index is not None and index >= torch.cuda.device_count():
-        raise UserError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
-                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        raise UserError(
+            f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
     return device
 
 
@@ -163,6 +168,7 @@ def resolve_dtype(dtype, device):
         if not str(device).startswith("cuda"):  # not CUDA: 'cpu', 'cpu:0', 'mps', ...
             return "float32"
         import torch
+
         native = torch.cuda.get_device_capability(torch.device(device)) >= BF16_CAPABILITY
         return "bfloat16" if native else "float16"
     if dtype not in DTYPES:
@@ -174,6 +180,7 @@ def autocast_context(device, dtype):
     """The context forward passes run in for a resolved dtype: nullcontext for 'float32', else
     torch.autocast on the device's type ('cuda' or 'cpu') in that dtype. Reusable across `with` blocks."""
     import torch
+
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type="cuda" if str(device).startswith("cuda") else "cpu", dtype=getattr(torch, dtype))

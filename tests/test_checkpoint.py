@@ -19,8 +19,18 @@ from cli import atomic_write_json
 from prepare.common import BinWriter, write_meta
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=2",
-        "--warmup_iters=2", "--attn_backend=torch", "--compile=False", "--block_size=32"]
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--batch_size=8",
+    "--eval_iters=2",
+    "--log_interval=2",
+    "--warmup_iters=2",
+    "--attn_backend=torch",
+    "--compile=False",
+    "--block_size=32",
+]
 TEXT = "to be, or not to be: that is the question. " * 40
 
 
@@ -31,15 +41,34 @@ def char_dataset(folder):
     for split in ("train", "val", "test"):
         with BinWriter(os.path.join(folder, f"{split}.bin"), np.uint8) as w:
             w.write(ids)
-    write_meta(folder, {"dataset": "toychar", "vocab_size": len(itos), "dtype": "uint8", "layout": "stream",
-                        "splits": {s: {"file": f"{s}.bin", "shape": [len(ids)], "tokens": len(ids)}
-                                   for s in ("train", "val", "test")},
-                        "pad_id": None, "loss": "all", "tokenizer": {"kind": "char", "itos": itos}})
+    write_meta(
+        folder,
+        {
+            "dataset": "toychar",
+            "vocab_size": len(itos),
+            "dtype": "uint8",
+            "layout": "stream",
+            "splits": {
+                s: {"file": f"{s}.bin", "shape": [len(ids)], "tokens": len(ids)} for s in ("train", "val", "test")
+            },
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": {"kind": "char", "itos": itos},
+        },
+    )
 
 
 def sample_text(out_dir):
-    return sample.main([f"--out_dir={out_dir}", "--start=to be", "--max_new_tokens=30", "--num_samples=2",
-                        "--device=cpu", "--attn_backend=torch"])
+    return sample.main(
+        [
+            f"--out_dir={out_dir}",
+            "--start=to be",
+            "--max_new_tokens=30",
+            "--num_samples=2",
+            "--device=cpu",
+            "--attn_backend=torch",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +79,17 @@ def trained_once(tmp_path_factory):
     os.chdir(root)
     try:
         char_dataset("data/toychar")
-        train.main(TINY + ["--dataset=toychar", "--data_root=data", "--max_iters=6", "--eval_interval=3",
-                           "--out_dir=out-x-pope", "--learning_rate=3e-3"])
+        train.main(
+            TINY
+            + [
+                "--dataset=toychar",
+                "--data_root=data",
+                "--max_iters=6",
+                "--eval_interval=3",
+                "--out_dir=out-x-pope",
+                "--learning_rate=3e-3",
+            ]
+        )
     finally:
         os.chdir(cwd)
     return root
@@ -82,6 +120,7 @@ def test_best_pt_and_ckpt_pt_hold_the_keys_of_the_format(trained_once):
     from dataclasses import fields
 
     from model import GPTConfig
+
     best = torch.load(trained_once / "out-x-pope" / "best.pt", weights_only=True)
     last = torch.load(trained_once / "out-x-pope" / "ckpt.pt", weights_only=True)
     shared = {"model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer", "provenance"}
@@ -101,22 +140,34 @@ def test_old_checkpoint_falls_back_to_meta_json_and_else_exits_2_naming_both(tra
     torch.save(state, path)
     assert sample_text("out-x-pope") == want  # read from data/toychar/meta.json
     shutil.rmtree(trained_run / "data")
-    p = subprocess.run([sys.executable, os.path.join(REPO, "sample.py"), "--out_dir=out-x-pope", "--device=cpu"],
-                       cwd=trained_run, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, os.path.join(REPO, "sample.py"), "--out_dir=out-x-pope", "--device=cpu"],
+        cwd=trained_run,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert os.path.join("out-x-pope", "best.pt") in p.stderr and os.path.join("data", "toychar", "meta.json") in p.stderr
+    assert (
+        os.path.join("out-x-pope", "best.pt") in p.stderr and os.path.join("data", "toychar", "meta.json") in p.stderr
+    )
 
 
 def test_miditok_tokenizer_file_travels_inside_the_checkpoint(tmp_path):
     """MAESTRO decodes with out_dir/tokenizer.json: the checkpoint embeds its text, so the tokenizer
     is rebuilt after the dataset folder is gone, with the same vocabulary and decoding."""
     from prepare import maestro
+
     tok = maestro.make_tokenizer()
     folder = tmp_path / "maestro"
     atomic_write_json(str(folder / "tokenizer.json"), tok.to_dict())  # as prepare/maestro.py writes it
-    meta = {"dataset": "maestro", "vocab_size": 328, "pad_id": 0,
-            "tokenizer": {"kind": "miditok", "class": "REMI", "file": "tokenizer.json"}}
+    meta = {
+        "dataset": "maestro",
+        "vocab_size": 328,
+        "pad_id": 0,
+        "tokenizer": {"kind": "miditok", "class": "REMI", "file": "tokenizer.json"},
+    }
     torch.save({"tokenizer": tokenizer_to_checkpoint(meta, str(folder))}, tmp_path / "best.pt")
     shutil.rmtree(folder)
     entry = torch.load(tmp_path / "best.pt", weights_only=True)["tokenizer"]
@@ -130,19 +181,41 @@ def test_same_tokenizer_compares_what_ids_mean_not_where_the_tokenizer_came_from
     from checkpoint import same_tokenizer
 
     def gpt2(dataset, source, **kw):
-        return {"dataset": dataset, "vocab_size": 50257, "pad_id": None,
-                "tokenizer": {"kind": "gpt2", "encoding": "gpt2", "n_vocab": 50257, "eot_id": 50256, "source": source, **kw}}
+        return {
+            "dataset": dataset,
+            "vocab_size": 50257,
+            "pad_id": None,
+            "tokenizer": {
+                "kind": "gpt2",
+                "encoding": "gpt2",
+                "n_vocab": 50257,
+                "eot_id": 50256,
+                "source": source,
+                **kw,
+            },
+        }
 
     def remi(**kw):
-        return {"dataset": "maestro", "vocab_size": 328, "pad_id": 0,
-                "tokenizer": {"kind": "miditok", "class": "REMI", "file": "tokenizer.json", **kw}}
+        return {
+            "dataset": "maestro",
+            "vocab_size": 328,
+            "pad_id": 0,
+            "tokenizer": {"kind": "miditok", "class": "REMI", "file": "tokenizer.json", **kw},
+        }
 
     def char(itos, pad_id=None):
-        return {"dataset": "c", "vocab_size": len(itos), "pad_id": pad_id, "tokenizer": {"kind": "char", "itos": list(itos)}}
+        return {
+            "dataset": "c",
+            "vocab_size": len(itos),
+            "pad_id": pad_id,
+            "tokenizer": {"kind": "char", "itos": list(itos)},
+        }
 
     assert same_tokenizer(gpt2("openwebtext", "tiktoken"), gpt2("pg19", "local"))  # same BPE, read two ways
     assert not same_tokenizer(gpt2("openwebtext", "tiktoken"), gpt2("pg19", "tiktoken", eot_id=0))
-    assert same_tokenizer(remi(file_text="{a}"), remi(file_text="{a}")) and same_tokenizer(remi(file_text="{a}"), remi())
+    assert same_tokenizer(remi(file_text="{a}"), remi(file_text="{a}")) and same_tokenizer(
+        remi(file_text="{a}"), remi()
+    )
     assert not same_tokenizer(remi(file_text="{a}"), remi(file_text="{b}"))  # another tokenizer.json
     assert same_tokenizer(char("abc"), char("abc")) and not same_tokenizer(char("abc"), char("abd"))
     assert not same_tokenizer(char("abc"), char("abc", pad_id=2)) and not same_tokenizer(char("abc"), char("abcd"))
@@ -154,18 +227,33 @@ def test_a_maestro_run_stores_its_tokenizer_json_in_best_pt(tmp_path):
     from the run folder alone, with the vocabulary prepare/maestro.py defines."""
     import random
 
-    from prepare import maestro
     from test_prepare_music_genome import write_midi
+
+    from prepare import maestro
+
     rng, midi = random.Random(0), tmp_path / "midi"
     midi.mkdir()
     for i in range(4):  # 2 train (x 7 transpositions), 1 val, 1 test piece
-        write_midi(str(midi / f"piece{i}.mid"), [(j * 240, 200, rng.randint(40, 90), rng.randint(30, 110)) for j in range(8)])
+        write_midi(
+            str(midi / f"piece{i}.mid"), [(j * 240, 200, rng.randint(40, 90), rng.randint(30, 110)) for j in range(8)]
+        )
     data = tmp_path / "data" / "maestro"
     maestro.prepare(out_dir=str(data), input=str(midi), max_len=33, num_proc=1)
     text = (data / "tokenizer.json").read_text(encoding="utf-8")
     out = str(tmp_path / "out")
-    train.main(TINY + [f"--data_root={tmp_path / 'data'}", "--dataset=maestro", "--max_iters=2", "--eval_interval=2",
-                       f"--out_dir={out}", "--pos_encoding=pope", "--dropout=0.0", "--learning_rate=1e-2"])
+    train.main(
+        TINY
+        + [
+            f"--data_root={tmp_path / 'data'}",
+            "--dataset=maestro",
+            "--max_iters=2",
+            "--eval_interval=2",
+            f"--out_dir={out}",
+            "--pos_encoding=pope",
+            "--dropout=0.0",
+            "--learning_rate=1e-2",
+        ]
+    )
     shutil.rmtree(tmp_path / "data")
     entry = torch.load(os.path.join(out, "best.pt"), weights_only=True)["tokenizer"]
     assert entry["tokenizer"]["file_text"] == text and entry["vocab_size"] == 328 and entry["pad_id"] == 0
@@ -180,12 +268,36 @@ def test_metrics_json_holds_the_runs_settings_and_its_whole_wall_time(tmp_path, 
     clock = itertools.count()
     monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: float(next(clock))))
     out = str(tmp_path / "out")
-    m = train.main(TINY + ["--dataset=toychar", f"--data_root={tmp_path / 'data'}", "--max_iters=4",
-                           "--eval_interval=4", "--seed=7", f"--out_dir={out}"])
+    m = train.main(
+        TINY
+        + [
+            "--dataset=toychar",
+            f"--data_root={tmp_path / 'data'}",
+            "--max_iters=4",
+            "--eval_interval=4",
+            "--seed=7",
+            f"--out_dir={out}",
+        ]
+    )
     on_disk = json.load(open(os.path.join(out, "metrics.json")))
-    given = {"n_layer": 2, "n_head": 2, "n_embd": 32, "batch_size": 8, "eval_iters": 2, "log_interval": 2,
-             "warmup_iters": 2, "attn_backend": "torch", "compile": False, "block_size": 32, "dataset": "toychar",
-             "data_root": str(tmp_path / "data"), "max_iters": 4, "eval_interval": 4, "seed": 7, "out_dir": out}
+    given = {
+        "n_layer": 2,
+        "n_head": 2,
+        "n_embd": 32,
+        "batch_size": 8,
+        "eval_iters": 2,
+        "log_interval": 2,
+        "warmup_iters": 2,
+        "attn_backend": "torch",
+        "compile": False,
+        "block_size": 32,
+        "dataset": "toychar",
+        "data_root": str(tmp_path / "data"),
+        "max_iters": 4,
+        "eval_interval": 4,
+        "seed": 7,
+        "out_dir": out,
+    }
     assert on_disk["config"] == m["config"] == {**train.DEFAULTS, **given}
     with open(os.path.join(out, "log.jsonl")) as f:
         steps_s = sum(r["ms_per_iter"] * 2 / 1000 for r in map(json.loads, f) if "loss" in r)  # log_interval 2
@@ -197,7 +309,21 @@ def test_eval_only_resume_with_the_out_dir_alone_scores_and_records_the_checkpoi
     where the defaults say 4 x 128 at 256): metrics.json names the checkpoint's model, whose settings
     study/results.py groups by, and scores it at its own block_size: the numbers the run itself wrote."""
     first = json.load(open("out-x-pope/metrics.json"))
-    again = train.main(["--eval_only=True", "--init_from=resume", "--out_dir=out-x-pope", "--dataset=toychar",
-                        "--data_root=data", "--attn_backend=torch", "--compile=False", "--device=cpu"])
-    assert {k: again["config"][k] for k in ("n_layer", "n_embd", "block_size")} == {"n_layer": 2, "n_embd": 32, "block_size": 32}
+    again = train.main(
+        [
+            "--eval_only=True",
+            "--init_from=resume",
+            "--out_dir=out-x-pope",
+            "--dataset=toychar",
+            "--data_root=data",
+            "--attn_backend=torch",
+            "--compile=False",
+            "--device=cpu",
+        ]
+    )
+    assert {k: again["config"][k] for k in ("n_layer", "n_embd", "block_size")} == {
+        "n_layer": 2,
+        "n_embd": 32,
+        "block_size": 32,
+    }
     assert again["test"] == first["test"] and again["val"] == first["val"]

@@ -6,8 +6,17 @@ import stat
 
 import pytest
 
-from cli import (ArgumentParser, UserError, atomic_open, atomic_write, atomic_write_json, autocast_context, exit_on_user_error,
-                 resolve_device, resolve_dtype)
+from cli import (
+    ArgumentParser,
+    UserError,
+    atomic_open,
+    atomic_write,
+    atomic_write_json,
+    autocast_context,
+    exit_on_user_error,
+    resolve_device,
+    resolve_dtype,
+)
 
 
 def test_user_error_exits_2_with_one_line_and_other_errors_keep_their_traceback(capsys):
@@ -35,6 +44,7 @@ def test_user_error_exits_2_with_one_line_and_other_errors_keep_their_traceback(
 @pytest.mark.parametrize("script", ["eval_retrieval", "eval_extrapolate", "study.results"])
 def test_a_bad_flag_is_one_line_naming_the_scripts_help_and_exit_2(script, capsys):
     import importlib
+
     module = importlib.import_module(script)
     with pytest.raises(SystemExit) as e:
         module.main(["some-run", "--no_such_flag=1"])
@@ -88,6 +98,7 @@ def test_every_atomic_write_fsyncs_the_file_before_its_rename_and_then_the_folde
     def replace(src, dst):
         events.append(("replace", os.stat(src).st_ino, False))
         return real_replace(src, dst)
+
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     path = tmp_path / "out" / "ckpt.pt"
@@ -107,11 +118,18 @@ def test_every_atomic_write_fsyncs_the_file_before_its_rename_and_then_the_folde
 def test_dtype_auto_is_float32_on_every_device_but_cuda(monkeypatch):
     """Not CUDA means float32, whatever the spelling: 'cpu:0' and 'mps' too, even where torch reports bf16."""
     import torch
+
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     got = {d: resolve_dtype("auto", d) for d in ("cpu", "cpu:0", "mps", "mps:0", "cuda", "cuda:1")}
-    assert got == {"cpu": "float32", "cpu:0": "float32", "mps": "float32", "mps:0": "float32",
-                   "cuda": "bfloat16", "cuda:1": "bfloat16"}
+    assert got == {
+        "cpu": "float32",
+        "cpu:0": "float32",
+        "mps": "float32",
+        "mps:0": "float32",
+        "cuda": "bfloat16",
+        "cuda:1": "bfloat16",
+    }
 
 
 def test_device_and_dtype_auto(monkeypatch):
@@ -119,6 +137,7 @@ def test_device_and_dtype_auto(monkeypatch):
     >= 8.0 (asked of the device named) and fp16 below (V100 sm_70, T4 sm_75); explicit names pass through,
     unknown ones are refused."""
     import torch
+
     for cuda, want in ((False, "cpu"), (True, "cuda")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
         assert resolve_device("auto") == want
@@ -137,21 +156,30 @@ def test_device_and_dtype_auto(monkeypatch):
     def capability(device=None):
         asked.append(device)
         return cap
+
     monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
     # torch 2.13's is_bf16_supported() counts emulation: True on a V100 / T4 too, so it must not decide
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    for cap, want in (((9, 0), "bfloat16"), ((8, 0), "bfloat16"), ((8, 6), "bfloat16"), ((7, 5), "float16"),
-                      ((7, 0), "float16")):
+    for cap, want in (
+        ((9, 0), "bfloat16"),
+        ((8, 0), "bfloat16"),
+        ((8, 6), "bfloat16"),
+        ((7, 5), "float16"),
+        ((7, 0), "float16"),
+    ):
         asked.clear()
         assert resolve_dtype("auto", "cuda") == resolve_dtype("auto", "cuda:1") == want, cap
         assert asked == [torch.device("cuda"), torch.device("cuda:1")]  # the device named, not the current one
     assert resolve_dtype("bfloat16", "cpu") == "bfloat16" and resolve_dtype("float32", "cuda") == "float32"
-    with pytest.raises(UserError, match=r"dtype must be 'auto' or one of \['bfloat16', 'float16', 'float32'\], got 'fp16'"):
+    with pytest.raises(
+        UserError, match=r"dtype must be 'auto' or one of \['bfloat16', 'float16', 'float32'\], got 'fp16'"
+    ):
         resolve_dtype("fp16", "cpu")
 
 
 def test_autocast_context_runs_matmuls_in_the_dtype():
     import torch
+
     a = torch.randn(4, 4)
     with autocast_context("cpu", "float32"):
         assert (a @ a).dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
@@ -173,19 +201,27 @@ def test_a_misspelled_device_is_refused_in_one_line_by_every_script(monkeypatch,
     import bench
     import sample
     import train
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
     for name in ("gpu", "cdua", "cuda1", "CPU", "cpu0", ""):
         with pytest.raises(UserError, match=f"device {name!r} is not a device name; use cuda, cuda:N, cpu or auto"):
             resolve_device(name)
     assert [resolve_device(d) for d in ("cpu", "cpu:0", "meta")] == ["cpu", "cpu:0", "meta"]
-    for main, argv in ((train.main, ["--device=gpu", "--max_iters=1"]), (sample.main, ["--device=gpu"]),
-                       (bench.main, ["--device=gpu", "--only=memory"])):
+    for main, argv in (
+        (train.main, ["--device=gpu", "--max_iters=1"]),
+        (sample.main, ["--device=gpu"]),
+        (bench.main, ["--device=gpu", "--only=memory"]),
+    ):
         with pytest.raises(SystemExit) as e:
             main(argv)
         out = capsys.readouterr()
         assert e.value.code == 2 and out.out == "", main
-        assert out.err.strip().splitlines()[-1].endswith("device 'gpu' is not a device name; use cuda, cuda:N, cpu or auto")
+        assert (
+            out.err.strip()
+            .splitlines()[-1]
+            .endswith("device 'gpu' is not a device name; use cuda, cuda:N, cpu or auto")
+        )
         assert "Traceback" not in out.err
 
 
@@ -193,6 +229,7 @@ def test_bench_on_cuda_without_a_gpu_exits_2_before_any_benchmark(monkeypatch, c
     import torch
 
     import bench
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     ran = []
     for name in ("bench_train_step", "bench_attention", "bench_memory", "bench_decode"):
@@ -202,14 +239,18 @@ def test_bench_on_cuda_without_a_gpu_exits_2_before_any_benchmark(monkeypatch, c
             bench.main([f"--device={device}", "--rounds=5"])
         out = capsys.readouterr()
         assert e.value.code == 2 and out.out == "" and ran == []
-        assert out.err.strip().splitlines()[-1].endswith(
-            f"device {device!r}: torch sees no CUDA GPU on this machine; use --device=cpu (or auto)")
+        assert (
+            out.err.strip()
+            .splitlines()[-1]
+            .endswith(f"device {device!r}: torch sees no CUDA GPU on this machine; use --device=cpu (or auto)")
+        )
 
 
 def test_compile_is_true_false_or_unset():
     """train.py's and sample.py's --compile: unset means on for CUDA only; the text 'false' (what --compile=false
     parses to) is refused, not taken as truthy."""
     from cli import UserError, resolve_compile
+
     assert resolve_compile(None, "cuda:1") is True and resolve_compile(None, "cpu") is False
     assert resolve_compile(False, "cuda") is False and resolve_compile(True, "cpu") is True
     for bad in ("false", "off", 0):

@@ -51,7 +51,11 @@ def test_prepared_splits_are_valid_and_disjoint(tiny_indirect):
         assert len(texts[split]) == n
         for t in texts[split]:
             check_example(t)
-    assert not (texts["train"] & texts["val"]) and not (texts["train"] & texts["test"]) and not (texts["val"] & texts["test"])
+    assert (
+        not (texts["train"] & texts["val"])
+        and not (texts["train"] & texts["test"])
+        and not (texts["val"] & texts["test"])
+    )
 
 
 def test_prepare_is_deterministic_and_a_second_run_is_a_noop(tmp_path):
@@ -96,16 +100,28 @@ def test_global_batch_is_the_same_for_any_world_size(tiny_indirect):
 def make_stream(path, tokens, vocab_size=50):
     with BinWriter(os.path.join(path, "val.bin"), np.uint16) as w:
         w.write(tokens)
-    write_meta(path, {"dataset": "toy", "vocab_size": vocab_size, "dtype": "uint16", "layout": "stream",
-                      "splits": {"val": {"file": "val.bin", "shape": [len(tokens)], "tokens": len(tokens)}},
-                      "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    write_meta(
+        path,
+        {
+            "dataset": "toy",
+            "vocab_size": vocab_size,
+            "dtype": "uint16",
+            "layout": "stream",
+            "splits": {"val": {"file": "val.bin", "shape": [len(tokens)], "tokens": len(tokens)}},
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": {"kind": "none"},
+        },
+    )
 
 
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_full_split_predicts_every_token_once(tmp_path, world_size):
     tokens = np.arange(103) % 50
     make_stream(str(tmp_path), tokens)
-    ranks = [Dataset(str(tmp_path), batch_size=2, block_size=10, rank=r, world_size=world_size) for r in range(world_size)]
+    ranks = [
+        Dataset(str(tmp_path), batch_size=2, block_size=10, rank=r, world_size=world_size) for r in range(world_size)
+    ]
     ys = [y for ds in ranks for _, y in ds.full_split_batches("val")]
     got = sorted(int(t) for y in ys for t in y.flatten())
     assert got == sorted(int(t) for t in tokens[1:])
@@ -115,8 +131,13 @@ def test_missing_dataset_names_the_prepare_command(tmp_path):
     with pytest.raises(FileNotFoundError, match="python prepare/openwebtext.py"):
         Dataset(str(tmp_path / "openwebtext"))
     variant = str(tmp_path / "indirect_indexing_letters16_len8-16_shift4_q8")  # a variant: its flags, from its name
-    with pytest.raises(FileNotFoundError, match=re.escape("Run: python prepare/indirect_indexing.py --n_letters=16 "
-                                                          f"--min_len=8 --max_len=16 --max_shift=4 --n_queries=8 --out_dir={variant}")):
+    with pytest.raises(
+        FileNotFoundError,
+        match=re.escape(
+            "Run: python prepare/indirect_indexing.py --n_letters=16 "
+            f"--min_len=8 --max_len=16 --max_shift=4 --n_queries=8 --out_dir={variant}"
+        ),
+    ):
         Dataset(variant)
 
 
@@ -139,9 +160,19 @@ def _stream_ds(path, n=3000, splits=("train", "val")):
     for split in splits:
         with BinWriter(os.path.join(path, f"{split}.bin"), np.uint16) as w:
             w.write(tokens)
-    write_meta(path, {"dataset": "toy", "vocab_size": n, "dtype": "uint16", "layout": "stream",
-                      "splits": {s: {"file": f"{s}.bin", "shape": [n], "tokens": n} for s in splits},
-                      "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    write_meta(
+        path,
+        {
+            "dataset": "toy",
+            "vocab_size": n,
+            "dtype": "uint16",
+            "layout": "stream",
+            "splits": {s: {"file": f"{s}.bin", "shape": [n], "tokens": n} for s in splits},
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": {"kind": "none"},
+        },
+    )
     return path, tokens
 
 
@@ -150,8 +181,8 @@ def _check_windows(x, y, tokens, batch_size, block_size):
     assert torch.equal(x[:, 1:], y[:, :-1])
     for row_x, row_y in zip(x.tolist(), y.tolist()):
         s = row_x[0]
-        assert row_x == tokens[s:s + block_size].tolist()
-        assert row_y == tokens[s + 1:s + block_size + 1].tolist()  # y is the next token in the file
+        assert row_x == tokens[s : s + block_size].tolist()
+        assert row_y == tokens[s + 1 : s + block_size + 1].tolist()  # y is the next token in the file
 
 
 def test_stream_batches_are_windows_of_the_file_and_y_is_x_shifted(tmp_path):
@@ -186,9 +217,19 @@ def _rows_ds(path, rows, pad):
     """Writes a rows dataset of `rows`; returns its path."""
     with BinWriter(os.path.join(path, "train.bin"), np.uint8) as w:
         w.write(rows)
-    write_meta(str(path), {"dataset": "toy", "vocab_size": 10, "dtype": "uint8", "layout": "rows",
-                           "splits": {"train": {"file": "train.bin", "shape": list(rows.shape)}},
-                           "pad_id": pad, "loss": "all", "tokenizer": {"kind": "none"}})
+    write_meta(
+        str(path),
+        {
+            "dataset": "toy",
+            "vocab_size": 10,
+            "dtype": "uint8",
+            "layout": "rows",
+            "splits": {"train": {"file": "train.bin", "shape": list(rows.shape)}},
+            "pad_id": pad,
+            "loss": "all",
+            "tokenizer": {"kind": "none"},
+        },
+    )
     return str(path)
 
 
@@ -197,10 +238,12 @@ def test_padded_rows_with_loss_on_every_token(tmp_path):
     all-padding columns are trimmed; every reader (full split, train, fixed batches) draws whole
     rows of the file, all of them."""
     pad = 9
-    rows = np.array([[1, 2, 3, 4, pad, pad, pad, pad], [5, 6, pad, pad, pad, pad, pad, pad],
-                     [7, 8, 1, 2, 3, pad, pad, pad]], dtype=np.uint8)
+    rows = np.array(
+        [[1, 2, 3, 4, pad, pad, pad, pad], [5, 6, pad, pad, pad, pad, pad, pad], [7, 8, 1, 2, 3, pad, pad, pad]],
+        dtype=np.uint8,
+    )
     path = _rows_ds(tmp_path, rows, pad)
-    (x, y), = Dataset(path, batch_size=8, block_size=16).full_split_batches("train")
+    ((x, y),) = Dataset(path, batch_size=8, block_size=16).full_split_batches("train")
     assert x.tolist() == [[1, 2, 3, 4], [5, 6, pad, pad], [7, 8, 1, 2]]
     assert y.tolist() == [[2, 3, 4, -1], [6, -1, -1, -1], [8, 1, 2, 3]]
     ds = Dataset(path, batch_size=1, block_size=16)
@@ -215,10 +258,10 @@ def test_padded_rows_with_loss_on_every_token(tmp_path):
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fixed, again))
     for drawn in (train, fixed):
         seen = set()
-        for x, y in drawn:
+        for x, _y in drawn:
             assert x.dim() == 2 and x.dtype == torch.int64
             for r in x.tolist():
-                full = next(w for w in want if tuple(w[:len(r)]) == tuple(r))  # a prefix of a file row
+                full = next(w for w in want if tuple(w[: len(r)]) == tuple(r))  # a prefix of a file row
                 seen.add(full)
         assert seen == want
 
@@ -234,7 +277,7 @@ def test_rows_longer_than_the_context_are_refused(tmp_path):
 def test_full_rows_without_padding(tmp_path):
     """Rows with no padding id (genome: <cls> + 1000 tokens): x = row[:-1], y = row[1:]."""
     rows = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 1]], dtype=np.uint8)
-    (x, y), = Dataset(_rows_ds(tmp_path, rows, None), batch_size=8, block_size=16).full_split_batches("train")
+    ((x, y),) = Dataset(_rows_ds(tmp_path, rows, None), batch_size=8, block_size=16).full_split_batches("train")
     assert x.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]] and y.tolist() == [[2, 3, 4, 5], [7, 8, 9, 1]]
 
 
@@ -252,7 +295,9 @@ def test_windows_reach_both_ends_of_a_short_stream(tmp_path):
         _check_windows(x, y, tokens, 4, 32)
         val_starts |= set(x[:, 0].tolist())
     assert train_starts == val_starts == {0, 1}
-    (x, y), = Dataset(path, batch_size=2, block_size=33).fixed_batches("val", 1)  # exactly block_size + 1 tokens: one window
+    ((x, y),) = Dataset(path, batch_size=2, block_size=33).fixed_batches(
+        "val", 1
+    )  # exactly block_size + 1 tokens: one window
     _check_windows(x, y, tokens, 2, 33)
     with pytest.raises(ValueError, match=r"has 34 tokens, fewer than block_size \+ 1 = 35"):
         Dataset(path, batch_size=2, block_size=34).fixed_batches("val", 1)
@@ -265,7 +310,11 @@ def chisquare_p(observed, expected=None):
     """Pearson chi-square goodness-of-fit p-value (df = k - 1), via the regularised upper incomplete
     gamma function Q(df/2, stat/2); expected defaults to uniform with the observed total."""
     o = torch.as_tensor(np.asarray(observed, dtype=np.float64))
-    e = o.sum() / len(o) * torch.ones_like(o) if expected is None else torch.as_tensor(np.asarray(expected, dtype=np.float64))
+    e = (
+        o.sum() / len(o) * torch.ones_like(o)
+        if expected is None
+        else torch.as_tensor(np.asarray(expected, dtype=np.float64))
+    )
     stat = ((o - e) ** 2 / e).sum()
     return float(torch.special.gammaincc(torch.tensor((len(o) - 1) / 2, dtype=torch.float64), stat / 2))
 
@@ -311,8 +360,12 @@ def test_fixed_val_batches_follow_the_data_seed(tmp_path):
     choices compare like for like; another seed draws other batches, so the spread over seeds includes
     which val batches chose best.pt, as it includes everything else random in a run."""
     path, _ = _stream_ds(str(tmp_path))
-    starts = {seed: [x[:, 0].tolist() for x, _ in Dataset(path, batch_size=4, block_size=32, seed=seed).fixed_batches("val", 3)]
-              for seed in (1337, 1338)}
+    starts = {
+        seed: [
+            x[:, 0].tolist() for x, _ in Dataset(path, batch_size=4, block_size=32, seed=seed).fixed_batches("val", 3)
+        ]
+        for seed in (1337, 1338)
+    }
     again = [x[:, 0].tolist() for x, _ in Dataset(path, batch_size=4, block_size=32, seed=1337).fixed_batches("val", 3)]
     assert again == starts[1337] != starts[1338]
     rng = np.random.default_rng([1337, 7919])  # the documented draw: batch_size starts per batch in turn

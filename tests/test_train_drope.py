@@ -18,13 +18,22 @@ def test_drope_may_give_any_rope_theta_and_it_changes_nothing(char_pretrained, t
     one at 500: both run, their checkpoints hold the RoPE run's weights unchanged, and their logits and
     val losses are identical (no rotation is left for rope_theta to set)."""
     from checkpoint import load_run
+
     pre = torch.load(os.path.join(char_pretrained["run"], "best.pt"), weights_only=True)
     assert pre["model_args"]["rope_theta"] == 10000.0
     logits, vals = [], []
     for theta in (10000.0, 500.0):
         ft = str(tmp_path / f"drope-{theta:g}")
-        m = _finetune(char_pretrained, "--pos_encoding=none", f"--rope_theta={theta}", "--max_iters=1",
-                      "--eval_interval=1", "--learning_rate=0.0", "--min_lr=0.0", f"--out_dir={ft}")
+        m = _finetune(
+            char_pretrained,
+            "--pos_encoding=none",
+            f"--rope_theta={theta}",
+            "--max_iters=1",
+            "--eval_interval=1",
+            "--learning_rate=0.0",
+            "--min_lr=0.0",
+            f"--out_dir={ft}",
+        )
         model, state = load_run(ft, "ckpt.pt", "cpu", attn_backend="torch")
         assert state["model_args"]["pos_encoding"] == "none" and state["iter_num"] == 1
         assert all(torch.equal(pre["model"][k], state["model"][k]) for k in pre["model"])
@@ -39,10 +48,17 @@ def test_drope_may_give_any_rope_theta_and_it_changes_nothing(char_pretrained, t
 def test_a_fine_tune_that_keeps_a_rotary_encoding_keeps_its_rope_theta(char_pretrained, tmp_path, capsys, encoding):
     """rope -> rope (and rope_half -> rope_half) at another rope_theta would rotate the trained weights at
     other frequencies: one line, exit 2, naming both values; at the checkpoint's rope_theta it runs."""
-    ckpt = (f"{char_pretrained['run']}/best.pt" if encoding == "rope"
-            else _variant(char_pretrained, tmp_path, pos_encoding=encoding))
+    ckpt = (
+        f"{char_pretrained['run']}/best.pt"
+        if encoding == "rope"
+        else _variant(char_pretrained, tmp_path, pos_encoding=encoding)
+    )
     args = [a for a in char_pretrained["args"] if not a.startswith("--pos_encoding=")] + [
-        f"--pos_encoding={encoding}", "--init_from=finetune", f"--init_ckpt={ckpt}", "--max_iters=0"]
+        f"--pos_encoding={encoding}",
+        "--init_from=finetune",
+        f"--init_ckpt={ckpt}",
+        "--max_iters=0",
+    ]
     err = _one_line_exit_2(capsys, train.main, args + ["--rope_theta=500.0", f"--out_dir={tmp_path / 'ft'}"])
     assert "rope_theta=10000.0" in err and "rope_theta=500.0" in err, err
     assert not os.path.exists(tmp_path / "ft" / "best.pt")
@@ -60,16 +76,20 @@ def test_a_fine_tune_of_a_pope_checkpoint_keeps_its_rope_theta(char_pretrained, 
     assert "rope_theta=10000.0" in err and "rope_theta=500.0" in err, err
 
 
-@pytest.mark.parametrize("name,pretraining", [
-    ("finetune_owt_drope.py", ["config/train_owt_rope.py"]),
-    ("finetune_owt_253m_drope.py", ["config/train_owt_253m_rope.py"]),
-    ("finetune_owt_774m_drope.py", ["config/train_owt_774m_rope.py"]),
-    ("finetune_shakespeare_char_drope.py", ["--pos_encoding=rope", "--out_dir=out-shakespeare-char-rope"]),
-])
+@pytest.mark.parametrize(
+    "name,pretraining",
+    [
+        ("finetune_owt_drope.py", ["config/train_owt_rope.py"]),
+        ("finetune_owt_253m_drope.py", ["config/train_owt_253m_rope.py"]),
+        ("finetune_owt_774m_drope.py", ["config/train_owt_774m_rope.py"]),
+        ("finetune_shakespeare_char_drope.py", ["--pos_encoding=rope", "--out_dir=out-shakespeare-char-rope"]),
+    ],
+)
 def test_drope_configs_name_the_rope_runs_rope_theta(name, pretraining):
     """Each DroPE config's rope_theta is its RoPE pretraining run's (moot without RoPE, but what its
     comments say and what a later RoPE fine-tune of the same weights would need)."""
     from configurator import configure
+
     ft = configure(train.DEFAULTS, [os.path.join(REPO, "config", name)])
     pre = configure(train.DEFAULTS, [os.path.join(REPO, p) if p.endswith(".py") else p for p in pretraining])
     assert ft["pos_encoding"] == "none" and pre["pos_encoding"] == "rope"
