@@ -117,7 +117,7 @@ def test_under_autocast_with_delta_the_fakes_give_the_real_dtypes_and_delta_keep
         grads[backend] = model.transformer.h[0].attn.pope_delta.grad
     assert grads["triton"].dtype == grads["torch"].dtype == torch.float32
     scale = grads["torch"].abs().max()
-    assert scale > 0 and (grads["triton"] - grads["torch"]).abs().max() <= 0.02 * scale
+    assert scale > 0 and (grads["triton"] - grads["torch"]).abs().max() <= 0.01 * scale  # seen: 0.0012
 
 
 @pytest.mark.parametrize("d, dv", [(16, 32), (32, 16)])

@@ -410,8 +410,10 @@ def test_decode_max_rows_is_where_the_decode_kernel_stops(monkeypatch, G, Tq, ke
     else:
         with pytest.raises(ValueError, match="query rows"):
             pk.decode(qd, mu, v, rot, q_offset=Tk - Tq)
-    if Tq == 1:
+    if Tq == 1:  # the static step: the group G = H / H_kv counts, here and with two key/value heads
         assert pope.decode_step_backend(q, mu, v, "triton") == ("triton" if G <= 64 else "torch")
+        q2, kv2 = torch.zeros(1, 2 * G, 1, 16, device=DEV), torch.zeros(1, 2, Tk, 16, device=DEV)
+        assert pope.decode_step_backend(q2, kv2, kv2, "triton") == ("triton" if G <= 64 else "torch")
 
 
 @pytest.mark.parametrize("G, Tq", [(17, 1), (3, 7), (5, 9), (1, 33)])
