@@ -724,7 +724,7 @@ def test_shared_memory_model_keeps_its_kilobyte_over_the_compiled_dkdv_and_fp32_
     row-reduction scratch). Each model figure is at least the compiled one plus the documented 1 KB."""
     cases = [("dkdv", 64, (32, 128, 8, 3), 100, "bf16", "tf32"), ("dkdv", 64, (32, 64, 4, 3), 80, "bf16", "tf32"),
              ("fwd", 64, (32, 64, 4, 2), 120, "fp32", "tf32")]
-    for role, d, cfg, arch, dtype, prec, shared in _compiled_shared(cases):
+    for role, d, cfg, arch, dtype, _, shared in _compiled_shared(cases):
         model = pk.shared_memory_bytes(role, tuple(cfg), 2 * d, d, 4 if dtype == "fp32" else 2, arch)
         assert shared + 1024 <= model, (role, d, cfg, arch, dtype, shared, model)
 
