@@ -22,16 +22,16 @@ FLOP convention (causal, so half of the T x T scores): RoPE fwd = 2 * B*H*T*T*(d
 2 FLOPs per multiply-add); PoPE's QK^T has width 2d, so PoPE fwd = 2 * B*H*T*T*(2d + d) / 2; bwd = 2.5 x fwd.
 'TFLOP/s' is (fwd + bwd FLOPs) / fwd+bwd time, each implementation credited with its own algorithmic FLOPs.
 
---sass compiles (the ptxas Triton picks per arch, sm_90 by default, no GPU) the first autotune candidate of pope_kernel's
-fwd, dkdv and dq kernels at d = 64 and 128, and the minimal FlashAttention kernels of this file (q/k and v
-width d, same tiles and loop structure), and reads the innermost loop with tensor-core instructions (HMMA,
-HGMMA, or sm_100's UTC*MMA) and the fewest instructions (the unmasked one) from the SASS: instructions per
-warp, MUFU per thread, tensor-core instructions, all per 128 x 128 block of scores, and local-memory
-instructions inside any loop (sm_100's out-of-line mbarrier retries, placed after the kernel's EXIT, are no
-loops). --arch 100 / 120 read Blackwell builds; the cycle estimate keeps H100 rates. Cycle estimate per block on an
-H100 SM (4 issue slots, 16 MUFU and 4096 dense bf16 FLOP per clock): max(instr * warps / 4,
-MUFU * 32 * warps / 16, FLOPs / 4096), i.e. max(2 instr, 16 MUFU, FLOPs / 4096) at 8 warps.
-Without CUDA and without --sass / --spills, one tiny shape runs through the Triton interpreter (smoke test).
+--sass compiles (the ptxas Triton picks per arch, sm_90 by default, no GPU) the first autotune candidate of
+pope_kernel's fwd, dkdv and dq kernels at d = 64 and 128, and the minimal FlashAttention kernels of this file (q/k
+and v width d, same tiles and loop structure), and reads the innermost loop with tensor-core instructions (HMMA,
+HGMMA, or sm_100's UTC*MMA) and the fewest instructions (the unmasked one) from the SASS: instructions per warp,
+MUFU per thread, tensor-core instructions, all per 128 x 128 block of scores, and local-memory instructions inside
+any loop (sm_100's out-of-line mbarrier retries, placed after the kernel's EXIT, are no loops). --arch 100 / 120
+read Blackwell builds; the cycle estimate keeps H100 rates. Cycle estimate per block on an H100 SM (4 issue slots,
+16 MUFU and 4096 dense bf16 FLOP per clock): max(instr * warps / 4, MUFU * 32 * warps / 16, FLOPs / 4096), i.e.
+max(2 instr, 16 MUFU, FLOPs / 4096) at 8 warps. Without CUDA and without --sass / --spills, one tiny shape runs
+through the Triton interpreter (smoke test).
 """
 
 import argparse
@@ -74,6 +74,7 @@ def _apply_rope(x, cos, sin):
 
 def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
     from pope import polar_to_cartesian, pope_attention, pope_frequencies
+
     T, d = q.shape[-2], q.shape[-1]
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}  # grouped-query attention: no k/v copies
     if impl == "pope_triton":
@@ -82,6 +83,7 @@ def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
         return lambda: pope_attention(q, k, v, delta, causal=True, backend="torch")
     if impl == "pope_flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
         mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device=q.device)
         flex = torch.compile(flex_attention)
         freqs, pos = pope_frequencies(d, device=q.device), torch.arange(T, device=q.device)
@@ -90,15 +92,18 @@ def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
             qc = polar_to_cartesian(q, pos, freqs, None, "softplus", q.dtype)
             kc = polar_to_cartesian(k, pos, freqs, delta, "softplus", q.dtype)
             return flex(qc, kc, v, block_mask=mask, scale=1.0 / math.sqrt(d), **gqa)
+
         return pope_flex
 
     def rope():  # rope_sdpa and rope_fa3 (the latter run inside _flash_impl('FA3'))
         qr, kr = _apply_rope(q, cos.to(q.dtype), sin.to(q.dtype)), _apply_rope(k, cos.to(q.dtype), sin.to(q.dtype))
         if use_flash:
             from torch.nn.attention import SDPBackend, sdpa_kernel
+
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 return F.scaled_dot_product_attention(qr, kr, v, is_causal=True, **gqa)
         return F.scaled_dot_product_attention(qr, kr, v, is_causal=True, **gqa)
+
     return rope
 
 
@@ -108,6 +113,7 @@ def _timer(device, warmup, rep):
 
         def bench(fn, grad_to_none=None):
             return triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none)
+
         return bench
 
     def bench(fn, grad_to_none=None):  # CPU / interpreter: wall clock, a few calls
@@ -120,6 +126,7 @@ def _timer(device, warmup, rep):
                     t.grad = None
             fn()
         return (time.perf_counter() - t0) / n * 1e3
+
     return bench
 
 
@@ -131,6 +138,7 @@ def _flash_impl(name):
         yield
         return
     import torch.nn.attention as tna
+
     if not hasattr(tna, "activate_flash_attention_impl"):
         raise RuntimeError(f"this torch ({torch.__version__}) cannot switch FlashAttention implementations")
     try:
@@ -146,6 +154,7 @@ def _flash_impl(name):
 def flash_implementation():
     """torch.nn.attention's active FlashAttention implementation ('FA3', 'FA4', or the built-in FA2), as text."""
     import torch.nn.attention as tna
+
     current = getattr(tna, "current_flash_attention_impl", None)
     if current is None:
         return "built-in FlashAttention-2 (this torch has no torch.nn.attention.current_flash_attention_impl)"
@@ -153,9 +162,19 @@ def flash_implementation():
     return f"{current() or 'built-in FlashAttention-2'} (registered: {', '.join(listed) or 'none'})"
 
 
-def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 16384), head_dims=(64, 128),
-                            batch=None, n_head=None, impls=DEFAULT_IMPLS, warmup=25, rep=100, verbose=True,
-                            n_kv_head=None):
+def bench_attention_kernels(
+    device,
+    dtype=torch.bfloat16,
+    seq_lens=(1024, 4096, 16384),
+    head_dims=(64, 128),
+    batch=None,
+    n_head=None,
+    impls=DEFAULT_IMPLS,
+    warmup=25,
+    rep=100,
+    verbose=True,
+    n_kv_head=None,
+):
     """Time forward, backward and forward+backward of the causal attention implementations.
 
     Args:
@@ -182,7 +201,9 @@ def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 
             H = n_head if n_head is not None else max(1, 768 // d)
             gen = torch.Generator(device="cpu").manual_seed(0)
             H_kv = n_kv_head or H
-            q, k, v = (torch.randn(B, h, T, d, generator=gen).to(device, dtype).requires_grad_() for h in (H, H_kv, H_kv))
+            q, k, v = (
+                torch.randn(B, h, T, d, generator=gen).to(device, dtype).requires_grad_() for h in (H, H_kv, H_kv)
+            )
             delta = (-2 * math.pi * torch.rand(H_kv, d, generator=gen)).to(device).requires_grad_()
             cos, sin = _rope_tables(T, d, device)
             for impl in impls:
@@ -202,8 +223,13 @@ def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 
                     f_fwd, f_bwd = attention_flops(impl, B, H, T, d)
                     row["tflops"] = (f_fwd + f_bwd) / (row["fwdbwd_ms"] * 1e-3) / 1e12
                 except Exception as e:  # noqa: BLE001 - keep sweeping (OOM at long T, unsupported case)
-                    row.update(fwd_ms=float("nan"), bwd_ms=float("nan"), fwdbwd_ms=float("nan"),
-                               tflops=float("nan"), error=f"{type(e).__name__}: {str(e)[:120]}")
+                    row.update(
+                        fwd_ms=float("nan"),
+                        bwd_ms=float("nan"),
+                        fwdbwd_ms=float("nan"),
+                        tflops=float("nan"),
+                        error=f"{type(e).__name__}: {str(e)[:120]}",
+                    )
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                 for t in leaves:
@@ -215,25 +241,34 @@ def bench_attention_kernels(device, dtype=torch.bfloat16, seq_lens=(1024, 4096, 
 
 
 def _format_row(r):
-    s = (f"{r['impl']:<12} {r['T']:>6} {r['d']:>4} {r['B']:>3} {r['H']:>3} {r.get('H_kv', r['H']):>4} "
-         f"{r['fwd_ms']:>9.3f} {r['bwd_ms']:>9.3f} "
-         f"{r['fwdbwd_ms']:>10.3f} {r['tflops']:>7.1f}")
+    s = (
+        f"{r['impl']:<12} {r['T']:>6} {r['d']:>4} {r['B']:>3} {r['H']:>3} {r.get('H_kv', r['H']):>4} "
+        f"{r['fwd_ms']:>9.3f} {r['bwd_ms']:>9.3f} "
+        f"{r['fwdbwd_ms']:>10.3f} {r['tflops']:>7.1f}"
+    )
     return s + (f"  {r['error']}" if "error" in r else "")
 
 
 def print_table(rows, ratios=True):
     """Table of the rows, then (ratios=True) fwd+bwd time ratios pope_triton / rope_sdpa, / rope_fa3 and / pope_flex."""
-    print(f"{'impl':<12} {'T':>6} {'d':>4} {'B':>3} {'H':>3} {'H_kv':>4} {'fwd_ms':>9} {'bwd_ms':>9} {'fwdbwd_ms':>10} "
-          f"{'TFLOP/s':>7}")
+    print(
+        f"{'impl':<12} {'T':>6} {'d':>4} {'B':>3} {'H':>3} {'H_kv':>4} {'fwd_ms':>9} {'bwd_ms':>9} {'fwdbwd_ms':>10} "
+        f"{'TFLOP/s':>7}"
+    )
     for r in rows:
         print(_format_row(r))
     by = {(r["impl"], r["T"], r["d"]): r["fwdbwd_ms"] for r in rows}
     keys = [(T, d) for (impl, T, d) in by if impl == "pope_triton"]
     if ratios and keys:
-        print("\nfwd+bwd time of pope_triton over (goal at T >= 4k: <= 1.5x rope_sdpa, < 1x pope_flex; FLOP ratio 1.5):")
+        print(
+            "\nfwd+bwd time of pope_triton over (goal at T >= 4k: <= 1.5x rope_sdpa, < 1x pope_flex; FLOP ratio 1.5):"
+        )
         for T, d in keys:
-            parts = [f"{other} {by[('pope_triton', T, d)] / by[(other, T, d)]:.2f}x"
-                     for other in ("rope_sdpa", "rope_fa3", "pope_flex") if (other, T, d) in by]
+            parts = [
+                f"{other} {by[('pope_triton', T, d)] / by[(other, T, d)]:.2f}x"
+                for other in ("rope_sdpa", "rope_fa3", "pope_flex")
+                if (other, T, d) in by
+            ]
             print(f"  T={T:>6} d={d:>4}: " + ", ".join(parts))
 
 
@@ -247,8 +282,10 @@ def _outermost_ops(prof):
     """Names of the outermost aten ops of a torch.profiler run, a launch of a Triton kernel (the interpreter's, or
     a real one) counted as one 'triton kernel' and its insides skipped; an aten::to that copies nothing is left
     out (it returns its input)."""
-    events = sorted((e for e in prof.events() if e.name.startswith("aten::") or e.name == "triton kernel"),
-                    key=lambda e: (e.time_range.start, -e.time_range.end))
+    events = sorted(
+        (e for e in prof.events() if e.name.startswith("aten::") or e.name == "triton kernel"),
+        key=lambda e: (e.time_range.start, -e.time_range.end),
+    )
     names, end = [], -1
     for e in events:
         if e.time_range.start < end:  # inside an op or a launch already counted
@@ -276,6 +313,7 @@ def count_eager_ops(B=2, H=4, H_kv=None, T=64, d=16, delta=True, compiled=True, 
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from pope import pope_attention
+
     H_kv = H_kv or H
     gen = torch.Generator().manual_seed(0)
     qkv = torch.randn(B, T, (H + 2 * H_kv) * d, generator=gen).to(device).requires_grad_()
@@ -285,6 +323,7 @@ def count_eager_ops(B=2, H=4, H_kv=None, T=64, d=16, delta=True, compiled=True, 
         q, k, v = qkv.split((H * d, H_kv * d, H_kv * d), dim=2)
         q, k, v = (t.view(B, T, -1, d).transpose(1, 2) for t in (q, k, v))
         return pope_attention(q, k, v, dl, backend="triton").float().pow(2).sum()
+
     fn = torch.compile(step) if compiled else step
     leaves = [t for t in (qkv, dl) if t is not None]
     for _ in range(2):
@@ -296,6 +335,7 @@ def count_eager_ops(B=2, H=4, H_kv=None, T=64, d=16, delta=True, compiled=True, 
     def marked(self, *args, **kwargs):  # the interpreter's launch, marked so that its insides are not counted
         with record_function("triton kernel"):
             return launch(self, *args, **kwargs)
+
     interp.GridExecutor.__call__ = marked
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -325,8 +365,7 @@ def reference_fa_kernels():
     import triton.language as tl
 
     @triton.jit
-    def fa_fwd(Q, K, V, O, LSE, stride_h, stride_m, T, D: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+    def fa_fwd(Q, K, V, O, LSE, stride_h, stride_m, T, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         n_m = tl.cdiv(T, BLOCK_M)
         pid_m, bh = tl.program_id(0) % n_m, (tl.program_id(0) // n_m).to(tl.int64)
         m0 = pid_m * BLOCK_M
@@ -362,13 +401,30 @@ def reference_fa_kernels():
                 m_i = m_new
                 k_ptrs += BLOCK_N * stride_m
                 v_ptrs += BLOCK_N * stride_m
-        tl.store(O + base + offs_m[:, None] * stride_m + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
-                 mask=offs_m[:, None] < T)
+        tl.store(
+            O + base + offs_m[:, None] * stride_m + offs_d[None, :],
+            (acc / l_i[:, None]).to(O.dtype.element_ty),
+            mask=offs_m[:, None] < T,
+        )
         tl.store(LSE + bh * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
 
     @triton.jit
-    def fa_dkdv(Q, K, V, DO, LSE, DI, DK, DV, stride_h, stride_m, T, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+    def fa_dkdv(
+        Q,
+        K,
+        V,
+        DO,
+        LSE,
+        DI,
+        DK,
+        DV,
+        stride_h,
+        stride_m,
+        T,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
         n_n = tl.cdiv(T, BLOCK_N)
         pid_n, bh = tl.program_id(0) % n_n, (tl.program_id(0) // n_n).to(tl.int64)
         n0 = pid_n * BLOCK_N
@@ -415,8 +471,9 @@ def reference_fa_kernels():
         tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < T)
 
     @triton.jit
-    def fa_dq(Q, K, V, DO, LSE, DI, DQ, stride_h, stride_m, T, D: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr):
+    def fa_dq(
+        Q, K, V, DO, LSE, DI, DQ, stride_h, stride_m, T, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+    ):
         n_m = tl.cdiv(T, BLOCK_M)
         pid_m, bh = tl.program_id(0) % n_m, (tl.program_id(0) // n_m).to(tl.int64)
         m0 = pid_m * BLOCK_M
@@ -469,10 +526,33 @@ def reference_rope_decode_kernel():
     import triton.language as tl
 
     @triton.jit(do_not_specialize=["Tq", "Tk", "q_offset", "blocks_per_split"])
-    def rope_decode(Q, K, V, OP, LP, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                    stride_vb, stride_vh, stride_vn, BH_KV, H_KV, Tq, Tk, q_offset, blocks_per_split,
-                    GROUP: tl.constexpr, D: tl.constexpr, D_V: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
+    def rope_decode(
+        Q,
+        K,
+        V,
+        OP,
+        LP,
+        stride_qb,
+        stride_qh,
+        stride_qm,
+        stride_kb,
+        stride_kh,
+        stride_kn,
+        stride_vb,
+        stride_vh,
+        stride_vn,
+        BH_KV,
+        H_KV,
+        Tq,
+        Tk,
+        q_offset,
+        blocks_per_split,
+        GROUP: tl.constexpr,
+        D: tl.constexpr,
+        D_V: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         split, bh = pid // BH_KV, pid % BH_KV
         b, h_kv = (bh // H_KV).to(tl.int64), (bh % H_KV).to(tl.int64)
@@ -485,10 +565,18 @@ def reference_rope_decode_kernel():
         q_pos = q_offset + i
         lo = split * blocks_per_split * BLOCK_N
         hi = tl.minimum(tl.minimum(lo + blocks_per_split * BLOCK_N, Tk), q_offset + Tq)
-        k_ptrs = K + b * stride_kb + h_kv * stride_kh + (tl.cast(lo, tl.int64) * stride_kn
-                                                        + (offs_n0[:, None] * stride_kn + offs_d[None, :]))
-        v_ptrs = V + b * stride_vb + h_kv * stride_vh + (tl.cast(lo, tl.int64) * stride_vn
-                                                        + (offs_n0[:, None] * stride_vn + offs_v[None, :]))
+        k_ptrs = (
+            K
+            + b * stride_kb
+            + h_kv * stride_kh
+            + (tl.cast(lo, tl.int64) * stride_kn + (offs_n0[:, None] * stride_kn + offs_d[None, :]))
+        )
+        v_ptrs = (
+            V
+            + b * stride_vb
+            + h_kv * stride_vh
+            + (tl.cast(lo, tl.int64) * stride_vn + (offs_n0[:, None] * stride_vn + offs_v[None, :]))
+        )
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.full([BLOCK_M], 0.0, tl.float32)
         acc = tl.full([BLOCK_M, D_V], 0.0, tl.float32)
@@ -509,8 +597,11 @@ def reference_rope_decode_kernel():
             k_ptrs += BLOCK_N * stride_kn
             v_ptrs += BLOCK_N * stride_vn
         out_rows = ((split * BH_KV + bh) * GROUP + g).to(tl.int64) * Tq + i
-        tl.store(OP + out_rows[:, None] * D_V + offs_v[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
-                 mask=row_ok[:, None])
+        tl.store(
+            OP + out_rows[:, None] * D_V + offs_v[None, :],
+            acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
+            mask=row_ok[:, None],
+        )
         seen = l_i > 0.0
         tl.store(LP + out_rows, tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=row_ok)
 
@@ -521,7 +612,16 @@ def reference_rope_decode_kernel():
 # Opt-in shared memory per block (bytes) of the parts --decode-sass checks: pope_kernel.SHARED_MEMORY_LIMITS
 # (A100; A10 / RTX 3090; L4 / L40; H100) and B200 (sm_100), RTX 5090 (sm_120), from NVIDIA's tuning guides.
 DECODE_ARCH_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448, 120: 101_376}
-_DECODE_POINTERS = {"Q": None, "MU": None, "K": None, "V": None, "ROT": "fp32", "OP": "fp32", "LP": "fp32", "QOFF": "i64"}
+_DECODE_POINTERS = {
+    "Q": None,
+    "MU": None,
+    "K": None,
+    "V": None,
+    "ROT": "fp32",
+    "OP": "fp32",
+    "LP": "fp32",
+    "QOFF": "i64",
+}
 
 
 def compile_decode(arch, d=64, dtype="bf16", group=4, tq=1, impl="pope", block_n=64, warps=None):
@@ -533,13 +633,16 @@ def compile_decode(arch, d=64, dtype="bf16", group=4, tq=1, impl="pope", block_n
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
     import pope_kernel as pk
+
     bm = max(16, 1 << max(group * tq - 1, 0).bit_length())
     warps = warps or pk.DECODE_WARPS
     if impl == "pope":
         fn = pk.DECODE_KERNEL
-        consts = dict(GROUP=group, D=d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=block_n,
-                      OFFSET_FROM_PTR=False)
+        consts = dict(
+            GROUP=group, D=d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=block_n, OFFSET_FROM_PTR=False
+        )
     else:
         fn = reference_rope_decode_kernel()
         consts = dict(GROUP=group, D=d, D_V=d, BLOCK_M=bm, BLOCK_N=block_n)
@@ -554,21 +657,29 @@ def compile_decode(arch, d=64, dtype="bf16", group=4, tq=1, impl="pope", block_n
             sig[name] = "i32"
             if name.startswith("stride_"):  # row strides of contiguous rows: multiples of 16 elements
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=warps, num_stages=2, **pk.COMPILE_OPTIONS))
+    return triton.compile(
+        ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options=dict(num_warps=warps, num_stages=2, **pk.COMPILE_OPTIONS),
+    )
 
 
-def decode_sass_report(archs=tuple(DECODE_ARCH_LIMITS), head_dims=(64, 128), dtype="bf16", group=4, tq=1,
-                       as_json=False):
+def decode_sass_report(
+    archs=tuple(DECODE_ARCH_LIMITS), head_dims=(64, 128), dtype="bf16", group=4, tq=1, as_json=False
+):
     """Per arch and head dim: the decode kernel's shared memory against the part's limit, registers, spill bytes,
     local-memory instructions inside its loop, and its loop's instructions per warp and iteration (one tile of
     64 keys) next to the same-shape RoPE decode kernel's. Prints a markdown table (or JSON rows); returns rows."""
     rows = []
     if not as_json:
-        print(f"{dtype}, GROUP={group} query heads per key/value head, Tq={tq}, 64 keys per tile, "
-              f"{__import__('pope_kernel').DECODE_WARPS} warps")
-        print("| sm | d | shared (B) / limit | registers | spill st/ld (B) | local ops in loop | loop instr/warp "
-              "PoPE / RoPE | MUFU PoPE / RoPE |")
+        print(
+            f"{dtype}, GROUP={group} query heads per key/value head, Tq={tq}, 64 keys per tile, "
+            f"{__import__('pope_kernel').DECODE_WARPS} warps"
+        )
+        print(
+            "| sm | d | shared (B) / limit | registers | spill st/ld (B) | local ops in loop | loop instr/warp "
+            "PoPE / RoPE | MUFU PoPE / RoPE |"
+        )
         print("|---|---|---|---|---|---|---|---|")
     for arch in archs:
         for d in head_dims:
@@ -577,17 +688,28 @@ def decode_sass_report(archs=tuple(DECODE_ARCH_LIMITS), head_dims=(64, 128), dty
                 kernel = compile_decode(arch, d, dtype, group, tq, impl)
                 regs, st, ld, loop_ops = spill_stats(kernel, arch)
                 body = loop_body_stats(kernel, arch)
-                out[impl] = dict(shared=kernel.metadata.shared, regs=regs, spill_st=st, spill_ld=ld,
-                                 loop_local_ops=loop_ops, instr=body["instr"], mufu=body["mufu"])
+                out[impl] = dict(
+                    shared=kernel.metadata.shared,
+                    regs=regs,
+                    spill_st=st,
+                    spill_ld=ld,
+                    loop_local_ops=loop_ops,
+                    instr=body["instr"],
+                    mufu=body["mufu"],
+                )
             row = dict(arch=arch, d=d, limit=DECODE_ARCH_LIMITS.get(arch), pope=out["pope"], rope=out["rope"])
             rows.append(row)
             p, r = out["pope"], out["rope"]
             if as_json:
                 print(json.dumps(row), flush=True)
             else:
-                print(f"| {arch} | {d} | {p['shared']:,} / {row['limit']:,} | {p['regs']} | "
-                      f"{p['spill_st']}/{p['spill_ld']} | {p['loop_local_ops']} | {p['instr']} / {r['instr']} ({p['instr'] / r['instr']:.2f}x) | "
-                      f"{p['mufu']} / {r['mufu']} |", flush=True)
+                print(
+                    f"| {arch} | {d} | {p['shared']:,} / {row['limit']:,} | {p['regs']} | "
+                    f"{p['spill_st']}/{p['spill_ld']} | {p['loop_local_ops']} | "
+                    f"{p['instr']} / {r['instr']} ({p['instr'] / r['instr']:.2f}x) | "
+                    f"{p['mufu']} / {r['mufu']} |",
+                    flush=True,
+                )
     return rows
 
 
@@ -597,8 +719,9 @@ def decode_bytes_per_token(d, n_kv_head, n_layer, elem_bytes=2, block_n=64):
     2d per block_n keys, shared by the key/value heads and batch rows of a launch, so counted once per layer),
     against the old Cartesian cache (3d). Returns {'rope', 'pope', 'pope_cartesian'} in bytes."""
     rope = n_layer * n_kv_head * 2 * d * elem_bytes
-    return dict(rope=rope, pope=rope + n_layer * 8 * d / block_n,
-                pope_cartesian=n_layer * n_kv_head * 3 * d * elem_bytes)
+    return dict(
+        rope=rope, pope=rope + n_layer * 8 * d / block_n, pope_cartesian=n_layer * n_kv_head * 3 * d * elem_bytes
+    )
 
 
 _POINTERS = ("Q", "K", "V", "O", "LSE", "DO", "DI", "DK", "DV", "DQ")
@@ -618,7 +741,9 @@ def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
     import pope_kernel as pk
+
     bm, bn, warps, stages = config
     if impl == "pope":
         fn = pk.KERNELS[role].fn
@@ -637,8 +762,11 @@ def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
             sig[name] = "i32"
             if name not in _RUNTIME_INTS:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=warps, num_stages=stages, **pk.COMPILE_OPTIONS))
+    return triton.compile(
+        ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options=dict(num_warps=warps, num_stages=stages, **pk.COMPILE_OPTIONS),
+    )
 
 
 def _ptxas(arch):
@@ -646,11 +774,13 @@ def _ptxas(arch):
     Triton 3.9 bin/ptxas-blackwell from sm_90 up (its sm_90 PTX is version 9.4, newer than bin/ptxas reads).
     TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH override, as for Triton."""
     from triton.backends.nvidia.compiler import get_ptxas
+
     return get_ptxas(arch).path
 
 
 def _cuobjdump():
     from triton import knobs
+
     return knobs.nvidia.cuobjdump.path
 
 
@@ -663,8 +793,9 @@ def _sass(kernel, arch):
         with open(cubin, "wb") as f:
             f.write(kernel.asm["cubin"])
         gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-        info = subprocess.run([_ptxas(arch), "-v", f"--gpu-name={gpu}", ptx, "-o", os.devnull],
-                              capture_output=True, text=True, check=True).stderr
+        info = subprocess.run(
+            [_ptxas(arch), "-v", f"--gpu-name={gpu}", ptx, "-o", os.devnull], capture_output=True, text=True, check=True
+        ).stderr
         sass = subprocess.run([_cuobjdump(), "-sass", cubin], capture_output=True, text=True, check=True).stdout
     return info, [(int(a, 16), text.strip()) for a, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
 
@@ -693,8 +824,9 @@ def spill_stats(kernel, arch):
     regs = int(re.search(r"Used (\d+) registers", info).group(1))
     st, ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info).groups())
     loops = _loops(instrs)
-    in_loop = sum(1 for addr, text in instrs if re.search(r"\b(LDL|STL)\b", text)
-                  and any(lo <= addr <= hi for lo, hi in loops))
+    in_loop = sum(
+        1 for addr, text in instrs if re.search(r"\b(LDL|STL)\b", text) and any(lo <= addr <= hi for lo, hi in loops)
+    )
     return regs, st, ld, in_loop
 
 
@@ -708,16 +840,20 @@ def loop_body_stats(kernel, arch):
 
     def opcode(t):
         return t.split()[1] if t.startswith("@") else t.split()[0]
+
     has_mma = [(lo, hi) for lo, hi in loops if any(lo <= a <= hi and _MMA.match(opcode(t)) for a, t in instrs)]
-    inner = [(lo, hi) for lo, hi in has_mma
-             if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in has_mma)]
+    inner = [(lo, hi) for lo, hi in has_mma if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in has_mma)]
     lo, hi = min(inner, key=lambda r: r[1] - r[0])
     body = [text for addr, text in instrs if lo <= addr <= hi]
     ops = [opcode(t) for t in body]
     local = lambda t: re.search(r"\b(LDL|STL)\b", t)  # noqa: E731
-    return dict(instr=len(body), mufu=sum(o.startswith("MUFU") for o in ops),
-                mma=sum(bool(_MMA.match(o)) for o in ops), local=sum(bool(local(t)) for t in body),
-                loop_local_ops=sum(1 for addr, t in instrs if local(t) and any(a <= addr <= b for a, b in loops)))
+    return dict(
+        instr=len(body),
+        mufu=sum(o.startswith("MUFU") for o in ops),
+        mma=sum(bool(_MMA.match(o)) for o in ops),
+        local=sum(bool(local(t)) for t in body),
+        loop_local_ops=sum(1 for addr, t in instrs if local(t) and any(a <= addr <= b for a, b in loops)),
+    )
 
 
 def block_flops(role, d_qk, d_v):
@@ -738,11 +874,14 @@ def sass_report(arch=90, dtype="bf16", as_json=False, head_dims=(64, 128)):
     """PoPE vs reference FA loop bodies for fwd, dkdv, dq at each d, first autotune candidate; prints a table
     (or one JSON object per row) and returns the rows."""
     import pope_kernel as pk
+
     rows = []
     if not as_json:
         print(f"sm_{arch}, {dtype}, causal, first autotune candidate; per 128 x 128 block of scores, unmasked loop:")
-        print("| kernel | d | config (BM, BN, warps, stages) | PoPE instr/warp, MUFU/thread, MMA | FA same tiles "
-              "| PoPE cycles | FA cycles | ratio | local ops in loops (PoPE / FA) |")
+        print(
+            "| kernel | d | config (BM, BN, warps, stages) | PoPE instr/warp, MUFU/thread, MMA | FA same tiles "
+            "| PoPE cycles | FA cycles | ratio | local ops in loops (PoPE / FA) |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
     for role in ("fwd", "dkdv", "dq"):
         for d in head_dims:
@@ -752,26 +891,40 @@ def sass_report(arch=90, dtype="bf16", as_json=False, head_dims=(64, 128)):
             fa = loop_body_stats(compile_kernel(role, cfg, d, arch, dtype, "fa"), arch)
             pc = block_cycles(pope, cfg, block_flops(role, 2 * d, d))
             fc = block_cycles(fa, cfg, block_flops(role, d, d))
-            row = dict(kernel=role, d=d, config=list(cfg), pope_cycles=round(pc), fa_cycles=round(fc),
-                       ratio=round(pc / fc, 3), loop_local_ops=pope["loop_local_ops"],
-                       fa_loop_local_ops=fa["loop_local_ops"],
-                       pope_instr=round(pope["instr"] * iters), pope_mufu=round(pope["mufu"] * iters),
-                       pope_mma=round(pope["mma"] * iters), fa_instr=round(fa["instr"] * iters),
-                       fa_mufu=round(fa["mufu"] * iters), fa_mma=round(fa["mma"] * iters))
+            row = dict(
+                kernel=role,
+                d=d,
+                config=list(cfg),
+                pope_cycles=round(pc),
+                fa_cycles=round(fc),
+                ratio=round(pc / fc, 3),
+                loop_local_ops=pope["loop_local_ops"],
+                fa_loop_local_ops=fa["loop_local_ops"],
+                pope_instr=round(pope["instr"] * iters),
+                pope_mufu=round(pope["mufu"] * iters),
+                pope_mma=round(pope["mma"] * iters),
+                fa_instr=round(fa["instr"] * iters),
+                fa_mufu=round(fa["mufu"] * iters),
+                fa_mma=round(fa["mma"] * iters),
+            )
             rows.append(row)
             if as_json:
                 print(json.dumps(row), flush=True)
             else:
-                print(f"| {role} | {d} | {tuple(cfg)} | {row['pope_instr']}, {row['pope_mufu']}, {row['pope_mma']} | "
-                      f"{row['fa_instr']}, {row['fa_mufu']}, {row['fa_mma']} | {row['pope_cycles']} | "
-                      f"{row['fa_cycles']} | {row['ratio']:.2f} | {row['loop_local_ops']} / "
-                      f"{row['fa_loop_local_ops']} |", flush=True)
+                print(
+                    f"| {role} | {d} | {tuple(cfg)} | {row['pope_instr']}, {row['pope_mufu']}, {row['pope_mma']} | "
+                    f"{row['fa_instr']}, {row['fa_mufu']}, {row['fa_mma']} | {row['pope_cycles']} | "
+                    f"{row['fa_cycles']} | {row['ratio']:.2f} | {row['loop_local_ops']} / "
+                    f"{row['fa_loop_local_ops']} |",
+                    flush=True,
+                )
     return rows
 
 
 def spill_report(archs=(80, 90, 100, 120), dtype="bf16"):
     """Print a markdown table of spill_stats for every autotune candidate of pope_kernel.CONFIGS."""
     import pope_kernel as pk
+
     print("| kernel | d | config (BM, BN, warps, stages) | sm | registers | spill st/ld (B) | local ops in loops |")
     print("|---|---|---|---|---|---|---|")
     rows = []
@@ -782,8 +935,11 @@ def spill_report(archs=(80, 90, 100, 120), dtype="bf16"):
                     t0 = time.time()
                     regs, st, ld, loop_ops = spill_stats(compile_kernel(role, cfg, d, arch, dtype), arch)
                     rows.append((role, d, cfg, arch, regs, st, ld, loop_ops))
-                    print(f"| {role} | {d} | {cfg} | {arch} | {regs} | {st}/{ld} | {loop_ops} |   "
-                          f"<!-- {time.time() - t0:.0f} s -->", flush=True)
+                    print(
+                        f"| {role} | {d} | {cfg} | {arch} | {regs} | {st}/{ld} | {loop_ops} |   "
+                        f"<!-- {time.time() - t0:.0f} s -->",
+                        flush=True,
+                    )
     return rows
 
 
@@ -794,26 +950,49 @@ def main(argv=None):
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--n-head", type=int, default=None)
-    p.add_argument("--n-kv-head", type=int, default=None, help="key/value heads (grouped-query attention); default n-head")
+    p.add_argument(
+        "--n-kv-head", type=int, default=None, help="key/value heads (grouped-query attention); default n-head"
+    )
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(DEFAULT_IMPLS))
     p.add_argument("--sass", action="store_true", help="no GPU needed: loop-body SASS of PoPE vs reference FA")
     p.add_argument("--json", action="store_true", help="with --sass: one JSON object per row")
-    p.add_argument("--arch", type=int, default=None, help="with --sass: the sm_ architecture (default 90); with "
-                   "--spills: only this one")
-    p.add_argument("--spills", action="store_true", help="no GPU needed: compile every autotune config for sm_80, "
-                   "sm_90, sm_100 and sm_120 and print registers, spills and local-memory ops inside loops")
-    p.add_argument("--ops", action="store_true", help="no GPU needed: eager PyTorch ops around the kernels in one "
-                   "compiled attention call, forward and backward (count_eager_ops)")
-    p.add_argument("--decode-sass", action="store_true", help="no GPU needed: the decode kernel compiled for sm_80, "
-                   "86, 89, 90, 100, 120: shared memory, spills, loop instructions next to a RoPE decode kernel")
+    p.add_argument(
+        "--arch",
+        type=int,
+        default=None,
+        help="with --sass: the sm_ architecture (default 90); with --spills: only this one",
+    )
+    p.add_argument(
+        "--spills",
+        action="store_true",
+        help="no GPU needed: compile every autotune config for sm_80, "
+        "sm_90, sm_100 and sm_120 and print registers, spills and local-memory ops inside loops",
+    )
+    p.add_argument(
+        "--ops",
+        action="store_true",
+        help="no GPU needed: eager PyTorch ops around the kernels in one "
+        "compiled attention call, forward and backward (count_eager_ops)",
+    )
+    p.add_argument(
+        "--decode-sass",
+        action="store_true",
+        help="no GPU needed: the decode kernel compiled for sm_80, "
+        "86, 89, 90, 100, 120: shared memory, spills, loop instructions next to a RoPE decode kernel",
+    )
     args = p.parse_args(argv)
     if args.ops:
         if not torch.cuda.is_available():
             os.environ["TRITON_INTERPRET"] = "1"  # before pope / pope_kernel are imported
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        rows = [dict(case=name, **count_eager_ops(device=device, **kw)) for name, kw in (
-            ("MHA, 4 heads, delta", {}), ("GQA 4/2, no delta", dict(H_kv=2, delta=False)),
-            ("MHA, eager (not compiled)", dict(compiled=False)))]
+        rows = [
+            dict(case=name, **count_eager_ops(device=device, **kw))
+            for name, kw in (
+                ("MHA, 4 heads, delta", {}),
+                ("GQA 4/2, no delta", dict(H_kv=2, delta=False)),
+                ("MHA, eager (not compiled)", dict(compiled=False)),
+            )
+        ]
         for r in rows:
             print(f"{r['case']:<28} eager ops {r['ops']:>4}  Triton launches {r['triton_kernels']}  {r['by_op']}")
         return rows
@@ -828,23 +1007,45 @@ def main(argv=None):
     if torch.cuda.is_available():
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, dtype {dtype}")
         print(f"torch.nn.attention flash implementation: {flash_implementation()}")
-        rows = bench_attention_kernels("cuda", dtype, args.seq_lens, args.head_dims, args.batch, args.n_head,
-                                       impls=args.impls, verbose=False, n_kv_head=args.n_kv_head)
+        rows = bench_attention_kernels(
+            "cuda",
+            dtype,
+            args.seq_lens,
+            args.head_dims,
+            args.batch,
+            args.n_head,
+            impls=args.impls,
+            verbose=False,
+            n_kv_head=args.n_kv_head,
+        )
         print_table(rows)
         return rows
-    print("CUDA is not available: kernel timings need an NVIDIA GPU (e.g. H100 / A100).\n"
-          "Running one tiny shape through the Triton interpreter instead (a smoke test; its times are "
-          "interpreter times, not kernel performance).")
+    print(
+        "CUDA is not available: kernel timings need an NVIDIA GPU (e.g. H100 / A100).\n"
+        "Running one tiny shape through the Triton interpreter instead (a smoke test; its times are "
+        "interpreter times, not kernel performance)."
+    )
     os.environ["TRITON_INTERPRET"] = "1"  # before pope / pope_kernel (and triton.language) are imported
     from pope import pope_attention
+
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 64, 16, generator=gen) for _ in range(3))
     delta = -2 * math.pi * torch.rand(2, 16, generator=gen)
     print(f"eager ops around the kernels per compiled call: {count_eager_ops()['ops']} (--ops for more)")
-    err = (pope_attention(q, k, v, delta, backend="triton") - pope_attention(q, k, v, delta, backend="torch")).abs().max()
+    err = (
+        (pope_attention(q, k, v, delta, backend="triton") - pope_attention(q, k, v, delta, backend="torch")).abs().max()
+    )
     print(f"max |triton - torch| on (1, 2, 64, 16) fp32: {err:.2e}")
-    rows = bench_attention_kernels("cpu", torch.float32, seq_lens=(64,), head_dims=(16,), batch=1, n_head=2,
-                                   impls=("pope_triton", "pope_sdpa", "rope_sdpa"), verbose=False)
+    rows = bench_attention_kernels(
+        "cpu",
+        torch.float32,
+        seq_lens=(64,),
+        head_dims=(16,),
+        batch=1,
+        n_head=2,
+        impls=("pope_triton", "pope_sdpa", "rope_sdpa"),
+        verbose=False,
+    )
     print_table(rows, ratios=False)
     return rows
 

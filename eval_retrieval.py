@@ -73,15 +73,29 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import build_model, load_checkpoint, load_codec, tokenizer_from_checkpoint
-from cli import (DTYPES, ArgumentParser, UserError, atomic_open, atomic_write, autocast_context, exit_on_user_error,
-                 resolve_device, resolve_dtype)
+from cli import (
+    DTYPES,
+    ArgumentParser,
+    UserError,
+    atomic_open,
+    atomic_write,
+    autocast_context,
+    exit_on_user_error,
+    resolve_device,
+    resolve_dtype,
+)
 from eval_extrapolate import display_names, inspect_run, parse_lengths
 from model import ABSOLUTE_ENCODINGS
 from provenance import FLAT_COLUMNS, flat, provenance
 from study.results import wilson  # the Wilson interval every study table uses
 
-FILLER_SENTENCES = (" The grass is green.", " The sky is blue.", " The sun is yellow.", " Here we go.",
-                    " There and back again.")  # Landmark Attention's filler, one unit per sentence
+FILLER_SENTENCES = (
+    " The grass is green.",
+    " The sky is blue.",
+    " The sun is yellow.",
+    " Here we go.",
+    " There and back again.",
+)  # Landmark Attention's filler, one unit per sentence
 KEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = " What is the pass key? The pass key is"
 DIGITS = "0123456789"
@@ -91,6 +105,7 @@ TASK_SEED = {"passkey": 0, "copy": 1}
 
 # ---- generators ----
 
+
 def key_alphabet(meta):
     """The symbols a passkey is drawn from for a tokenizer description (tokenizer_from_checkpoint): the
     digits where every digit is one character of the vocabulary (GPT-2 BPE: always), else the lowercase
@@ -99,15 +114,19 @@ def key_alphabet(meta):
     if tok.get("kind") == "gpt2":
         return DIGITS
     if tok.get("kind") != "char":
-        raise UserError(f"passkey retrieval needs a text tokenizer ('char' or 'gpt2'), this run has "
-                        f"{tok.get('kind')!r}; run --tasks=copy only")
+        raise UserError(
+            f"passkey retrieval needs a text tokenizer ('char' or 'gpt2'), this run has "
+            f"{tok.get('kind')!r}; run --tasks=copy only"
+        )
     itos = set(tok["itos"])
     if set(DIGITS) <= itos:
         return DIGITS
     letters = "".join(c for c in "abcdefghijklmnopqrstuvwxyz" if c in itos)
     if len(letters) < 2:
-        raise UserError("this char vocabulary has neither the ten digits nor two lowercase letters for a passkey; "
-                        "run --tasks=copy only")
+        raise UserError(
+            "this char vocabulary has neither the ten digits nor two lowercase letters for a passkey; "
+            "run --tasks=copy only"
+        )
     return letters
 
 
@@ -147,8 +166,10 @@ def passkey_window(encode, key, length, depth):
     key_ids, q_ids, a_ids = passkey_parts(encode, key)
     n_fill = length - len(key_ids) - len(q_ids) - (len(a_ids) - 1)
     if n_fill < 0:
-        raise UserError(f"length {length} is shorter than the passkey prompt without filler "
-                        f"({length - n_fill} tokens): use longer --lengths")
+        raise UserError(
+            f"length {length} is shorter than the passkey prompt without filler "
+            f"({length - n_fill} tokens): use longer --lengths"
+        )
     fill, bounds = filler_stream([encode(s) for s in FILLER_SENTENCES], n_fill)
     target = depth * n_fill
     p = min(bounds, key=lambda b: (abs(b - target), b))
@@ -165,7 +186,7 @@ def answer_distance(encode, key, length, depth):
     refused)."""
     _, answer, p = passkey_window(encode, key, length, depth)
     key_ids, n = encode(KEY_SENTENCE.format(key=key)), len(answer)
-    s = next((i for i in range(len(key_ids) - n + 1) if key_ids[i:i + n] == answer), 0)
+    s = next((i for i in range(len(key_ids) - n + 1) if key_ids[i : i + n] == answer), 0)
     return (length - n + 1) - (p + s)
 
 
@@ -196,7 +217,7 @@ def copy_window(seq, length):
     m = len(seq)
     if m != -(-(length + 1) // 2):
         raise ValueError(f"a copy window of {length} tokens needs a sequence of {-(-(length + 1) // 2)}, got {m}")
-    chunk = np.concatenate([seq, seq])[:length + 1]
+    chunk = np.concatenate([seq, seq])[: length + 1]
     return chunk[:-1], chunk[1:], m
 
 
@@ -211,22 +232,23 @@ def copy_ids(meta, vocab_size):
 
 # ---- scoring ----
 
+
 @torch.no_grad()
 def score_last(model, x, y):
     """(losses, hits) of the predictions at x's last n positions: x (B, T) int64 inputs, y (B, n) int64
     targets of x's last n positions, n <= T. losses (B, n) float32 cross-entropy in nats; hits (B, n) bool,
     argmax == target. The lm_head runs on slices of at most 2**24 / vocab_size positions (no (B, T, vocab)
     tensor); model: anything with hidden_states(x) -> (B, T, C) and lm_head."""
-    h = model.hidden_states(x)[:, x.shape[1] - y.shape[1]:]
+    h = model.hidden_states(x)[:, x.shape[1] - y.shape[1] :]
     B, n, C = h.shape
     h, y = h.reshape(B * n, C), y.reshape(B * n)
-    step = max(1, 2 ** 24 // model.lm_head.out_features)
+    step = max(1, 2**24 // model.lm_head.out_features)
     losses = torch.empty(B * n, dtype=torch.float32, device=h.device)
     hits = torch.empty(B * n, dtype=torch.bool, device=h.device)
     for i in range(0, B * n, step):
-        logits = model.lm_head(h[i:i + step]).float()
-        losses[i:i + step] = F.cross_entropy(logits, y[i:i + step], reduction="none")
-        hits[i:i + step] = logits.argmax(-1) == y[i:i + step]
+        logits = model.lm_head(h[i : i + step]).float()
+        losses[i : i + step] = F.cross_entropy(logits, y[i : i + step], reduction="none")
+        hits[i : i + step] = logits.argmax(-1) == y[i : i + step]
     return losses.view(B, n), hits.view(B, n)
 
 
@@ -241,11 +263,23 @@ def passkey_correct(model, windows, device="cpu", autocast=nullcontext):
     y = torch.tensor([[0] * (n - len(a)) + a for _, a, _ in windows], dtype=torch.int64, device=device)
     with autocast():
         _, hits = score_last(model, x, y)
-    return [bool(hits[i, n - len(a):].all()) for i, (_, a, _) in enumerate(windows)]
+    return [bool(hits[i, n - len(a) :].all()) for i, (_, a, _) in enumerate(windows)]
 
 
-def run_passkey(model, encode, alphabet, lengths, depths, trials, key_len, seed, max_length, device="cpu",
-                autocast=nullcontext, skip=()):
+def run_passkey(
+    model,
+    encode,
+    alphabet,
+    lengths,
+    depths,
+    trials,
+    key_len,
+    seed,
+    max_length,
+    device="cpu",
+    autocast=nullcontext,
+    skip=(),
+):
     """{(length, depth): (correct, trials, seconds)} of one model; lengths in `skip` are left out."""
     out = {}
     for L in lengths:
@@ -257,7 +291,7 @@ def run_passkey(model, encode, alphabet, lengths, depths, trials, key_len, seed,
             t0 = time.perf_counter()
             ok = []
             for i in range(0, trials, batch):
-                ok += passkey_correct(model, windows[i:i + batch], device, autocast)
+                ok += passkey_correct(model, windows[i : i + batch], device, autocast)
             out[(L, d)] = (sum(ok), trials, time.perf_counter() - t0)
     return out
 
@@ -279,29 +313,71 @@ def run_copy(model, ids, lengths, trials, seed, max_length, device="cpu", autoca
         t0 = time.perf_counter()
         batch = max(1, max_length // L)
         for i in range(0, trials, batch):
-            xy = [copy_window(s, L) for s in seqs[i:i + batch]]
+            xy = [copy_window(s, L) for s in seqs[i : i + batch]]
             x = torch.tensor(np.stack([a for a, _, _ in xy]), device=device)
             y = torch.tensor(np.stack([b for _, b, _ in xy]), device=device)
             with autocast():
                 loss, hit = score_last(model, x, y)
-            sums += [loss[:, m:].double().sum().item(), hit[:, m:].sum().item(),
-                     loss[:, :m - 1].double().sum().item(), hit[:, :m - 1].sum().item()]
+            sums += [
+                loss[:, m:].double().sum().item(),
+                hit[:, m:].sum().item(),
+                loss[:, : m - 1].double().sum().item(),
+                hit[:, : m - 1].sum().item(),
+            ]
         n2, n1 = trials * (L - m), trials * (m - 1)
         hits = int(round(sums[1]))
         _, (lo, hi) = wilson(hits, n2)
-        out[L] = dict(distance=m, trials=trials, targets=n2, loss_second=sums[0] / n2, acc_second=hits / n2,
-                      hits_second=hits, acc_second_low=lo, acc_second_high=hi, loss_first=sums[2] / n1 if n1 else None, acc_first=sums[3] / n1 if n1 else None,
-                      seconds=time.perf_counter() - t0)
+        out[L] = dict(
+            distance=m,
+            trials=trials,
+            targets=n2,
+            loss_second=sums[0] / n2,
+            acc_second=hits / n2,
+            hits_second=hits,
+            acc_second_low=lo,
+            acc_second_high=hi,
+            loss_first=sums[2] / n1 if n1 else None,
+            acc_first=sums[3] / n1 if n1 else None,
+            seconds=time.perf_counter() - t0,
+        )
     return out
 
 
 # ---- outputs ----
 
-PASSKEY_COLUMNS = ["run", "label", "length", "multiple", "depth", "trials", "correct", "accuracy", "ci_low",
-                   "ci_high", "key_alphabet", "seconds", *FLAT_COLUMNS]
-COPY_COLUMNS = ["run", "label", "length", "multiple", "distance", "trials", "targets", "loss_second", "acc_second",
-                "loss_first", "acc_first", "seconds", *FLAT_COLUMNS,
-                "hits_second", "acc_second_low", "acc_second_high"]  # issue 53: appended, the old columns unchanged
+PASSKEY_COLUMNS = [
+    "run",
+    "label",
+    "length",
+    "multiple",
+    "depth",
+    "trials",
+    "correct",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "key_alphabet",
+    "seconds",
+    *FLAT_COLUMNS,
+]
+COPY_COLUMNS = [
+    "run",
+    "label",
+    "length",
+    "multiple",
+    "distance",
+    "trials",
+    "targets",
+    "loss_second",
+    "acc_second",
+    "loss_first",
+    "acc_first",
+    "seconds",
+    *FLAT_COLUMNS,
+    "hits_second",
+    "acc_second_low",
+    "acc_second_high",
+]  # issue 53: appended, the old columns unchanged
 
 
 def write_csv(path, columns, rows):
@@ -322,8 +398,11 @@ def pooled(rows, run, L):
 def passkey_tables(rows, runs, lengths, depths, names):
     """Markdown: pooled accuracy per length (one column per run), then accuracy by depth for each run.
     names: {run: header}."""
-    out = ["\npasskey retrieval, exact match over all depths: correct / trials (accuracy, Wilson 95 % interval)\n",
-           "| length | " + " | ".join(names[r] for r in runs) + " |", "|---:|" + "---|" * len(runs)]
+    out = [
+        "\npasskey retrieval, exact match over all depths: correct / trials (accuracy, Wilson 95 % interval)\n",
+        "| length | " + " | ".join(names[r] for r in runs) + " |",
+        "|---:|" + "---|" * len(runs),
+    ]
     for L in lengths:
         cells = []
         for r in runs:
@@ -332,13 +411,17 @@ def passkey_tables(rows, runs, lengths, depths, names):
         out.append(f"| {L} | " + " | ".join(cells) + " |")
     for r in runs:
         by = {(x["length"], x["depth"]): x for x in rows if x["run"] == r}
-        out += [f"\npasskey accuracy by depth, {names[r]}\n",
-                "| length | " + " | ".join(f"d={d:g}" for d in depths) + " | seconds |",
-                "|---:|" + "---:|" * (len(depths) + 1)]
+        out += [
+            f"\npasskey accuracy by depth, {names[r]}\n",
+            "| length | " + " | ".join(f"d={d:g}" for d in depths) + " | seconds |",
+            "|---:|" + "---:|" * (len(depths) + 1),
+        ]
         for L in lengths:
             if (L, depths[0]) in by:
                 secs = sum(by[(L, d)]["seconds"] for d in depths)
-                out.append(f"| {L} | " + " | ".join(f"{by[(L, d)]['accuracy']:.2f}" for d in depths) + f" | {secs:.1f} |")
+                out.append(
+                    f"| {L} | " + " | ".join(f"{by[(L, d)]['accuracy']:.2f}" for d in depths) + f" | {secs:.1f} |"
+                )
     return "\n".join(out) + "\n"
 
 
@@ -349,15 +432,28 @@ def _flat(rate_ci):
 def copy_table(rows, runs, lengths, names):
     """Markdown: per length, the distance and each run's second-copy accuracy (its Wilson 95 % interval over
     the targets) / loss, first-copy accuracy."""
-    out = ["\nlong-range copying: second copy accuracy (Wilson 95 % interval over the targets) / loss (nats) "
-           "[first copy accuracy]; seconds\n",
-           "| length | distance | " + " | ".join(names[r] for r in runs) + " |", "|---:|---:|" + "---|" * len(runs)]
+    out = [
+        "\nlong-range copying: second copy accuracy (Wilson 95 % interval over the targets) / loss (nats) "
+        "[first copy accuracy]; seconds\n",
+        "| length | distance | " + " | ".join(names[r] for r in runs) + " |",
+        "|---:|---:|" + "---|" * len(runs),
+    ]
     by = {(r["run"], r["length"]): r for r in rows}
     for L in lengths:
         dist = {by[(r, L)]["distance"] for r in runs if (r, L) in by}
-        cells = ["" if (r, L) not in by else "{:.3f} ({:.3f}-{:.3f}) / {:.3f} [{:.3f}]; {:.1f} s".format(
-            by[(r, L)]["acc_second"], by[(r, L)]["acc_second_low"], by[(r, L)]["acc_second_high"],
-            by[(r, L)]["loss_second"], by[(r, L)]["acc_first"] or 0.0, by[(r, L)]["seconds"]) for r in runs]
+        cells = [
+            ""
+            if (r, L) not in by
+            else "{:.3f} ({:.3f}-{:.3f}) / {:.3f} [{:.3f}]; {:.1f} s".format(
+                by[(r, L)]["acc_second"],
+                by[(r, L)]["acc_second_low"],
+                by[(r, L)]["acc_second_high"],
+                by[(r, L)]["loss_second"],
+                by[(r, L)]["acc_first"] or 0.0,
+                by[(r, L)]["seconds"],
+            )
+            for r in runs
+        ]
         out.append(f"| {L} | {', '.join(map(str, sorted(dist)))} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -366,6 +462,7 @@ def write_plot(path, pk_rows, cp_rows, runs, lengths, train_length, names):
     """Two panels vs length (log x): passkey accuracy over all depths with Wilson intervals; second-copy
     next-token accuracy. The training context as a dotted vertical."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -398,6 +495,7 @@ def write_plot(path, pk_rows, cp_rows, runs, lengths, train_length, names):
 
 # ---- command line ----
 
+
 def parse_floats(text, name, low=None, high=None):
     try:
         vals = sorted({float(t) for t in text.split(",") if t.strip()})
@@ -409,7 +507,9 @@ def parse_floats(text, name, low=None, high=None):
 
 
 def parse_args(argv):
-    p = ArgumentParser(prog="eval_retrieval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog="eval_retrieval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("runs", nargs="+", help="run folders (train.py out_dir) holding best.pt")
     p.add_argument("--tasks", default="passkey,copy", help="comma-separated: passkey, copy")
     p.add_argument("--lengths", default=None, help="comma-separated window lengths in tokens (overrides --multiples)")
@@ -422,8 +522,12 @@ def parse_args(argv):
     p.add_argument("--rope_scaling", type=float, default=1.0, help="YaRN's s for RoPE runs trained without it (1: off)")
     p.add_argument("--out_dir", default="out-retrieval", help="where the CSVs and PNG go")
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                   help="autocast dtype; 'auto': float32 on CPU, bf16 on CUDA where supported, else fp16")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="autocast dtype; 'auto': float32 on CPU, bf16 on CUDA where supported, else fp16",
+    )
     return p.parse_args(argv)
 
 
@@ -450,8 +554,18 @@ def run(argv):
         tok = tokenizer_from_checkpoint(state, source=os.path.join(path, "best.pt"))
         overrides, args, label, notes = inspect_run(path, a.rope_scaling, tok, state)
         alphabet = key_alphabet(tok) if "passkey" in tasks else None
-        runs.append(dict(run=path, state=state, tok=tok, overrides=overrides, args=args, label=label, notes=notes,
-                         alphabet=alphabet))
+        runs.append(
+            dict(
+                run=path,
+                state=state,
+                tok=tok,
+                overrides=overrides,
+                args=args,
+                label=label,
+                notes=notes,
+                alphabet=alphabet,
+            )
+        )
     ctx = train_context(runs[0]["args"])
     if a.lengths:
         lengths = parse_lengths(a.lengths)
@@ -459,8 +573,10 @@ def run(argv):
         mults = parse_floats(a.multiples, "--multiples", 1e-9)
         lengths = sorted({max(1, round(m * ctx)) for m in mults})
     if "copy" in tasks and lengths[0] < 3:  # L <= 2: m = L, no second-copy token after its first to score
-        raise UserError(f"copying needs windows of at least 3 tokens (a second copy with a token after its first), "
-                        f"got {lengths[0]}: use longer --lengths or --multiples, or --tasks=passkey")
+        raise UserError(
+            f"copying needs windows of at least 3 tokens (a second copy with a token after its first), "
+            f"got {lengths[0]}: use longer --lengths or --multiples, or --tasks=passkey"
+        )
     max_length = lengths[-1]
     device = resolve_device(a.device)
     autocast = functools.partial(autocast_context, device, resolve_dtype(a.dtype, device))
@@ -474,8 +590,10 @@ def run(argv):
         if r["args"]["pos_encoding"] in ABSOLUTE_ENCODINGS:
             skip = [L for L in lengths if L > r["args"]["block_size"]]
             if skip:
-                print(f"note: {r['run']} uses the absolute encoding {r['args']['pos_encoding']!r}: lengths "
-                      f"{', '.join(map(str, skip))} left empty")
+                print(
+                    f"note: {r['run']} uses the absolute encoding {r['args']['pos_encoding']!r}: lengths "
+                    f"{', '.join(map(str, skip))} left empty"
+                )
         model = build_model(load_checkpoint(r["run"], "best.pt", device), device, **r["overrides"])
         common = dict(run=r["run"], label=r["label"], **where)
         if "passkey" in tasks:
@@ -487,37 +605,82 @@ def run(argv):
                 raise UserError(f"{r['run']}: its tokenizer cannot spell the passkey prompt ({e})") from None
             print(f"{r['label']} {r['run']}: passkey keys of {a.key_len} symbols from {r['alphabet']!r}")
             # the prompt without filler, its longest over the keys drawn (GPT-2 BPE spells keys in 2 or 3 tokens)
-            need = max((prompt_tokens(encode, k) for L in lengths if L not in skip for j in range(len(depths))
-                        for k in passkey_keys(r["alphabet"], a.key_len, a.trials, a.seed, L, j)),
-                       default=prompt_tokens(encode, r["alphabet"][0] * a.key_len))
+            need = max(
+                (
+                    prompt_tokens(encode, k)
+                    for L in lengths
+                    if L not in skip
+                    for j in range(len(depths))
+                    for k in passkey_keys(r["alphabet"], a.key_len, a.trials, a.seed, L, j)
+                ),
+                default=prompt_tokens(encode, r["alphabet"][0] * a.key_len),
+            )
             short = [L for L in lengths if L < need]
             if len(short) == len(lengths):
-                raise UserError(f"every length is shorter than the passkey prompt without filler ({need} tokens): "
-                                "use longer --lengths, or --tasks=copy")
+                raise UserError(
+                    f"every length is shorter than the passkey prompt without filler ({need} tokens): "
+                    "use longer --lengths, or --tasks=copy"
+                )
             if short:
-                print(f"note: the passkey prompt needs {need} tokens: passkey at {', '.join(map(str, short))} left empty")
+                print(
+                    f"note: the passkey prompt needs {need} tokens: passkey at {', '.join(map(str, short))} left empty"
+                )
             # the key's distance to its answer at the deepest depth (the nearest it comes), nearest over the keys
             # drawn; beyond the training context no cell of the length can be answered by construction
             block, j = r["args"]["block_size"], len(depths) - 1
-            far = {L: min(answer_distance(encode, k, L, depths[j])
-                          for k in passkey_keys(r["alphabet"], a.key_len, a.trials, a.seed, L, j))
-                   for L in lengths if L not in skip and L not in short}
+            far = {
+                L: min(
+                    answer_distance(encode, k, L, depths[j])
+                    for k in passkey_keys(r["alphabet"], a.key_len, a.trials, a.seed, L, j)
+                )
+                for L in lengths
+                if L not in skip and L not in short
+            }
             far = {L: d for L, d in far.items() if d >= block}
             if far:
-                why = (f"the key lies at least {min(far.values())} tokens before its answer, beyond the {block - 1} "
-                       f"that a training context of {block} attends back, so it cannot be retrieved by construction")
+                why = (
+                    f"the key lies at least {min(far.values())} tokens before its answer, beyond the {block - 1} "
+                    f"that a training context of {block} attends back, so it cannot be retrieved by construction"
+                )
                 if "copy" not in tasks and all(L in skip or L in short or L in far for L in lengths):
                     raise UserError(f"{r['run']}: passkey refused at every length: {why}; run --tasks=copy")
                 print(f"note: {r['run']}: passkey refused at {', '.join(map(str, far))}: {why}")
-            res = run_passkey(model, encode, r["alphabet"], lengths, depths, a.trials, a.key_len, a.seed,
-                              max_length, device, autocast, [*skip, *short, *far])
+            res = run_passkey(
+                model,
+                encode,
+                r["alphabet"],
+                lengths,
+                depths,
+                a.trials,
+                a.key_len,
+                a.seed,
+                max_length,
+                device,
+                autocast,
+                [*skip, *short, *far],
+            )
             for (L, d), (k, n, secs) in res.items():
                 rate, (lo, hi) = wilson(k, n)
-                pk_rows.append(dict(common, length=L, multiple=L / ctx, depth=d, trials=n, correct=k, accuracy=rate,
-                                    ci_low=lo, ci_high=hi, key_alphabet=r["alphabet"], seconds=secs))
+                pk_rows.append(
+                    dict(
+                        common,
+                        length=L,
+                        multiple=L / ctx,
+                        depth=d,
+                        trials=n,
+                        correct=k,
+                        accuracy=rate,
+                        ci_low=lo,
+                        ci_high=hi,
+                        key_alphabet=r["alphabet"],
+                        seconds=secs,
+                    )
+                )
         if "copy" in tasks:
             ids = copy_ids(r["tok"], r["args"]["vocab_size"])
-            for L, v in run_copy(model, ids, lengths, a.copy_trials, a.seed, max_length, device, autocast, skip).items():
+            for L, v in run_copy(
+                model, ids, lengths, a.copy_trials, a.seed, max_length, device, autocast, skip
+            ).items():
                 cp_rows.append(dict(common, length=L, multiple=L / ctx, **v))
         del model
     names = display_names([dict(run=r["run"], label=r["label"]) for r in runs])
@@ -532,8 +695,10 @@ def run(argv):
     if cp_rows:
         write_csv(os.path.join(a.out_dir, "copy.csv"), COPY_COLUMNS, cp_rows)
     write_plot(os.path.join(a.out_dir, "retrieval.png"), pk_rows, cp_rows, runs, lengths, ctx, names)
-    print(f"wrote {', '.join(f for f, rows in (('passkey.csv', pk_rows), ('copy.csv', cp_rows)) if rows)} and "
-          f"retrieval.png to {a.out_dir}")
+    print(
+        f"wrote {', '.join(f for f, rows in (('passkey.csv', pk_rows), ('copy.csv', cp_rows)) if rows)} and "
+        f"retrieval.png to {a.out_dir}"
+    )
     return pk_rows, cp_rows
 
 

@@ -57,7 +57,6 @@ the kernels cost next to a FlashAttention kernel: docs/kernel.md.
 import contextlib
 import functools
 import os
-from typing import Tuple
 
 import torch
 import triton
@@ -67,7 +66,7 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once: the 
 QK_DIMS = (16, 32, 64, 128, 256)  # supported D_QK
 V_DIMS = (16, 32, 64, 128)  # supported D_V
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_POSITION = 2 ** 31 - 1  # q_offset + Tq and Tk are int32 inside the kernels
+MAX_POSITION = 2**31 - 1  # q_offset + Tq and Tk are int32 inside the kernels
 _LN2 = tl.constexpr(0.6931471805599453)  # in kernel code: globals must be tl.constexpr
 _LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -84,13 +83,26 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 # dkdv d=128 (64, 64, 8, 2/3) 46-56 on sm_90; dq d=64 (128, 64, 8, 3) 14 on sm_80; dq d=128
 # (128, 32, 8, 2) 37 on sm_80. Nothing was timed on a GPU.
 CONFIGS = {
-    "fwd": {64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2),
-                 (16, 128, 4, 2)],
-            128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 2), (16, 64, 4, 2), (32, 64, 4, 2)]},
-    "dkdv": {64: [(32, 128, 8, 3), (32, 64, 4, 3), (16, 128, 8, 2), (16, 64, 4, 2)],
-             128: [(32, 64, 8, 3), (32, 32, 4, 3), (16, 64, 8, 2)]},
-    "dq": {64: [(128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2)],
-           128: [(64, 64, 8, 2), (64, 64, 8, 3), (64, 32, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2)]},
+    "fwd": {
+        64: [
+            (128, 64, 8, 3),
+            (128, 128, 8, 3),
+            (64, 64, 4, 3),
+            (128, 32, 4, 3),
+            (16, 64, 4, 2),
+            (32, 64, 4, 2),
+            (16, 128, 4, 2),
+        ],
+        128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 2), (16, 64, 4, 2), (32, 64, 4, 2)],
+    },
+    "dkdv": {
+        64: [(32, 128, 8, 3), (32, 64, 4, 3), (16, 128, 8, 2), (16, 64, 4, 2)],
+        128: [(32, 64, 8, 3), (32, 32, 4, 3), (16, 64, 8, 2)],
+    },
+    "dq": {
+        64: [(128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2)],
+        128: [(64, 64, 8, 2), (64, 64, 8, 3), (64, 32, 4, 3), (16, 64, 4, 2), (32, 64, 4, 2)],
+    },
 }
 # Under the interpreter (no autotuning): small, unequal tiles, so that the CPU tests cross several
 # blocks, the causal diagonal and the sequence ends.
@@ -193,8 +205,10 @@ def select_configs(role, configs, tq_bucket, tk_bucket, D_QK, D_V, elem_bytes=2,
     then tiles much larger than the problem, and for Tq >= 512 (training, long prefill) the 16/32-row
     decoding tiles, unless nothing else fits. Returns [] only if no candidate fits the limit.
     """
+
     def key(c):
         return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages
+
     allowed = set(CONFIGS[role][head_class(D_QK, D_V)])
     keep = [c for c in configs if key(c) in allowed] or list(configs)
     if limit is not None:
@@ -210,12 +224,26 @@ def prune_configs(role):
     (configs, named_args, **kwargs) -> the triton.Config list select_configs keeps for the launch's Q (its element
     size and device: the device's shared-memory limit on CUDA, none otherwise), TQ_BUCKET, TK_BUCKET, D_QK and D_V;
     never empty (the last candidate if nothing fits)."""
+
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
         q = args["Q"]
         arch, limit = device_shared_memory(q.device) if q.is_cuda else (None, None)
-        return select_configs(role, configs, args["TQ_BUCKET"], args["TK_BUCKET"], args["D_QK"], args["D_V"],
-                              q.element_size(), arch, limit) or configs[-1:]
+        return (
+            select_configs(
+                role,
+                configs,
+                args["TQ_BUCKET"],
+                args["TK_BUCKET"],
+                args["D_QK"],
+                args["D_V"],
+                q.element_size(),
+                arch,
+                limit,
+            )
+            or configs[-1:]
+        )
+
     return prune
 
 
@@ -226,9 +254,11 @@ def shared_memory_reason(arch, limit, dtype, D_QK, D_V):
     for role in KERNELS:
         need = min(shared_memory_bytes(role, c, D_QK, D_V, elem, arch) for c in CONFIGS[role][head_class(D_QK, D_V)])
         if need > limit:
-            return (f"no {role} tile of the Triton attention kernel fits sm_{arch}'s {limit:,} bytes of shared memory "
-                    f"per block for {str(dtype).replace('torch.', '')} at widths {D_QK}/{D_V} (the smallest needs "
-                    f"{need:,}); use backend='torch' or a 2-byte dtype")
+            return (
+                f"no {role} tile of the Triton attention kernel fits sm_{arch}'s {limit:,} bytes of shared memory "
+                f"per block for {str(dtype).replace('torch.', '')} at widths {D_QK}/{D_V} (the smallest needs "
+                f"{need:,}); use backend='torch' or a 2-byte dtype"
+            )
     return None
 
 
@@ -246,7 +276,7 @@ def device_unsupported_reason(device, dtype, D_QK, D_V):
     return _device_reason(device, dtype, D_QK, D_V)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_reason(device, dtype, D_QK, D_V):
     return shared_memory_reason(*device_shared_memory(device), dtype, D_QK, D_V)
 
@@ -262,8 +292,12 @@ def _autotune_configs(role):
 
 def _autotune(role):
     # cache_results: the timings go to Triton's cache dir, so later processes on this machine reuse the choice
-    return triton.autotune(_autotune_configs(role), key=["TQ_BUCKET", "TK_BUCKET", "D_QK", "D_V", "CAUSAL", "GROUP"],
-                           prune_configs_by={"early_config_prune": prune_configs(role)}, cache_results=True)
+    return triton.autotune(
+        _autotune_configs(role),
+        key=["TQ_BUCKET", "TK_BUCKET", "D_QK", "D_V", "CAUSAL", "GROUP"],
+        prune_configs_by={"early_config_prune": prune_configs(role)},
+        cache_results=True,
+    )
 
 
 _NO_SPECIALIZE = ["Tq", "Tk", "q_offset", "TQ_BUCKET", "TK_BUCKET"]  # decoding: no recompile per length
@@ -276,6 +310,7 @@ COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 # ---- device code ----------------------------------------------------------------------------------
 
+
 @triton.jit
 def _split_pid(n_blocks, H):
     """The 1-D grid's program id -> (block index, batch b, head h, b * H + h); b, h as int64 (element
@@ -287,9 +322,28 @@ def _split_pid(n_blocks, H):
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi, offs_m, q_offset, Tk,
-               offs_n0, offs_qk, offs_v, CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-               DOT_PREC: tl.constexpr):
+def _fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_vn,
+    lo,
+    hi,
+    offs_m,
+    q_offset,
+    Tk,
+    offs_n0,
+    offs_qk,
+    offs_v,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Online softmax over key blocks [lo, hi). MASKED: the causal diagonal and/or the key boundary."""
     k_ptrs = k_base + (tl.cast(lo, tl.int64) * stride_kn) + (offs_n0[:, None] * stride_kn + offs_qk[None, :])
     v_ptrs = v_base + (tl.cast(lo, tl.int64) * stride_vn) + (offs_n0[:, None] * stride_vn + offs_v[None, :])
@@ -334,12 +388,38 @@ def _key_range(Tk, q_offset, m0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C
 
 @_autotune("fwd")
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _fwd_kernel(Q, K, V, O, LSE,
-                stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                H, Tq, Tk, q_offset, TQ_BUCKET, TK_BUCKET,
-                GROUP: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr, CAUSAL: tl.constexpr,
-                DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    H,
+    Tq,
+    Tk,
+    q_offset,
+    TQ_BUCKET,
+    TK_BUCKET,
+    GROUP: tl.constexpr,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid_m, b, h, bh = _split_pid(tl.cdiv(Tq, BLOCK_M), H)
     h_kv = h // GROUP
     m0 = pid_m * BLOCK_M
@@ -349,8 +429,13 @@ def _fwd_kernel(Q, K, V, O, LSE,
     offs_qk = tl.arange(0, D_QK)
     offs_v = tl.arange(0, D_V)
     row_ok = offs_m < Tq
-    q = tl.load(Q + (b * stride_qb + h * stride_qh + m0.to(tl.int64) * stride_qm)
-                + (offs_i[:, None] * stride_qm + offs_qk[None, :]), mask=row_ok[:, None], other=0.0)
+    q = tl.load(
+        Q
+        + (b * stride_qb + h * stride_qh + m0.to(tl.int64) * stride_qm)
+        + (offs_i[:, None] * stride_qm + offs_qk[None, :]),
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
 
@@ -358,37 +443,118 @@ def _fwd_kernel(Q, K, V, O, LSE,
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, D_V], 0.0, tl.float32)
     n_full, hi = _key_range(Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, 0, n_full, offs_m,
-                               q_offset, Tk, offs_n0, offs_qk, offs_v, CAUSAL, False, BLOCK_N, DOT_PREC)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, n_full, hi, offs_m,
-                               q_offset, Tk, offs_n0, offs_qk, offs_v, CAUSAL, True, BLOCK_N, DOT_PREC)
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_vn,
+        0,
+        n_full,
+        offs_m,
+        q_offset,
+        Tk,
+        offs_n0,
+        offs_qk,
+        offs_v,
+        CAUSAL,
+        False,
+        BLOCK_N,
+        DOT_PREC,
+    )
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_vn,
+        n_full,
+        hi,
+        offs_m,
+        q_offset,
+        Tk,
+        offs_n0,
+        offs_qk,
+        offs_v,
+        CAUSAL,
+        True,
+        BLOCK_N,
+        DOT_PREC,
+    )
     out = acc / l_i[:, None]
-    tl.store(O + (b * stride_ob + h * stride_oh + m0.to(tl.int64) * stride_om)
-             + (offs_i[:, None] * stride_om + offs_v[None, :]), out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(
+        O
+        + (b * stride_ob + h * stride_oh + m0.to(tl.int64) * stride_om)
+        + (offs_i[:, None] * stride_om + offs_v[None, :]),
+        out.to(O.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
     tl.store(LSE + bh * Tq + offs_m, (m_i + tl.log2(l_i)) * _LN2, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["Tq"])
-def _pre_kernel(O, DO, DI, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom, H, Tq,
-                D_V: tl.constexpr, BLOCK_M: tl.constexpr):
+def _pre_kernel(
+    O,
+    DO,
+    DI,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    H,
+    Tq,
+    D_V: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     pid_m, b, h, bh = _split_pid(tl.cdiv(Tq, BLOCK_M), H)
     m0 = pid_m * BLOCK_M
     offs_i = tl.arange(0, BLOCK_M)
     offs_v = tl.arange(0, D_V)
     row_ok = m0 + offs_i < Tq
     rows = offs_i[:, None] * stride_om + offs_v[None, :]
-    o = tl.load(O + (b * stride_ob + h * stride_oh + m0.to(tl.int64) * stride_om) + rows,
-                mask=row_ok[:, None], other=0.0)
+    o = tl.load(
+        O + (b * stride_ob + h * stride_oh + m0.to(tl.int64) * stride_om) + rows, mask=row_ok[:, None], other=0.0
+    )
     rows = offs_i[:, None] * stride_dom + offs_v[None, :]
-    do = tl.load(DO + (b * stride_dob + h * stride_doh + m0.to(tl.int64) * stride_dom) + rows,
-                 mask=row_ok[:, None], other=0.0)
+    do = tl.load(
+        DO + (b * stride_dob + h * stride_doh + m0.to(tl.int64) * stride_dom) + rows, mask=row_ok[:, None], other=0.0
+    )
     tl.store(DI + bh * Tq + m0 + offs_i, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=row_ok)
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, di_base, stride_qm, stride_dom, lo, hi, Tq, q_offset,
-                offs_n, offs_m0, offs_qk, offs_v, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-                BLOCK_M: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dkdv_inner(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    lse_base,
+    di_base,
+    stride_qm,
+    stride_dom,
+    lo,
+    hi,
+    Tq,
+    q_offset,
+    offs_n,
+    offs_m0,
+    offs_qk,
+    offs_v,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Accumulate dK, dV (scaled: see _dkdv_kernel) of one key tile over query blocks [lo, hi) of one head."""
     q_ptrs = q_base + tl.cast(lo, tl.int64) * stride_qm + (offs_m0[:, None] * stride_qm + offs_qk[None, :])
     do_ptrs = do_base + tl.cast(lo, tl.int64) * stride_dom + (offs_m0[:, None] * stride_dom + offs_v[None, :])
@@ -423,13 +589,47 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, di_base, stride_qm, str
 
 @_autotune("dkdv")
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _dkdv_kernel(Q, K, V, DO, LSE, DI, DK, DV,
-                 stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                 stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                 stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                 H_KV, Tq, Tk, q_offset, TQ_BUCKET, TK_BUCKET,
-                 GROUP: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr, CAUSAL: tl.constexpr,
-                 DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DI,
+    DK,
+    DV,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dkb,
+    stride_dkh,
+    stride_dkn,
+    stride_dvb,
+    stride_dvh,
+    stride_dvn,
+    H_KV,
+    Tq,
+    Tk,
+    q_offset,
+    TQ_BUCKET,
+    TK_BUCKET,
+    GROUP: tl.constexpr,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid_n, b, h_kv, _ = _split_pid(tl.cdiv(Tk, BLOCK_N), H_KV)
     n0 = pid_n * BLOCK_N
     offs_j = tl.arange(0, BLOCK_N)
@@ -438,10 +638,20 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DI, DK, DV,
     offs_qk = tl.arange(0, D_QK)
     offs_v = tl.arange(0, D_V)
     key_ok = offs_n < Tk
-    k = tl.load(K + (b * stride_kb + h_kv * stride_kh + n0.to(tl.int64) * stride_kn)
-                + (offs_j[:, None] * stride_kn + offs_qk[None, :]), mask=key_ok[:, None], other=0.0)
-    v = tl.load(V + (b * stride_vb + h_kv * stride_vh + n0.to(tl.int64) * stride_vn)
-                + (offs_j[:, None] * stride_vn + offs_v[None, :]), mask=key_ok[:, None], other=0.0)
+    k = tl.load(
+        K
+        + (b * stride_kb + h_kv * stride_kh + n0.to(tl.int64) * stride_kn)
+        + (offs_j[:, None] * stride_kn + offs_qk[None, :]),
+        mask=key_ok[:, None],
+        other=0.0,
+    )
+    v = tl.load(
+        V
+        + (b * stride_vb + h_kv * stride_vh + n0.to(tl.int64) * stride_vn)
+        + (offs_j[:, None] * stride_vn + offs_v[None, :]),
+        mask=key_ok[:, None],
+        other=0.0,
+    )
     # A select that changes no value (the load gave 0 past Tk) but makes k a computed value: the wgmma of
     # s_t = k q^T in the loop then reads k from registers (ldmatrix), instead of through one shared-memory
     # descriptor per 16 columns, which Triton 3.9 rebuilds every iteration with vector adds and moves to
@@ -467,27 +677,119 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DI, DK, DV,
         do_base = DO + b * stride_dob + h * stride_doh
         lse_base = LSE + bh * Tq
         di_base = DI + bh * Tq
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, di_base, stride_qm, stride_dom,
-                             mid, full_hi, Tq, q_offset, offs_n, offs_m0, offs_qk, offs_v, CAUSAL, False,
-                             BLOCK_M, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, di_base, stride_qm, stride_dom,
-                             lo, tl.minimum(mid, Tq), Tq, q_offset, offs_n, offs_m0, offs_qk, offs_v, CAUSAL,
-                             True, BLOCK_M, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, di_base, stride_qm, stride_dom,
-                             tl.maximum(mid, full_hi), Tq, Tq, q_offset, offs_n, offs_m0, offs_qk, offs_v, CAUSAL,
-                             True, BLOCK_M, DOT_PREC)
+        dk, dv = _dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            di_base,
+            stride_qm,
+            stride_dom,
+            mid,
+            full_hi,
+            Tq,
+            q_offset,
+            offs_n,
+            offs_m0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            False,
+            BLOCK_M,
+            DOT_PREC,
+        )
+        dk, dv = _dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            di_base,
+            stride_qm,
+            stride_dom,
+            lo,
+            tl.minimum(mid, Tq),
+            Tq,
+            q_offset,
+            offs_n,
+            offs_m0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            True,
+            BLOCK_M,
+            DOT_PREC,
+        )
+        dk, dv = _dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            di_base,
+            stride_qm,
+            stride_dom,
+            tl.maximum(mid, full_hi),
+            Tq,
+            Tq,
+            q_offset,
+            offs_n,
+            offs_m0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            True,
+            BLOCK_M,
+            DOT_PREC,
+        )
     # the scores were base-2 logits s = z / ln 2 (z in nats): dL/ds = ln 2 * dL/dz
-    tl.store(DK + (b * stride_dkb + h_kv * stride_dkh + n0.to(tl.int64) * stride_dkn)
-             + (offs_j[:, None] * stride_dkn + offs_qk[None, :]), (dk * _LN2).to(DK.dtype.element_ty),
-             mask=key_ok[:, None])
-    tl.store(DV + (b * stride_dvb + h_kv * stride_dvh + n0.to(tl.int64) * stride_dvn)
-             + (offs_j[:, None] * stride_dvn + offs_v[None, :]), dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
+    tl.store(
+        DK
+        + (b * stride_dkb + h_kv * stride_dkh + n0.to(tl.int64) * stride_dkn)
+        + (offs_j[:, None] * stride_dkn + offs_qk[None, :]),
+        (dk * _LN2).to(DK.dtype.element_ty),
+        mask=key_ok[:, None],
+    )
+    tl.store(
+        DV
+        + (b * stride_dvb + h_kv * stride_dvh + n0.to(tl.int64) * stride_dvn)
+        + (offs_j[:, None] * stride_dvn + offs_v[None, :]),
+        dv.to(DV.dtype.element_ty),
+        mask=key_ok[:, None],
+    )
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, di, k_base, v_base, stride_kn, stride_vn, lo, hi, offs_m, q_offset, Tk,
-              offs_n0, offs_qk, offs_v, CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-              DOT_PREC: tl.constexpr):
+def _dq_inner(
+    dq,
+    q,
+    do,
+    lse2,
+    di,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_vn,
+    lo,
+    hi,
+    offs_m,
+    q_offset,
+    Tk,
+    offs_n0,
+    offs_qk,
+    offs_v,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Accumulate dQ (scaled: see _dq_kernel) of one query tile over key blocks [lo, hi)."""
     k_ptrs = k_base + (tl.cast(lo, tl.int64) * stride_kn) + (offs_n0[:, None] * stride_kn + offs_qk[None, :])
     v_ptrs = v_base + (tl.cast(lo, tl.int64) * stride_vn) + (offs_n0[:, None] * stride_vn + offs_v[None, :])
@@ -517,13 +819,43 @@ def _dq_inner(dq, q, do, lse2, di, k_base, v_base, stride_kn, stride_vn, lo, hi,
 
 @_autotune("dq")
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _dq_kernel(Q, K, V, DO, LSE, DI, DQ,
-               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-               stride_dqb, stride_dqh, stride_dqm,
-               H, Tq, Tk, q_offset, TQ_BUCKET, TK_BUCKET,
-               GROUP: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr, CAUSAL: tl.constexpr,
-               DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DI,
+    DQ,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
+    H,
+    Tq,
+    Tk,
+    q_offset,
+    TQ_BUCKET,
+    TK_BUCKET,
+    GROUP: tl.constexpr,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid_m, b, h, bh = _split_pid(tl.cdiv(Tq, BLOCK_M), H)
     h_kv = h // GROUP
     m0 = pid_m * BLOCK_M
@@ -533,10 +865,20 @@ def _dq_kernel(Q, K, V, DO, LSE, DI, DQ,
     offs_qk = tl.arange(0, D_QK)
     offs_v = tl.arange(0, D_V)
     row_ok = offs_m < Tq
-    q = tl.load(Q + (b * stride_qb + h * stride_qh + m0.to(tl.int64) * stride_qm)
-                + (offs_i[:, None] * stride_qm + offs_qk[None, :]), mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + (b * stride_dob + h * stride_doh + m0.to(tl.int64) * stride_dom)
-                 + (offs_i[:, None] * stride_dom + offs_v[None, :]), mask=row_ok[:, None], other=0.0)
+    q = tl.load(
+        Q
+        + (b * stride_qb + h * stride_qh + m0.to(tl.int64) * stride_qm)
+        + (offs_i[:, None] * stride_qm + offs_qk[None, :]),
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    do = tl.load(
+        DO
+        + (b * stride_dob + h * stride_doh + m0.to(tl.int64) * stride_dom)
+        + (offs_i[:, None] * stride_dom + offs_v[None, :]),
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     lse2 = tl.load(LSE + bh * Tq + offs_m, mask=row_ok, other=float("inf")) * _LOG2E
     di = tl.load(DI + bh * Tq + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * stride_kb + h_kv * stride_kh
@@ -544,13 +886,59 @@ def _dq_kernel(Q, K, V, DO, LSE, DI, DQ,
 
     dq = tl.full([BLOCK_M, D_QK], 0.0, tl.float32)
     n_full, hi = _key_range(Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_inner(dq, q, do, lse2, di, k_base, v_base, stride_kn, stride_vn, 0, n_full, offs_m, q_offset, Tk,
-                   offs_n0, offs_qk, offs_v, CAUSAL, False, BLOCK_N, DOT_PREC)
-    dq = _dq_inner(dq, q, do, lse2, di, k_base, v_base, stride_kn, stride_vn, n_full, hi, offs_m, q_offset, Tk,
-                   offs_n0, offs_qk, offs_v, CAUSAL, True, BLOCK_N, DOT_PREC)
-    tl.store(DQ + (b * stride_dqb + h * stride_dqh + m0.to(tl.int64) * stride_dqm)
-             + (offs_i[:, None] * stride_dqm + offs_qk[None, :]), (dq * _LN2).to(DQ.dtype.element_ty),
-             mask=row_ok[:, None])
+    dq = _dq_inner(
+        dq,
+        q,
+        do,
+        lse2,
+        di,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_vn,
+        0,
+        n_full,
+        offs_m,
+        q_offset,
+        Tk,
+        offs_n0,
+        offs_qk,
+        offs_v,
+        CAUSAL,
+        False,
+        BLOCK_N,
+        DOT_PREC,
+    )
+    dq = _dq_inner(
+        dq,
+        q,
+        do,
+        lse2,
+        di,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_vn,
+        n_full,
+        hi,
+        offs_m,
+        q_offset,
+        Tk,
+        offs_n0,
+        offs_qk,
+        offs_v,
+        CAUSAL,
+        True,
+        BLOCK_N,
+        DOT_PREC,
+    )
+    tl.store(
+        DQ
+        + (b * stride_dqb + h * stride_dqh + m0.to(tl.int64) * stride_dqm)
+        + (offs_i[:, None] * stride_dqm + offs_qk[None, :]),
+        (dq * _LN2).to(DQ.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
 
 
 # The kernels by role, as public names (bench_kernel.py compiles them for a part without a GPU; the tests launch
@@ -564,6 +952,7 @@ PRE_KERNEL = _pre_kernel
 
 
 # ---- tile pinning -------------------------------------------------------------------------------------
+
 
 def pinned_configs(spec=None):
     """Parse a tile pin, by default the environment variable POPE_TRITON_CONFIG.
@@ -580,11 +969,18 @@ def pinned_configs(spec=None):
             cfg = tuple(int(x) for x in vals.split(","))
         except ValueError:
             cfg = ()
-        ok = (role.strip() in KERNELS and len(cfg) == 4 and all(b in (16, 32, 64, 128) for b in cfg[:2])
-              and cfg[2] in (1, 2, 4, 8, 16) and cfg[3] >= 1)
+        ok = (
+            role.strip() in KERNELS
+            and len(cfg) == 4
+            and all(b in (16, 32, 64, 128) for b in cfg[:2])
+            and cfg[2] in (1, 2, 4, 8, 16)
+            and cfg[3] >= 1
+        )
         if not ok:
-            raise ValueError(f"{PIN_ENV}={spec!r}: expected e.g. 'fwd=128,64,8,3;dkdv=64,128,8,3;dq=128,64,8,3' "
-                             "(BLOCK_M,BLOCK_N,num_warps,num_stages per kernel; blocks in 16..128, powers of two)")
+            raise ValueError(
+                f"{PIN_ENV}={spec!r}: expected e.g. 'fwd=128,64,8,3;dkdv=64,128,8,3;dq=128,64,8,3' "
+                "(BLOCK_M,BLOCK_N,num_warps,num_stages per kernel; blocks in 16..128, powers of two)"
+            )
         out[role.strip()] = cfg
     return out
 
@@ -604,6 +1000,7 @@ pin_configs(os.environ.get(PIN_ENV, ""))
 
 
 # ---- host side ----------------------------------------------------------------------------------------
+
 
 def _fp32_matmul_allows_tf32():
     """True if torch lets fp32 CUDA matmuls use TF32, read through the API that works in this process.
@@ -637,16 +1034,22 @@ def check_limits(B, H, Tq, Tk, q_offset, row_strides):
     must stay below 2^24.
     """
     if q_offset + Tq > MAX_POSITION or Tk > MAX_POSITION:
-        raise ValueError(f"positions up to {max(q_offset + Tq, Tk)} tokens exceed the kernel's int32 positions "
-                         f"(max {MAX_POSITION}); use backend='torch'")
+        raise ValueError(
+            f"positions up to {max(q_offset + Tq, Tk)} tokens exceed the kernel's int32 positions "
+            f"(max {MAX_POSITION}); use backend='torch'"
+        )
     n_programs = B * H * triton.cdiv(max(Tq, Tk, 1), 16)
-    if n_programs > 2 ** 31 - 1:
-        raise ValueError(f"B * H * ceil(T / 16) = {n_programs} programs exceed the 1-D grid limit 2^31 - 1; "
-                         "split the batch into smaller calls")
-    bad = [s for s in row_strides if s * 128 >= 2 ** 31]
+    if n_programs > 2**31 - 1:
+        raise ValueError(
+            f"B * H * ceil(T / 16) = {n_programs} programs exceed the 1-D grid limit 2^31 - 1; "
+            "split the batch into smaller calls"
+        )
+    bad = [s for s in row_strides if s * 128 >= 2**31]
     if bad:
-        raise ValueError(f"row stride {bad[0]} elements: the kernels keep in-tile offsets (128 rows x stride) in "
-                         "int32, so row strides must be < 2^24 elements; pass contiguous (B, H, T, d) tensors")
+        raise ValueError(
+            f"row stride {bad[0]} elements: the kernels keep in-tile offsets (128 rows x stride) in "
+            "int32, so row strides must be < 2^24 elements; pass contiguous (B, H, T, d) tensors"
+        )
 
 
 def _device(t):
@@ -654,8 +1057,13 @@ def _device(t):
 
 
 def _meta(q, k, v, causal):
-    return dict(GROUP=q.shape[1] // k.shape[1], D_QK=q.shape[-1], D_V=v.shape[-1], CAUSAL=bool(causal),
-                DOT_PREC=dot_precision(q.dtype))
+    return dict(
+        GROUP=q.shape[1] // k.shape[1],
+        D_QK=q.shape[-1],
+        D_V=v.shape[-1],
+        CAUSAL=bool(causal),
+        DOT_PREC=dot_precision(q.dtype),
+    )
 
 
 def _strides(*tensors):
@@ -678,8 +1086,21 @@ def _forward(q, k, v, causal, q_offset):
     check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), k.stride(2), v.stride(2), o.stride(2)))
     with _device(q):
         _fwd_kernel[lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,)](
-            q, k, v, o, lse, *_strides(q, k, v, o), H, Tq, Tk, q_offset, pow2_bucket(Tq), pow2_bucket(Tk),
-            **_meta(q, k, v, causal), **COMPILE_OPTIONS)
+            q,
+            k,
+            v,
+            o,
+            lse,
+            *_strides(q, k, v, o),
+            H,
+            Tq,
+            Tk,
+            q_offset,
+            pow2_bucket(Tq),
+            pow2_bucket(Tk),
+            **_meta(q, k, v, causal),
+            **COMPILE_OPTIONS,
+        )
     return o, lse
 
 
@@ -696,22 +1117,54 @@ def _backward(do, q, k, v, o, lse, causal, q_offset):
     meta = _meta(q, k, v, causal)
     buckets = (pow2_bucket(Tq), pow2_bucket(Tk))
     with _device(q):
-        _pre_kernel[(triton.cdiv(Tq, PRE_BLOCK_M) * B * H,)](o, do, di, *_strides(o, do), H, Tq, D_V=v.shape[-1],
-                                                            BLOCK_M=PRE_BLOCK_M, **COMPILE_OPTIONS)
+        _pre_kernel[(triton.cdiv(Tq, PRE_BLOCK_M) * B * H,)](
+            o, do, di, *_strides(o, do), H, Tq, D_V=v.shape[-1], BLOCK_M=PRE_BLOCK_M, **COMPILE_OPTIONS
+        )
         _dkdv_kernel[lambda m: (triton.cdiv(Tk, m["BLOCK_N"]) * B * H_kv,)](
-            q, k, v, do, lse, di, dk, dv, *_strides(q, k, v, do, dk, dv), H_kv, Tq, Tk, q_offset, *buckets, **meta,
-            **COMPILE_OPTIONS)
+            q,
+            k,
+            v,
+            do,
+            lse,
+            di,
+            dk,
+            dv,
+            *_strides(q, k, v, do, dk, dv),
+            H_kv,
+            Tq,
+            Tk,
+            q_offset,
+            *buckets,
+            **meta,
+            **COMPILE_OPTIONS,
+        )
         _dq_kernel[lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,)](
-            q, k, v, do, lse, di, dq, *_strides(q, k, v, do, dq), H, Tq, Tk, q_offset, *buckets, **meta,
-            **COMPILE_OPTIONS)
+            q,
+            k,
+            v,
+            do,
+            lse,
+            di,
+            dq,
+            *_strides(q, k, v, do, dq),
+            H,
+            Tq,
+            Tk,
+            q_offset,
+            *buckets,
+            **meta,
+            **COMPILE_OPTIONS,
+        )
     return dq, dk, dv
 
 
 # ---- torch.library custom ops (torch.compile keeps each as one graph node) ----------------------------
 
+
 @torch.library.custom_op("pope::attention_forward", mutates_args=())
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                      q_offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, q_offset: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward kernel on checked inputs (see attention) -> (o (B, H, Tq, D_V), lse (B, H, Tq) float32, nats).
 
     Layout contract (module docstring): any input strides; o and lse are contiguous."""
@@ -725,9 +1178,16 @@ def _(q, k, v, causal, q_offset):
 
 
 @torch.library.custom_op("pope::attention_backward", mutates_args=())
-def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                       lse: torch.Tensor, causal: bool,
-                       q_offset: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_backward(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    q_offset: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward kernels: dO and the forward's (o, lse) -> (dq, dk, dv) of attention_forward's o.
 
     Layout contract (module docstring): any input strides; dq, dk, dv are contiguous (never q's, k's, v's
@@ -759,6 +1219,7 @@ attention_forward.register_autograd(_backward_formula, setup_context=_setup_cont
 
 # ---- public entry point -----------------------------------------------------------------------------
 
+
 def unsupported_reason(q, k, v):
     """None if the kernels handle these (B, H, T, D) tensors, else a sentence saying why not.
 
@@ -770,14 +1231,20 @@ def unsupported_reason(q, k, v):
         return f"q, k, v must be 4-D (B, H, T, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
     (B, H, _, D_QK), (Bk, H_kv, Tk, Dk), (Bv, Hv, Tv, D_V) = q.shape, k.shape, v.shape
     if not (B == Bk == Bv and Dk == D_QK and (Hv, Tv) == (H_kv, Tk) and H_kv >= 1 and H % H_kv == 0):
-        return (f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; expected q (B, H, Tq, "
-                "D_QK), k (B, H_kv, Tk, D_QK), v (B, H_kv, Tk, D_V) with H a multiple of H_kv")
+        return (
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; expected q (B, H, Tq, "
+            "D_QK), k (B, H_kv, Tk, D_QK), v (B, H_kv, Tk, D_V) with H a multiple of H_kv"
+        )
     if D_QK not in QK_DIMS or D_V not in V_DIMS:
-        return (f"the Triton attention kernel supports query/key widths {QK_DIMS} and value widths {V_DIMS}, got "
-                f"{D_QK} and {D_V}; use backend='torch' for other head dims")
+        return (
+            f"the Triton attention kernel supports query/key widths {QK_DIMS} and value widths {V_DIMS}, got "
+            f"{D_QK} and {D_V}; use backend='torch' for other head dims"
+        )
     if not q.dtype == k.dtype == v.dtype or q.dtype not in DTYPES:
-        return (f"the Triton attention kernel supports float16, bfloat16 and float32 (one dtype for q, k, v), got "
-                f"{q.dtype}, {k.dtype}, {v.dtype}; use backend='torch'")
+        return (
+            f"the Triton attention kernel supports float16, bfloat16 and float32 (one dtype for q, k, v), got "
+            f"{q.dtype}, {k.dtype}, {v.dtype}; use backend='torch'"
+        )
     if Tk < 1:
         return "the Triton attention kernel needs at least one key (Tk >= 1)"
     return None
@@ -817,9 +1284,11 @@ def attention(q, k, v, *, causal=True, q_offset=0):
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if not q.is_cuda and not INTERPRETING:
-        raise ValueError(f"the Triton kernel needs CUDA tensors, got device {q.device}. Use backend='auto' or "
-                         "'torch' on CPU, or set TRITON_INTERPRET=1 before importing pope_kernel to run the kernel "
-                         "in the (slow) Triton interpreter, e.g. for tests")
+        raise ValueError(
+            f"the Triton kernel needs CUDA tensors, got device {q.device}. Use backend='auto' or "
+            "'torch' on CPU, or set TRITON_INTERPRET=1 before importing pope_kernel to run the kernel "
+            "in the (slow) Triton interpreter, e.g. for tests"
+        )
     reason = device_unsupported_reason(q.device, q.dtype, q.shape[-1], v.shape[-1]) if q.is_cuda else None
     if reason is not None:
         raise ValueError(reason)
@@ -849,13 +1318,39 @@ DEFAULT_SM_COUNT = 132  # H100 SXM, for tables made without a GPU
 
 
 @triton.jit(do_not_specialize=["Tq", "Tk", "q_offset", "blocks_per_split"])
-def _decode_kernel(Q, MU, V, ROT, OP, LP, QOFF,
-                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                   stride_vb, stride_vh, stride_vn, stride_rot,
-                   BH_KV, H_KV, Tq, Tk, q_offset, blocks_per_split,
-                   GROUP: tl.constexpr, D: tl.constexpr, D_V: tl.constexpr, CAUSAL: tl.constexpr,
-                   DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   OFFSET_FROM_PTR: tl.constexpr = False):
+def _decode_kernel(
+    Q,
+    MU,
+    V,
+    ROT,
+    OP,
+    LP,
+    QOFF,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_rot,
+    BH_KV,
+    H_KV,
+    Tq,
+    Tk,
+    q_offset,
+    blocks_per_split,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    D_V: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    OFFSET_FROM_PTR: tl.constexpr = False,
+):
     """One (split, batch row, key/value head): partial softmax of its GROUP * Tq query rows over the keys
     [split * blocks_per_split * BLOCK_N, ...) -> OP (n_split, B, H, Tq, D_V) float32 (normalised within the
     split; 0 where it sees no key) and LP (n_split, B, H, Tq) base-2 logsumexp (-inf where it sees no key).
@@ -881,10 +1376,18 @@ def _decode_kernel(Q, MU, V, ROT, OP, LP, QOFF,
     hi = tl.minimum(lo + blocks_per_split * BLOCK_N, Tk)
     if CAUSAL:
         hi = tl.minimum(hi, q_offset + Tq)
-    k_ptrs = MU + b * stride_kb + h_kv * stride_kh + (tl.cast(lo, tl.int64) * stride_kn
-                                                     + (offs_n0[:, None] * stride_kn + offs_d[None, :]))
-    v_ptrs = V + b * stride_vb + h_kv * stride_vh + (tl.cast(lo, tl.int64) * stride_vn
-                                                    + (offs_n0[:, None] * stride_vn + offs_v[None, :]))
+    k_ptrs = (
+        MU
+        + b * stride_kb
+        + h_kv * stride_kh
+        + (tl.cast(lo, tl.int64) * stride_kn + (offs_n0[:, None] * stride_kn + offs_d[None, :]))
+    )
+    v_ptrs = (
+        V
+        + b * stride_vb
+        + h_kv * stride_vh
+        + (tl.cast(lo, tl.int64) * stride_vn + (offs_n0[:, None] * stride_vn + offs_v[None, :]))
+    )
     fine = ROT + offs_n0[:, None] * stride_rot + offs_d[None, :]  # e^{i j theta}, j < BLOCK_N
     fine_ok = (offs_n0 < Tk)[:, None]  # a table shorter than BLOCK_N: rows past it meet no key
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -901,8 +1404,9 @@ def _decode_kernel(Q, MU, V, ROT, OP, LP, QOFF,
         sf = tl.load(fine + D, mask=fine_ok, other=0.0)
         kx = (mu * (cc * cf - sc * sf)).to(qx.dtype)  # mu cos((s0 + j) theta)
         ky = (mu * (sc * cf + cc * sf)).to(qx.dtype)  # mu sin((s0 + j) theta)
-        s = tl.dot(qy, tl.trans(ky), tl.dot(qx, tl.trans(kx), input_precision=DOT_PREC),
-                   input_precision=DOT_PREC)  # base-2 logits
+        s = tl.dot(
+            qy, tl.trans(ky), tl.dot(qx, tl.trans(kx), input_precision=DOT_PREC), input_precision=DOT_PREC
+        )  # base-2 logits
         ok = key_ok[None, :]
         if CAUSAL:
             ok = ok & (offs_n[None, :] <= q_pos[:, None])
@@ -917,8 +1421,11 @@ def _decode_kernel(Q, MU, V, ROT, OP, LP, QOFF,
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
     out_rows = ((split * BH_KV + bh) * GROUP + g).to(tl.int64) * Tq + i
-    tl.store(OP + out_rows[:, None] * D_V + offs_v[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
-             mask=row_ok[:, None])
+    tl.store(
+        OP + out_rows[:, None] * D_V + offs_v[None, :],
+        acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
+        mask=row_ok[:, None],
+    )
     seen = l_i > 0.0  # l_i >= 1 once a row has seen a key
     tl.store(LP + out_rows, tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=row_ok)
 
@@ -946,8 +1453,12 @@ def decode_splits(bh_kv, Tk, n_sm=DEFAULT_SM_COUNT, block_n=None):
     return triton.cdiv(n_blocks, per), per
 
 
-def decode_split_table(bh_kvs=(1, 2, 4, 8, 16, 32, 64), seq_lens=(4096, 8192, 16384, 32768, 65536, 131072),
-                       n_sm=DEFAULT_SM_COUNT, block_n=64):
+def decode_split_table(
+    bh_kvs=(1, 2, 4, 8, 16, 32, 64),
+    seq_lens=(4096, 8192, 16384, 32768, 65536, 131072),
+    n_sm=DEFAULT_SM_COUNT,
+    block_n=64,
+):
     """Markdown table of decode_splits' n_split for B * H_kv = bh_kvs (rows) at Tk = seq_lens (columns), n_sm
     multiprocessors (132: H100 SXM), block_n keys per tile (64: the GPU tile). docs/kernel.md prints it."""
     head = "| B·H_kv | " + " | ".join(f"{t // 1024}k" for t in seq_lens) + " |"
@@ -976,10 +1487,32 @@ def _decode(q, mu, v, rot, causal, q_offset, n_split, at=None):
     if B * H * Tq:
         with _device(q):
             _decode_kernel[(n_split * B * H_kv,)](
-                q, mu, v, rot, op, lp, lp if at is None else at, *_strides(q, mu, v), rot.stride(0), B * H_kv, H_kv,
-                Tq, Tk, q_offset, per, GROUP=G, D=D2 // 2, D_V=D_V, CAUSAL=bool(causal),
-                DOT_PREC=dot_precision(q.dtype), BLOCK_M=max(16, pow2_bucket(G * Tq)), BLOCK_N=DECODE_BLOCK_N,
-                OFFSET_FROM_PTR=at is not None, num_warps=DECODE_WARPS, **COMPILE_OPTIONS)
+                q,
+                mu,
+                v,
+                rot,
+                op,
+                lp,
+                lp if at is None else at,
+                *_strides(q, mu, v),
+                rot.stride(0),
+                B * H_kv,
+                H_kv,
+                Tq,
+                Tk,
+                q_offset,
+                per,
+                GROUP=G,
+                D=D2 // 2,
+                D_V=D_V,
+                CAUSAL=bool(causal),
+                DOT_PREC=dot_precision(q.dtype),
+                BLOCK_M=max(16, pow2_bucket(G * Tq)),
+                BLOCK_N=DECODE_BLOCK_N,
+                OFFSET_FROM_PTR=at is not None,
+                num_warps=DECODE_WARPS,
+                **COMPILE_OPTIONS,
+            )
     if n_split == 1:
         return op[0].to(v.dtype), lp[0] * _LN2.value
     m = lp.amax(0)
@@ -991,8 +1524,9 @@ def _decode(q, mu, v, rot, causal, q_offset, n_split, at=None):
 
 
 @torch.library.custom_op("pope::decode", mutates_args=())
-def decode_forward(q: torch.Tensor, mu: torch.Tensor, v: torch.Tensor, rot: torch.Tensor, causal: bool,
-                   q_offset: int, n_split: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def decode_forward(
+    q: torch.Tensor, mu: torch.Tensor, v: torch.Tensor, rot: torch.Tensor, causal: bool, q_offset: int, n_split: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The decode kernel and its merge on checked inputs (see decode) -> (o (B, H, Tq, D_V) in v's dtype,
     lse (B, H, Tq) float32 nats), both contiguous for any input layout."""
     return _decode(q, mu, v, rot, causal, q_offset, n_split)
@@ -1005,8 +1539,9 @@ def _(q, mu, v, rot, causal, q_offset, n_split):
 
 
 @torch.library.custom_op("pope::decode_at", mutates_args=())
-def decode_at(q: torch.Tensor, mu: torch.Tensor, v: torch.Tensor, rot: torch.Tensor, at: torch.Tensor,
-              n_split: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def decode_at(
+    q: torch.Tensor, mu: torch.Tensor, v: torch.Tensor, rot: torch.Tensor, at: torch.Tensor, n_split: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """decode with the queries' first position read from `at`, a (1,) int64 tensor on the device (causal): the static
     decoding step (pope.pope_decode_step) passes its position as data, so a compiled graph or a CUDA graph replays
     one launch for every position, with no host sync and no Python check (the caller checks once, decode's rules).
@@ -1041,28 +1576,53 @@ def decode(q, mu, v, rot, *, causal=True, q_offset=0, n_split=0):
         ValueError for shapes, dtypes, devices or widths the kernel does not take (D, D_V in V_DIMS).
     """
     if q.dim() != 4 or mu.dim() != 4 or v.dim() != 4 or rot.dim() != 2:
-        raise ValueError(f"decode needs q, mu, v 4-D and rot 2-D, got {tuple(q.shape)}, {tuple(mu.shape)}, "
-                         f"{tuple(v.shape)}, {tuple(rot.shape)}")
+        raise ValueError(
+            f"decode needs q, mu, v 4-D and rot 2-D, got {tuple(q.shape)}, {tuple(mu.shape)}, "
+            f"{tuple(v.shape)}, {tuple(rot.shape)}"
+        )
     (B, H, Tq, D2), (Bk, H_kv, Tk, D), D_V = q.shape, mu.shape, v.shape[-1]
-    ok = (B == Bk and tuple(v.shape[:3]) == (B, H_kv, Tk) and D2 == 2 * D and H_kv >= 1 and H % H_kv == 0
-          and rot.shape[0] >= Tk and rot.shape[1] == 2 * D and Tk >= 1)
+    ok = (
+        B == Bk
+        and tuple(v.shape[:3]) == (B, H_kv, Tk)
+        and D2 == 2 * D
+        and H_kv >= 1
+        and H % H_kv == 0
+        and rot.shape[0] >= Tk
+        and rot.shape[1] == 2 * D
+        and Tk >= 1
+    )
     if not ok:
-        raise ValueError(f"decode: expected q (B, H, Tq, 2D), mu (B, H_kv, Tk, D), v (B, H_kv, Tk, D_V), rot (>= Tk, "
-                         f"2D) with H a multiple of H_kv and Tk >= 1, got {tuple(q.shape)}, {tuple(mu.shape)}, "
-                         f"{tuple(v.shape)}, {tuple(rot.shape)}")
-    if D not in V_DIMS or D_V not in V_DIMS or not q.dtype == mu.dtype == v.dtype or q.dtype not in DTYPES \
-            or rot.dtype != torch.float32:
-        raise ValueError(f"decode takes widths D, D_V in {V_DIMS}, one dtype of {DTYPES} for q, mu, v and a float32 "
-                         f"rot, got D={D}, D_V={D_V}, {q.dtype}, {mu.dtype}, {v.dtype}, {rot.dtype}")
+        raise ValueError(
+            f"decode: expected q (B, H, Tq, 2D), mu (B, H_kv, Tk, D), v (B, H_kv, Tk, D_V), rot (>= Tk, "
+            f"2D) with H a multiple of H_kv and Tk >= 1, got {tuple(q.shape)}, {tuple(mu.shape)}, "
+            f"{tuple(v.shape)}, {tuple(rot.shape)}"
+        )
+    if (
+        D not in V_DIMS
+        or D_V not in V_DIMS
+        or not q.dtype == mu.dtype == v.dtype
+        or q.dtype not in DTYPES
+        or rot.dtype != torch.float32
+    ):
+        raise ValueError(
+            f"decode takes widths D, D_V in {V_DIMS}, one dtype of {DTYPES} for q, mu, v and a float32 "
+            f"rot, got D={D}, D_V={D_V}, {q.dtype}, {mu.dtype}, {v.dtype}, {rot.dtype}"
+        )
     if (H // H_kv) * Tq > DECODE_MAX_ROWS:
-        raise ValueError(f"decode takes at most {DECODE_MAX_ROWS} query rows per key/value head (G * Tq), got "
-                         f"{(H // H_kv) * Tq}; use attention for a long prefill")
+        raise ValueError(
+            f"decode takes at most {DECODE_MAX_ROWS} query rows per key/value head (G * Tq), got "
+            f"{(H // H_kv) * Tq}; use attention for a long prefill"
+        )
     if q_offset < 0 or not (q.device == mu.device == v.device == rot.device):
-        raise ValueError(f"decode needs q_offset >= 0 and one device, got {q_offset}, {q.device}, {mu.device}, "
-                         f"{v.device}, {rot.device}")
+        raise ValueError(
+            f"decode needs q_offset >= 0 and one device, got {q_offset}, {q.device}, {mu.device}, "
+            f"{v.device}, {rot.device}"
+        )
     if not q.is_cuda and not INTERPRETING:
-        raise ValueError(f"the Triton kernel needs CUDA tensors, got device {q.device}; set TRITON_INTERPRET=1 "
-                         "before importing pope_kernel to run it in the interpreter")
+        raise ValueError(
+            f"the Triton kernel needs CUDA tensors, got device {q.device}; set TRITON_INTERPRET=1 "
+            "before importing pope_kernel to run it in the interpreter"
+        )
     check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), mu.stride(2), v.stride(2)))
     q = q.contiguous()
     mu, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (mu, v))

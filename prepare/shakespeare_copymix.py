@@ -4,14 +4,14 @@ where a small model retrieves at all (issue 44, docs/extrapolation.md).
     python prepare/shakespeare_copymix.py                               # needs data/shakespeare_char
     python prepare/shakespeare_copymix.py --p_copy=0.5 --min_span=16 --max_span=200
 
-The training split of data/shakespeare_char is cut, from its start, into spans of lengths drawn
-uniformly from min_span .. max_span characters; each span is followed by itself again with probability
-p_copy (numpy's default_rng(seed)), so the text holds exact repeats at distances min_span .. max_span,
-the pattern induction heads learn (Olsson et al. 2022). With --p_random, that share of the repeated spans
-are random characters instead of text (uniform over the vocabulary): there only copying lowers the loss. val and test are the source's, unchanged, so a
-run's test loss stays comparable with the default run's. The tokenizer is the source's (the same ids
-and symbols): checkpoints trained on either evaluate on either. Written to data/shakespeare_char_copymix
-(--out_dir); meta.json records the settings under "copymix". Bad input exits 2 with one line.
+The training split of data/shakespeare_char is cut, from its start, into spans of lengths drawn uniformly from
+min_span .. max_span characters; each span is followed by itself again with probability p_copy (numpy's
+default_rng(seed)), so the text holds exact repeats at distances min_span .. max_span, the pattern induction heads
+learn (Olsson et al. 2022). With --p_random, that share of the repeated spans are random characters instead of text
+(uniform over the vocabulary): there only copying lowers the loss. val and test are the source's, unchanged, so a
+run's test loss stays comparable with the default run's. The tokenizer is the source's (the same ids and symbols):
+checkpoints trained on either evaluate on either. Written to data/shakespeare_char_copymix (--out_dir); meta.json
+records the settings under "copymix". Bad input exits 2 with one line.
 """
 
 import argparse
@@ -37,7 +37,7 @@ def copy_mix(tokens, p_copy, min_span, max_span, seed=0, p_random=0.0, vocab_siz
     rng = np.random.default_rng(seed)
     out, i, n_spans, n_copied = [], 0, 0, 0
     while i < len(tokens):
-        span = tokens[i:i + int(rng.integers(min_span, max_span + 1))]
+        span = tokens[i : i + int(rng.integers(min_span, max_span + 1))]
         i += len(span)
         if rng.random() < p_copy:
             if p_random and rng.random() < p_random:
@@ -49,11 +49,20 @@ def copy_mix(tokens, p_copy, min_span, max_span, seed=0, p_random=0.0, vocab_siz
     return np.concatenate(out) if out else tokens[:0], n_spans, n_copied
 
 
-def prepare(source_dir="data/shakespeare_char", out_dir="data/shakespeare_char_copymix", p_copy=0.5, min_span=16,
-            max_span=200, seed=0, p_random=0.0):
+def prepare(
+    source_dir="data/shakespeare_char",
+    out_dir="data/shakespeare_char_copymix",
+    p_copy=0.5,
+    min_span=16,
+    max_span=200,
+    seed=0,
+    p_random=0.0,
+):
     if not 0 <= p_copy <= 1 or not 0 <= p_random <= 1 or not 1 <= min_span <= max_span:
-        raise UserError(f"need 0 <= p_copy, p_random <= 1 and 1 <= min_span <= max_span, got {p_copy}, {p_random}, "
-                        f"{min_span}, {max_span}")
+        raise UserError(
+            f"need 0 <= p_copy, p_random <= 1 and 1 <= min_span <= max_span, got {p_copy}, {p_random}, "
+            f"{min_span}, {max_span}"
+        )
     path = os.path.join(source_dir, "meta.json")
     if not os.path.isfile(path):
         raise UserError(f"no {path}: prepare it first (python train.py does, or python prepare/shakespeare.py)")
@@ -67,9 +76,24 @@ def prepare(source_dir="data/shakespeare_char", out_dir="data/shakespeare_char_c
         with BinWriter(os.path.join(out_dir, info["file"]), np.dtype(meta["dtype"])) as w:
             w.write(arr)
         splits[split] = {**info, "shape": [len(arr)], "tokens": len(arr)}
-    write_meta(out_dir, {**meta, "dataset": os.path.basename(os.path.normpath(out_dir)), "splits": splits,
-                         "copymix": {"source": source_dir, "p_copy": p_copy, "min_span": min_span,
-                                     "max_span": max_span, "seed": seed, "p_random": p_random, "spans": n_spans, "copied": n_copied}})
+    write_meta(
+        out_dir,
+        {
+            **meta,
+            "dataset": os.path.basename(os.path.normpath(out_dir)),
+            "splits": splits,
+            "copymix": {
+                "source": source_dir,
+                "p_copy": p_copy,
+                "min_span": min_span,
+                "max_span": max_span,
+                "seed": seed,
+                "p_random": p_random,
+                "spans": n_spans,
+                "copied": n_copied,
+            },
+        },
+    )
     print(f"{out_dir}: train {splits['train']['tokens']:,} characters ({n_copied:,} of {n_spans:,} spans repeated)")
 
 

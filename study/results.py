@@ -39,26 +39,26 @@ correct / trials at window length L pooled over the depths (FOLDER/retrieval/pas
 NAME.passkey.csv beside a copy); copy, the next-token accuracy on the second copy (retrieval/copy.csv,
 NAME.copy.csv); compared between the arms like the other metrics.
 
-Provenance: each group whose runs (any process of a resumed run included) mix machines (CPU model, ATen's
-SIMD level, MKL's and oneDNN's instruction sets and the variables that force them, e.g. ATEN_CPU_CAPABILITY,
-where recorded: provenance.machine; or GPUs), code commits or library versions gets one "warning:" line on stderr naming what
-differs; runs from before train.py recorded provenance count as "unknown" and are still read.
+Provenance: each group whose runs (any process of a resumed run included) mix machines (CPU model, ATen's SIMD
+level, MKL's and oneDNN's instruction sets and the variables that force them, e.g. ATEN_CPU_CAPABILITY, where
+recorded: provenance.machine; or GPUs), code commits or library versions gets one "warning:" line on stderr naming
+what differs; runs from before train.py recorded provenance count as "unknown" and are still read.
 
---compare=KEY: the runs must fall into exactly two groups by KEY and differ in nothing else (change one
-thing), but the settings --allow=KEY,... names: those that belong to the method compared, such as DroPE's
-recalibration recipe against its RoPE run (the caption names them). For each metric (loss, ppl, accuracy, and each --extrapolation length), the difference of the
-means B − A (A: the group of the first run given) with its 95 % confidence interval and p-value from
-Welch's t-test (two-sided; scipy.stats.ttest_ind, equal_var=False); and, when both groups hold the
-same seeds, each once, and every run's provenance names one and the same machine, the paired
-difference over seeds (scipy.stats.ttest_rel) as well. "separated" means p < 0.05 (two-sided).
+--compare=KEY: the runs must fall into exactly two groups by KEY and differ in nothing else (change one thing), but
+the settings --allow=KEY,... names: those that belong to the method compared, such as DroPE's recalibration recipe
+against its RoPE run (the caption names them). For each metric (loss, ppl, accuracy, and each --extrapolation
+length), the difference of the means B − A (A: the group of the first run given) with its 95 % confidence interval
+and p-value from Welch's t-test (two-sided; scipy.stats.ttest_ind, equal_var=False); and, when both groups hold the
+same seeds, each once, and every run's provenance names one and the same machine, the paired difference over seeds
+(scipy.stats.ttest_rel) as well. "separated" means p < 0.05 (two-sided).
 --tost=MARGIN (with --compare; nats, > 0): equivalence of the two arms' --split loss, Schuirmann's two one-sided
-tests (TOST) on Welch's t (unequal variances, Welch-Satterthwaite df): H0 |B − A| >= MARGIN against
-|B − A| < MARGIN; p = the larger of the two one-sided p-values, "equivalent" when p < 0.05, that is when the
-90 % confidence interval of B − A lies inside (−MARGIN, +MARGIN). A test of "no more than MARGIN apart",
-which Welch's test (no difference found) cannot give.
---solved=THRESHOLD (test accuracy as a fraction, in [0, 1]): per group, the runs with accuracy >=
-THRESHOLD, k / n with its Wilson 95 % interval (scipy.stats.binomtest), and with --compare Fisher's
-exact test (two-sided) of the two groups' k / n; for bimodal outcomes (a run solves a task or stalls).
+tests (TOST) on Welch's t (unequal variances, Welch-Satterthwaite df): H0 |B − A| >= MARGIN against |B − A| <
+MARGIN; p = the larger of the two one-sided p-values, "equivalent" when p < 0.05, that is when the 90 % confidence
+interval of B − A lies inside (−MARGIN, +MARGIN). A test of "no more than MARGIN apart", which Welch's test (no
+difference found) cannot give.
+--solved=THRESHOLD (test accuracy as a fraction, in [0, 1]): per group, the runs with accuracy >= THRESHOLD, k / n
+with its Wilson 95 % interval (scipy.stats.binomtest), and with --compare Fisher's exact test (two-sided) of the two
+groups' k / n; for bimodal outcomes (a run solves a task or stalls).
 
 Output: a markdown table (a caption line, then the table) or with --csv a CSV with one column per
 number (mean and sd apart, full precision, times in seconds, sd empty for a single run).
@@ -84,8 +84,22 @@ import provenance as prov
 from cli import ArgumentParser, UserError, exit_on_user_error
 
 # Settings that name, log or place a run rather than change what it trains: never a reason to split groups.
-IGNORED = ("seed", "out_dir", "wandb_log", "wandb_project", "wandb_run_name", "init_from", "init_ckpt",
-           "eval_only", "data_root", "device", "compile", "attn_backend", "log_interval", "peak_flops")
+IGNORED = (
+    "seed",
+    "out_dir",
+    "wandb_log",
+    "wandb_project",
+    "wandb_run_name",
+    "init_from",
+    "init_ckpt",
+    "eval_only",
+    "data_root",
+    "device",
+    "compile",
+    "attn_backend",
+    "log_interval",
+    "peak_flops",
+)
 NOT_SET = "(not set)"
 
 
@@ -96,13 +110,15 @@ def load_run(path):
     if os.path.isdir(path):
         folder, file = path, os.path.join(path, "metrics.json")
         if not os.path.isfile(file):
-            raise UserError(f"{path} holds no metrics.json: the run has not finished (train.py writes it at the "
-                            "end; an interrupted run resumes with --init_from=resume)")
+            raise UserError(
+                f"{path} holds no metrics.json: the run has not finished (train.py writes it at the "
+                "end; an interrupted run resumes with --init_from=resume)"
+            )
         csv_path = os.path.join(path, "extrapolate", "extrapolation.csv")
         retrieval = {t: os.path.join(path, "retrieval", f"{t}.csv") for t in RETRIEVAL_TASKS}
     elif os.path.isfile(path):
         folder, file = None, path
-        stem = path[:-len(".json")] if path.endswith(".json") else path
+        stem = path[: -len(".json")] if path.endswith(".json") else path
         csv_path = stem + ".extrapolation.csv"
         retrieval = {t: f"{stem}.{t}.csv" for t in RETRIEVAL_TASKS}
     else:
@@ -115,12 +131,20 @@ def load_run(path):
     if not isinstance(metrics, dict) or "dataset" not in metrics:
         raise UserError(f"{file} is not a train.py metrics.json (no 'dataset')")
     run = metrics.get("run") or {}
-    out_dir = folder or run.get("out_dir") or (os.path.dirname(metrics["checkpoint"]) if metrics.get("checkpoint") else None)
+    out_dir = (
+        folder or run.get("out_dir") or (os.path.dirname(metrics["checkpoint"]) if metrics.get("checkpoint") else None)
+    )
     config = metrics.get("config")
     if config is None:
         config = _config_from_checkpoint(file, folder, metrics)
-    return {"path": path, "metrics": metrics, "config": config, "extrapolation_csv": csv_path, "out_dir": out_dir,
-            "retrieval_csv": retrieval}
+    return {
+        "path": path,
+        "metrics": metrics,
+        "config": config,
+        "extrapolation_csv": csv_path,
+        "out_dir": out_dir,
+        "retrieval_csv": retrieval,
+    }
 
 
 def _config_from_checkpoint(file, folder, metrics):
@@ -129,17 +153,21 @@ def _config_from_checkpoint(file, folder, metrics):
         candidates = [os.path.join(folder, "best.pt")]
     else:
         run = metrics.get("run") or {}
-        candidates = [p for p in (metrics.get("checkpoint"),
-                                  run.get("out_dir") and os.path.join(run["out_dir"], "best.pt")) if p]
+        candidates = [
+            p for p in (metrics.get("checkpoint"), run.get("out_dir") and os.path.join(run["out_dir"], "best.pt")) if p
+        ]
     for ckpt in candidates:
         if os.path.isfile(ckpt):
             from checkpoint import load_checkpoint  # torch, only for old runs
+
             state = load_checkpoint(os.path.dirname(ckpt) or ".", os.path.basename(ckpt))
             if isinstance(state.get("config"), dict):
                 return state["config"]
-    raise UserError(f"{file} has no 'config' (written before train.py stored the settings in metrics.json) and no "
-                    f"best.pt with one was found ({', '.join(candidates) or 'no checkpoint path named'}); "
-                    "give the run folder that holds best.pt")
+    raise UserError(
+        f"{file} has no 'config' (written before train.py stored the settings in metrics.json) and no "
+        f"best.pt with one was found ({', '.join(candidates) or 'no checkpoint path named'}); "
+        "give the run folder that holds best.pt"
+    )
 
 
 def _freeze(v):
@@ -188,8 +216,7 @@ def _counted(counts):
 
 def mix_warning(runs):
     """What the runs' provenance mixes, as one phrase ("machines (A x3, unknown x2); commits (...)"), or ""."""
-    parts = [f"{name} ({_counted(c)})" for name, _ in PROVENANCE_FIELDS
-             if len(c := provenance_counts(runs, name)) > 1]
+    parts = [f"{name} ({_counted(c)})" for name, _ in PROVENANCE_FIELDS if len(c := provenance_counts(runs, name)) > 1]
     return "; ".join(parts)
 
 
@@ -208,24 +235,31 @@ def extrapolation_ppl(run, length):
     """(perplexity, protocol) of a run at context `length` from its extrapolation.csv; UserError if missing."""
     path = run["extrapolation_csv"]
     if not os.path.isfile(path):
-        raise UserError(f"{run['path']} has no length-extrapolation results ({path} does not exist); score it with "
-                        f"eval_extrapolate.py ... --out_dir=<run folder>/extrapolate, or drop --extrapolation")
+        raise UserError(
+            f"{run['path']} has no length-extrapolation results ({path} does not exist); score it with "
+            f"eval_extrapolate.py ... --out_dir=<run folder>/extrapolate, or drop --extrapolation"
+        )
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     lengths = sorted({int(r["length"]) for r in rows if r.get("length")})
     rows = [r for r in rows if r.get("length") and int(r["length"]) == length]
     if not rows:
-        raise UserError(f"{path} has no length {length} (it has {', '.join(map(str, lengths)) or 'none'}); "
-                        "choose one of those for --extrapolation")
+        raise UserError(
+            f"{path} has no length {length} (it has {', '.join(map(str, lengths)) or 'none'}); "
+            "choose one of those for --extrapolation"
+        )
     if len({r["run"] for r in rows}) > 1:  # several runs in one CSV: this run's rows
         mine = os.path.normpath(run["out_dir"] or "")
         rows = [r for r in rows if os.path.normpath(r["run"]) == mine]
         if not rows:
-            raise UserError(f"{path} holds several runs and none is {run['out_dir']!r} ({run['path']}); give one "
-                            "CSV per run")
+            raise UserError(
+                f"{path} holds several runs and none is {run['out_dir']!r} ({run['path']}); give one CSV per run"
+            )
     if len(rows) > 1:
-        raise UserError(f"{path} has {len(rows)} rows for length {length} of one run (protocols "
-                        f"{', '.join(r['protocol'] for r in rows)}); keep one protocol per CSV")
+        raise UserError(
+            f"{path} has {len(rows)} rows for length {length} of one run (protocols "
+            f"{', '.join(r['protocol'] for r in rows)}); keep one protocol per CSV"
+        )
     if not rows[0].get("ppl"):
         raise UserError(f"{path} has no perplexity at length {length} (an absolute encoding past its block_size?)")
     return float(rows[0]["ppl"]), rows[0].get("protocol", "")
@@ -241,8 +275,10 @@ def retrieval_accuracy(run, task, length):
     a CSV of several runs is matched by run folder as for --extrapolation. UserError if missing."""
     path = run["retrieval_csv"][task]
     if not os.path.isfile(path):
-        raise UserError(f"{run['path']} has no {task} results ({path} does not exist); score it with "
-                        f"eval_retrieval.py ... --out_dir=<run folder>/retrieval, or drop --retrieval")
+        raise UserError(
+            f"{run['path']} has no {task} results ({path} does not exist); score it with "
+            f"eval_retrieval.py ... --out_dir=<run folder>/retrieval, or drop --retrieval"
+        )
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("length")]
     if len({r["run"] for r in rows}) > 1:
@@ -250,8 +286,10 @@ def retrieval_accuracy(run, task, length):
         rows = [r for r in rows if os.path.normpath(r["run"]) == mine]
     got = [r for r in rows if int(r["length"]) == length]
     if not got:
-        raise UserError(f"{path} has no length {length} for {run['path']} (it has "
-                        f"{', '.join(sorted({r['length'] for r in rows}, key=int)) or 'none'}); choose one of those")
+        raise UserError(
+            f"{path} has no length {length} for {run['path']} (it has "
+            f"{', '.join(sorted({r['length'] for r in rows}, key=int)) or 'none'}); choose one of those"
+        )
     if task == "passkey":
         return sum(int(r["correct"]) for r in got) / sum(int(r["trials"]) for r in got)
     return float(got[0]["acc_second"])
@@ -263,8 +301,10 @@ def parse_retrieval(text):
     for item in (t.strip() for t in (text or "").split(",") if t.strip()):
         task, _, length = item.partition("@")
         if task not in RETRIEVAL_TASKS or not length.isdigit() or int(length) <= 0:
-            raise UserError(f"--retrieval takes TASK@LENGTH items, TASK one of {', '.join(RETRIEVAL_TASKS)}, "
-                            f"e.g. passkey@256,copy@4096; got {item!r}")
+            raise UserError(
+                f"--retrieval takes TASK@LENGTH items, TASK one of {', '.join(RETRIEVAL_TASKS)}, "
+                f"e.g. passkey@256,copy@4096; got {item!r}"
+            )
         out.append((task, int(length)))
     return out
 
@@ -273,27 +313,36 @@ def read_runs(paths, split="test"):
     """load_run for each path, checked: one dataset, no run twice, each with the split's metrics. UserError
     otherwise (module docstring)."""
     if not paths:
-        raise UserError("no runs: give run folders (train.py out_dir) or copies of their metrics.json, "
-                        "e.g. python study/results.py out/ablation/*/")
+        raise UserError(
+            "no runs: give run folders (train.py out_dir) or copies of their metrics.json, "
+            "e.g. python study/results.py out/ablation/*/"
+        )
     runs = [load_run(p) for p in paths]
     datasets = {}
     for r in runs:
         datasets.setdefault(r["metrics"]["dataset"], []).append(r["path"])
     if len(datasets) > 1:
-        raise UserError("runs on different datasets: " + "; ".join(f"{d}: {', '.join(p)}" for d, p in datasets.items())
-                        + "; tabulate one dataset at a time")
+        raise UserError(
+            "runs on different datasets: "
+            + "; ".join(f"{d}: {', '.join(p)}" for d, p in datasets.items())
+            + "; tabulate one dataset at a time"
+        )
     seen = {}
     for r in runs:
         key = json.dumps(r["config"], sort_keys=True)
         if key in seen:
-            raise UserError(f"{seen[key]} and {r['path']} are the same run (identical settings, out_dir and seed); "
-                            "give each run once")
+            raise UserError(
+                f"{seen[key]} and {r['path']} are the same run (identical settings, out_dir and seed); "
+                "give each run once"
+            )
         seen[key] = r["path"]
     for r in runs:
         if not isinstance(r["metrics"].get(split), dict):
-            raise UserError(f"{r['path']} has no {split!r} metrics (splits: "
-                            f"{', '.join(s for s in ('val', 'test') if s in r['metrics']) or 'none'}); "
-                            "choose one it has with --split")
+            raise UserError(
+                f"{r['path']} has no {split!r} metrics (splits: "
+                f"{', '.join(s for s in ('val', 'test') if s in r['metrics']) or 'none'}); "
+                "choose one it has with --split"
+            )
     return runs
 
 
@@ -316,8 +365,10 @@ def summarize(paths, by=None, split="test", extrapolation=(), solved=None):
         known = set().union(*configs)
         unknown = [k for k in by if k not in known]
         if unknown:
-            raise UserError(f"--by: no run has the setting(s) {', '.join(unknown)}; settings that differ here: "
-                            f"{', '.join(differing_keys(configs)) or 'none'}")
+            raise UserError(
+                f"--by: no run has the setting(s) {', '.join(unknown)}; settings that differ here: "
+                f"{', '.join(differing_keys(configs)) or 'none'}"
+            )
     else:
         by = differing_keys(configs)
     rows, protocols = [], set()
@@ -336,20 +387,38 @@ def summarize(paths, by=None, split="test", extrapolation=(), solved=None):
             got = [extrapolation_ppl(r, L) for r in members]
             protocols.update(p for _, p in got)
             ext[L] = mean_sd([p for p, _ in got])
-        rows.append({"values": values, "n": len(members), "seeds": [r["config"].get("seed") for r in members],
-                     "loss": mean_sd([m[split]["loss"] for m in ms]), "ppl": mean_sd([m[split]["ppl"] for m in ms]),
-                     "acc": mean_sd([100 * m[split]["acc"] for m in ms]),
-                     "wall_s": mean_sd(walls) if walls else None, "wall_n": len(walls),
-                     "cpu_s": mean_sd(cpu) if cpu else None, "cpu_n": len(cpu), "ext": ext})
+        rows.append(
+            {
+                "values": values,
+                "n": len(members),
+                "seeds": [r["config"].get("seed") for r in members],
+                "loss": mean_sd([m[split]["loss"] for m in ms]),
+                "ppl": mean_sd([m[split]["ppl"] for m in ms]),
+                "acc": mean_sd([100 * m[split]["acc"] for m in ms]),
+                "wall_s": mean_sd(walls) if walls else None,
+                "wall_n": len(walls),
+                "cpu_s": mean_sd(cpu) if cpu else None,
+                "cpu_n": len(cpu),
+                "ext": ext,
+            }
+        )
         if solved is not None:
             k = sum(m[split]["acc"] >= solved for m in ms)
             rows[-1]["solved"] = (k, len(ms), *wilson(k, len(ms)))
     if len(protocols) > 1:
-        raise UserError(f"the runs' extrapolation.csv files use different protocols ({', '.join(sorted(protocols))}); "
-                        "compare runs scored with one protocol")
-    info = {"dataset": runs[0]["metrics"]["dataset"], "split": split, "protocol": next(iter(protocols), ""),
-            "cpu": any(r["cpu_s"] for r in rows), "notes": notes, "machines": provenance_counts(runs, "machines"),
-            "solved": solved}
+        raise UserError(
+            f"the runs' extrapolation.csv files use different protocols ({', '.join(sorted(protocols))}); "
+            "compare runs scored with one protocol"
+        )
+    info = {
+        "dataset": runs[0]["metrics"]["dataset"],
+        "split": split,
+        "protocol": next(iter(protocols), ""),
+        "cpu": any(r["cpu_s"] for r in rows),
+        "notes": notes,
+        "machines": provenance_counts(runs, "machines"),
+        "solved": solved,
+    }
     return by, rows, info
 
 
@@ -359,15 +428,19 @@ ALPHA = 0.05  # "separated": p < ALPHA, two-sided
 def metric_values(runs, split, extrapolation=(), retrieval=()):
     """[(metric name, [one value per run])]: loss (nats), ppl, accuracy (%), ppl at each length, then each
     (task, length) of `retrieval` as accuracy (%) (retrieval_accuracy)."""
-    out = [(f"{split} loss (nats)", [r["metrics"][split]["loss"] for r in runs]),
-           (f"{split} ppl", [r["metrics"][split]["ppl"] for r in runs]),
-           (f"{split} acc (%)", [100 * r["metrics"][split]["acc"] for r in runs])]
+    out = [
+        (f"{split} loss (nats)", [r["metrics"][split]["loss"] for r in runs]),
+        (f"{split} ppl", [r["metrics"][split]["ppl"] for r in runs]),
+        (f"{split} acc (%)", [100 * r["metrics"][split]["acc"] for r in runs]),
+    ]
     for L in extrapolation:
         got = [extrapolation_ppl(r, L) for r in runs]
         protocols = sorted({p for _, p in got})
         if len(protocols) > 1:
-            raise UserError(f"the runs' extrapolation.csv files use different protocols ({', '.join(protocols)}); "
-                            "compare runs scored with one protocol")
+            raise UserError(
+                f"the runs' extrapolation.csv files use different protocols ({', '.join(protocols)}); "
+                "compare runs scored with one protocol"
+            )
         out.append((f"ppl at {L} ({protocols[0]})" if protocols[0] else f"ppl at {L}", [p for p, _ in got]))
     for task, L in retrieval:
         out.append((f"{task} acc (%) at {L}", [100 * retrieval_accuracy(r, task, L) for r in runs]))
@@ -379,6 +452,7 @@ def welch(a, b):
     need >= 2 values. With no spread in either group the interval shrinks to the difference, and p is nan
     for equal means (t = 0 / 0; printed "nan", separated "—") and 0 for unequal ones."""
     from scipy import stats
+
     with warnings.catch_warnings():  # identical values: scipy warns, the result is still defined or nan
         warnings.simplefilter("ignore", RuntimeWarning)
         res = stats.ttest_ind(b, a, equal_var=False)
@@ -389,6 +463,7 @@ def welch(a, b):
 def paired(a, b):
     """The paired t-test of b − a (same order, one pair per seed): (mean difference, 95 % CI, two-sided p)."""
     from scipy import stats
+
     with warnings.catch_warnings():  # identical values: scipy warns, the result is still defined or nan
         warnings.simplefilter("ignore", RuntimeWarning)
         res = stats.ttest_rel(b, a)
@@ -403,11 +478,12 @@ def tost(a, b, margin):
     one-sided p); equivalent when p < ALPHA, the same as the 90 % interval inside (−margin, +margin). Both
     groups need >= 2 values and some spread; margin > 0."""
     from scipy import stats
+
     if not margin > 0:
         raise ValueError(f"the equivalence margin must be > 0, got {margin}")
     shifted = lambda d: [x - d for x in b]  # noqa: E731  b − d against a: the test of diff = d
-    low = stats.ttest_ind(shifted(-margin), a, equal_var=False, alternative="greater").pvalue   # H0 diff <= −margin
-    high = stats.ttest_ind(shifted(margin), a, equal_var=False, alternative="less").pvalue     # H0 diff >= +margin
+    low = stats.ttest_ind(shifted(-margin), a, equal_var=False, alternative="greater").pvalue  # H0 diff <= −margin
+    high = stats.ttest_ind(shifted(margin), a, equal_var=False, alternative="less").pvalue  # H0 diff >= +margin
     ci = stats.ttest_ind(b, a, equal_var=False).confidence_interval(1 - 2 * ALPHA)
     return statistics.fmean(b) - statistics.fmean(a), (float(ci.low), float(ci.high)), float(max(low, high))
 
@@ -415,6 +491,7 @@ def tost(a, b, margin):
 def wilson(k, n):
     """(k / n, (low, high)): the rate with its Wilson score 95 % interval (scipy.stats.binomtest)."""
     from scipy import stats
+
     ci = stats.binomtest(k, n).proportion_ci(1 - ALPHA, method="wilson")
     return k / n, (float(ci.low), float(ci.high))
 
@@ -422,6 +499,7 @@ def wilson(k, n):
 def fisher(k_a, n_a, k_b, n_b):
     """Fisher's exact test (two-sided) of the 2 x 2 table [[k_a, n_a − k_a], [k_b, n_b − k_b]]: (odds ratio, p)."""
     from scipy import stats
+
     res = stats.fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]], alternative="two-sided")
     return float(res.statistic), float(res.pvalue)
 
@@ -458,24 +536,32 @@ def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(
     runs = read_runs(paths, split)
     configs = [r["config"] for r in runs]
     if key not in set().union(*configs):
-        raise UserError(f"--compare: no run has the setting {key!r}; settings that differ here: "
-                        f"{', '.join(differing_keys(configs)) or 'none'}")
+        raise UserError(
+            f"--compare: no run has the setting {key!r}; settings that differ here: "
+            f"{', '.join(differing_keys(configs)) or 'none'}"
+        )
     groups = group_runs(runs, [key])
     if len(groups) != 2:
-        raise UserError(f"--compare={key} splits the runs into {len(groups)} group(s) "
-                        f"({', '.join(_value(v[0]) for v, _ in groups)}); give the runs of exactly two values")
+        raise UserError(
+            f"--compare={key} splits the runs into {len(groups)} group(s) "
+            f"({', '.join(_value(v[0]) for v, _ in groups)}); give the runs of exactly two values"
+        )
     other = [k for k in differing_keys(configs) if k != key and k not in allow]
     if other:
-        raise UserError(f"the two arms also differ in {', '.join(other)}; a comparison changes one setting: give "
-                        f"only the runs that differ in {key} (or --allow them, if they are part of the method)")
+        raise UserError(
+            f"the two arms also differ in {', '.join(other)}; a comparison changes one setting: give "
+            f"only the runs that differ in {key} (or --allow them, if they are part of the method)"
+        )
     allowed = [k for k in differing_keys(configs) if k in allow]
     (va, a_runs), (vb, b_runs) = groups
     seeds, why = pairing(a_runs, b_runs)
     if solved is None:
         for v, members in groups:
             if len(members) < 2:
-                raise UserError(f"the group {key}={_value(v[0])} has 1 run; a t-test needs at least 2 runs per group "
-                                "(3 or more to say much): add seeds")
+                raise UserError(
+                    f"the group {key}={_value(v[0])} has 1 run; a t-test needs at least 2 runs per group "
+                    "(3 or more to say much): add seeds"
+                )
     rows = []
     n_a = len(a_runs)
     for name, values in metric_values(a_runs + b_runs, split, extrapolation, retrieval):  # one protocol for both
@@ -488,9 +574,18 @@ def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(
             by_seed_b = {r["config"].get("seed"): x for r, x in zip(b_runs, b)}
             row["paired"] = paired([by_seed_a[s] for s in seeds], [by_seed_b[s] for s in seeds])
         rows.append(row)
-    out = {"key": key, "arms": [(_value(va[0]), a_runs), (_value(vb[0]), b_runs)], "rows": rows, "paired_why": why,
-           "solved": None, "dataset": runs[0]["metrics"]["dataset"], "split": split, "notes": [], "allowed": allowed,
-           "tost": None}
+    out = {
+        "key": key,
+        "arms": [(_value(va[0]), a_runs), (_value(vb[0]), b_runs)],
+        "rows": rows,
+        "paired_why": why,
+        "solved": None,
+        "dataset": runs[0]["metrics"]["dataset"],
+        "split": split,
+        "notes": [],
+        "allowed": allowed,
+        "tost": None,
+    }
     if tost_margin is not None:
         loss = rows[0]  # metric_values' first row: the split's loss in nats
         a, b = [r["metrics"][split]["loss"] for r in a_runs], [r["metrics"][split]["loss"] for r in b_runs]
@@ -501,17 +596,26 @@ def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(
     if solved is not None:
         ks = [sum(r["metrics"][split]["acc"] >= solved for r in members) for members in (a_runs, b_runs)]
         ns = [len(a_runs), len(b_runs)]
-        out["solved"] = {"threshold": solved, "a": (ks[0], ns[0], *wilson(ks[0], ns[0])),
-                         "b": (ks[1], ns[1], *wilson(ks[1], ns[1])), "fisher": fisher(ks[0], ns[0], ks[1], ns[1])}
+        out["solved"] = {
+            "threshold": solved,
+            "a": (ks[0], ns[0], *wilson(ks[0], ns[0])),
+            "b": (ks[1], ns[1], *wilson(ks[1], ns[1])),
+            "fisher": fisher(ks[0], ns[0], ks[1], ns[1]),
+        }
     for label, members in ((out["arms"][0][0], a_runs), (out["arms"][1][0], b_runs)):
         mixed = mix_warning(members)
         if mixed:
             out["notes"].append(f"warning: the group {key}={label} mixes {mixed}")
-    across = {name: set(provenance_counts(a_runs, name)) != set(provenance_counts(b_runs, name))
-              for name, _ in PROVENANCE_FIELDS}
+    across = {
+        name: set(provenance_counts(a_runs, name)) != set(provenance_counts(b_runs, name))
+        for name, _ in PROVENANCE_FIELDS
+    }
     if any(across.values()):
-        out["notes"].append("warning: the two arms differ in " + ", ".join(n for n, d in across.items() if d)
-                            + " (see each arm's provenance)")
+        out["notes"].append(
+            "warning: the two arms differ in "
+            + ", ".join(n for n, d in across.items() if d)
+            + " (see each arm's provenance)"
+        )
     return out
 
 
@@ -528,10 +632,13 @@ def compare_markdown(c):
     (a, a_runs), (b, b_runs) = c["arms"]
     key = c["key"]
     digits = {"loss": 4, "acc": 2}
-    lines = [f"{c['dataset']}, {c['split']} split: {key} = {a} (A, n = {len(a_runs)}) vs {b} (B, n = {len(b_runs)}); "
-             f"B − A with its 95 % CI; Welch's t-test, two-sided; separated: p < {ALPHA}",
-             f"machines: A {_counted(provenance_counts(a_runs, 'machines'))}; "
-             f"B {_counted(provenance_counts(b_runs, 'machines'))}", ""]
+    lines = [
+        f"{c['dataset']}, {c['split']} split: {key} = {a} (A, n = {len(a_runs)}) vs {b} (B, n = {len(b_runs)}); "
+        f"B − A with its 95 % CI; Welch's t-test, two-sided; separated: p < {ALPHA}",
+        f"machines: A {_counted(provenance_counts(a_runs, 'machines'))}; "
+        f"B {_counted(provenance_counts(b_runs, 'machines'))}",
+        "",
+    ]
     if c.get("allowed"):
         lines[-1:] = [f"allowed: the arms also differ in {', '.join(c['allowed'])} (part of the method, --allow)", ""]
     head = ["metric", f"A: {a}", f"B: {b}", "B − A [95 % CI]", "p (Welch)", "separated"]
@@ -544,8 +651,11 @@ def compare_markdown(c):
         cells = [r["metric"], _pm(r["a"][:2], d) + f" ({r['a'][2]})", _pm(r["b"][:2], d) + f" ({r['b'][2]})"]
         if r["welch"]:
             diff, (lo, hi), p = r["welch"]
-            cells += [f"{_num(diff, d)} [{_num(lo, d)}, {_num(hi, d)}]", _p(p),
-                      "—" if p != p else ("yes" if p < ALPHA else "no")]
+            cells += [
+                f"{_num(diff, d)} [{_num(lo, d)}, {_num(hi, d)}]",
+                _p(p),
+                "—" if p != p else ("yes" if p < ALPHA else "no"),
+            ]
         else:
             cells += ["—", "—", "—"]
         if paired_on:
@@ -556,19 +666,32 @@ def compare_markdown(c):
         lines += ["", f"paired: not computed ({c['paired_why'] or 'one seed per arm'})"]
     if c["solved"]:
         s = c["solved"]
-        lines += ["", f"solved: {c['split']} accuracy >= {s['threshold']:g}; k / n with its Wilson 95 % interval", "",
-                  "| group | solved | rate [95 % CI] |", "|---|---:|---:|"]
+        lines += [
+            "",
+            f"solved: {c['split']} accuracy >= {s['threshold']:g}; k / n with its Wilson 95 % interval",
+            "",
+            "| group | solved | rate [95 % CI] |",
+            "|---|---:|---:|",
+        ]
         for label, (k, n, rate, (lo, hi)) in ((f"A: {a}", s["a"]), (f"B: {b}", s["b"])):
             lines.append(f"| {label} | {k} / {n} | {100 * rate:.0f} % [{100 * lo:.0f}, {100 * hi:.0f}] |")
         odds, p = s["fisher"]
-        lines += ["", f"Fisher's exact test (two-sided): p = {_p(p)}, odds ratio {odds:.3g}: "
-                      + ("separated" if p < ALPHA else "not separated") + f" (p < {ALPHA})"]
+        lines += [
+            "",
+            f"Fisher's exact test (two-sided): p = {_p(p)}, odds ratio {odds:.3g}: "
+            + ("separated" if p < ALPHA else "not separated")
+            + f" (p < {ALPHA})",
+        ]
     if c.get("tost"):
         t = c["tost"]
         lo, hi = t["ci90"]
-        lines += ["", f"TOST (equivalence of the {t['metric']} within ±{t['margin']:g}, two one-sided Welch tests at "
-                      f"{ALPHA}): B − A {_num(t['diff'], 4)}, 90 % CI [{_num(lo, 4)}, {_num(hi, 4)}], p = {_p(t['p'])}: "
-                      + ("equivalent" if t["p"] < ALPHA else "not shown equivalent") + f" (p < {ALPHA})"]
+        lines += [
+            "",
+            f"TOST (equivalence of the {t['metric']} within ±{t['margin']:g}, two one-sided Welch tests at "
+            f"{ALPHA}): B − A {_num(t['diff'], 4)}, 90 % CI [{_num(lo, 4)}, {_num(hi, 4)}], p = {_p(t['p'])}: "
+            + ("equivalent" if t["p"] < ALPHA else "not shown equivalent")
+            + f" (p < {ALPHA})",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -578,8 +701,27 @@ def compare_csv(c):
     the rates and Fisher's exact p."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["metric", "a", "a_mean", "a_sd", "a_n", "b", "b_mean", "b_sd", "b_n", "diff", "ci_low", "ci_high", "p",
-                "paired_diff", "paired_ci_low", "paired_ci_high", "paired_p"])
+    w.writerow(
+        [
+            "metric",
+            "a",
+            "a_mean",
+            "a_sd",
+            "a_n",
+            "b",
+            "b_mean",
+            "b_sd",
+            "b_n",
+            "diff",
+            "ci_low",
+            "ci_high",
+            "p",
+            "paired_diff",
+            "paired_ci_low",
+            "paired_ci_high",
+            "paired_p",
+        ]
+    )
     (a, _), (b, _) = c["arms"]
     flat = lambda t: [] if t is None else [t[0], t[1][0], t[1][1], t[2]]  # noqa: E731
     for r in c["rows"]:
@@ -587,13 +729,52 @@ def compare_csv(c):
         w.writerow(["" if x is None else (repr(x) if isinstance(x, float) else x) for x in cells])
     if c["solved"]:  # one more row: the solve rates (mean = k / n, sd empty), their difference, Fisher's p
         sa, sb = c["solved"]["a"], c["solved"]["b"]
-        w.writerow([f"solved (acc >= {c['solved']['threshold']:g}), Fisher", a, repr(sa[2]), "", sa[1], b, repr(sb[2]), "",
-                    sb[1], repr(sb[2] - sa[2]), "", "", repr(c["solved"]["fisher"][1]), "", "", "", ""])
-    if c.get("tost"):  # one more row: the TOST of the loss, its 90 % interval in the CI columns, p the larger one-sided p
+        w.writerow(
+            [
+                f"solved (acc >= {c['solved']['threshold']:g}), Fisher",
+                a,
+                repr(sa[2]),
+                "",
+                sa[1],
+                b,
+                repr(sb[2]),
+                "",
+                sb[1],
+                repr(sb[2] - sa[2]),
+                "",
+                "",
+                repr(c["solved"]["fisher"][1]),
+                "",
+                "",
+                "",
+                "",
+            ]
+        )
+    if c.get(
+        "tost"
+    ):  # one more row: the TOST of the loss, its 90 % interval in the CI columns, p the larger one-sided p
         t, r = c["tost"], c["rows"][0]
-        w.writerow([f"{t['metric']}, TOST ±{t['margin']:g} (90 % CI)", a, repr(r["a"][0]), repr(r["a"][1]), r["a"][2], b,
-                    repr(r["b"][0]), repr(r["b"][1]), r["b"][2], repr(t["diff"]), repr(t["ci90"][0]), repr(t["ci90"][1]),
-                    repr(t["p"]), "", "", "", ""])
+        w.writerow(
+            [
+                f"{t['metric']}, TOST ±{t['margin']:g} (90 % CI)",
+                a,
+                repr(r["a"][0]),
+                repr(r["a"][1]),
+                r["a"][2],
+                b,
+                repr(r["b"][0]),
+                repr(r["b"][1]),
+                r["b"][2],
+                repr(t["diff"]),
+                repr(t["ci90"][0]),
+                repr(t["ci90"][1]),
+                repr(t["p"]),
+                "",
+                "",
+                "",
+                "",
+            ]
+        )
     return buf.getvalue()
 
 
@@ -611,21 +792,37 @@ def _value(v):
 def markdown(by, rows, info, extrapolation=()):
     """The caption line and the markdown table of summarize's output."""
     head = list(by) or ["runs"]
-    head += ["n", "seeds", f"{info['split']} loss (nats)", f"{info['split']} ppl", f"{info['split']} acc (%)",
-             "wall per run (min)"] + (["CPU per run (min)"] if info["cpu"] else [])
+    head += [
+        "n",
+        "seeds",
+        f"{info['split']} loss (nats)",
+        f"{info['split']} ppl",
+        f"{info['split']} acc (%)",
+        "wall per run (min)",
+    ] + (["CPU per run (min)"] if info["cpu"] else [])
     head += [f"ppl at {L} ({info['protocol']})" if info["protocol"] else f"ppl at {L}" for L in extrapolation]
     solved = rows and "solved" in rows[0]
     if solved:
         head.append(f"solved, acc >= {info['solved']:g} [Wilson 95 %]")
     n_text = len(by or [0]) + 1  # the grouping columns and seeds are text, left-aligned; numbers right-aligned
     align = ["---"] * (n_text - 1) + ["---:", "---"] + ["---:"] * (len(head) - n_text - 1)
-    lines = [f"{info['dataset']}, {info['split']} split: mean ± sd over the runs of each group (sample sd, n − 1; "
-             f"— for one run); machines: {_counted(info['machines'])}", "", "| " + " | ".join(head) + " |",
-             "|" + "|".join(align) + "|"]
+    lines = [
+        f"{info['dataset']}, {info['split']} split: mean ± sd over the runs of each group (sample sd, n − 1; "
+        f"— for one run); machines: {_counted(info['machines'])}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(align) + "|",
+    ]
     for r in rows:
         cells = [_value(v) for v in r["values"]] or ["all"]
-        cells += [str(r["n"]), ", ".join(map(str, r["seeds"])), _pm(r["loss"], 4), _pm(r["ppl"], 3), _pm(r["acc"], 2),
-                  _pm(r["wall_s"], 1, 60) + ("" if r["wall_n"] in (0, r["n"]) else f" (n={r['wall_n']})")]
+        cells += [
+            str(r["n"]),
+            ", ".join(map(str, r["seeds"])),
+            _pm(r["loss"], 4),
+            _pm(r["ppl"], 3),
+            _pm(r["acc"], 2),
+            _pm(r["wall_s"], 1, 60) + ("" if r["wall_n"] in (0, r["n"]) else f" (n={r['wall_n']})"),
+        ]
         if info["cpu"]:
             cells.append(_pm(r["cpu_s"], 1, 60) + ("" if r["cpu_n"] in (0, r["n"]) else f" (n={r['cpu_n']})"))
         cells += [_pm(r["ext"][L], 3) for L in extrapolation]
@@ -666,23 +863,47 @@ def parse_lengths(text):
 
 @exit_on_user_error
 def main(argv):
-    p = ArgumentParser(prog="study/results.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog="study/results.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("runs", nargs="*", help="run folders holding metrics.json, or copies of a metrics.json")
     p.add_argument("--by", default="", help="comma-separated settings to group by (default: those that differ)")
     p.add_argument("--split", default="test", choices=["val", "test"])
     p.add_argument("--extrapolation", default="", help="comma-separated context lengths: perplexity there per group")
     p.add_argument("--csv", action="store_true", help="print CSV instead of markdown")
-    p.add_argument("--compare", default="", metavar="KEY",
-                   help="two arms that differ in KEY only: differences with 95 %% CI and p (Welch; paired if possible)")
-    p.add_argument("--solved", type=float, default=None, metavar="THRESHOLD",
-                   help="count runs with accuracy >= THRESHOLD (in [0, 1]): k / n, Wilson CI; Fisher with --compare")
-    p.add_argument("--retrieval", default="", metavar="TASK@L,...",
-                   help="with --compare: eval_retrieval.py accuracies, e.g. passkey@256,copy@4096")
-    p.add_argument("--tost", type=float, default=None, metavar="MARGIN",
-                   help="with --compare: TOST equivalence of the split's loss within ±MARGIN nats (e.g. 0.05)")
-    p.add_argument("--allow", default="", metavar="KEY,...",
-                   help="with --compare: settings the arms may also differ in, as part of the method (e.g. DroPE's "
-                        "recalibration: learning_rate,max_iters,...); named in the caption")
+    p.add_argument(
+        "--compare",
+        default="",
+        metavar="KEY",
+        help="two arms that differ in KEY only: differences with 95 %% CI and p (Welch; paired if possible)",
+    )
+    p.add_argument(
+        "--solved",
+        type=float,
+        default=None,
+        metavar="THRESHOLD",
+        help="count runs with accuracy >= THRESHOLD (in [0, 1]): k / n, Wilson CI; Fisher with --compare",
+    )
+    p.add_argument(
+        "--retrieval",
+        default="",
+        metavar="TASK@L,...",
+        help="with --compare: eval_retrieval.py accuracies, e.g. passkey@256,copy@4096",
+    )
+    p.add_argument(
+        "--tost",
+        type=float,
+        default=None,
+        metavar="MARGIN",
+        help="with --compare: TOST equivalence of the split's loss within ±MARGIN nats (e.g. 0.05)",
+    )
+    p.add_argument(
+        "--allow",
+        default="",
+        metavar="KEY,...",
+        help="with --compare: settings the arms may also differ in, as part of the method (e.g. DroPE's "
+        "recalibration: learning_rate,max_iters,...); named in the caption",
+    )
     a = p.parse_args(argv)
     lengths = parse_lengths(a.extrapolation)
     retrieval = parse_retrieval(a.retrieval)

@@ -58,7 +58,7 @@ def model_op_calls(model, idx, *, autocast=None, backward=True, decode=0):
             with torch.no_grad(), rec:
                 model.hidden_states(idx[:, :-decode], cache)
                 for t in range(idx.shape[1] - decode, idx.shape[1]):
-                    model.hidden_states(idx[:, t:t + 1], cache)
+                    model.hidden_states(idx[:, t : t + 1], cache)
         else:
             with rec:
                 _, loss = model(idx, idx.roll(-1, dims=1))
@@ -103,8 +103,11 @@ def check_layout_contract(cases):
             raise AssertionError(f"{name}: {op}: {e}\n  inputs: {describe(args)}") from e
         real = op(*args)
         outputs, _ = tree_flatten(real)
-        bad = [(i, tuple(t.shape), t.stride()) for i, t in enumerate(outputs)
-               if isinstance(t, torch.Tensor) and not t.is_contiguous()]
+        bad = [
+            (i, tuple(t.shape), t.stride())
+            for i, t in enumerate(outputs)
+            if isinstance(t, torch.Tensor) and not t.is_contiguous()
+        ]
         assert not bad, f"{name}: {op}: outputs (index, shape, strides) not contiguous: {bad}"
         fake = fake_meta(op, args)
         assert fake == meta(real), f"{name}: {op}: fake outputs {fake} != real {meta(real)}"
@@ -112,5 +115,8 @@ def check_layout_contract(cases):
 
 def describe(args):
     """The tensors of args as 'shape/strides/dtype', for messages."""
-    return [f"{tuple(t.shape)}/{t.stride()}/{str(t.dtype).replace('torch.', '')}"
-            for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
+    return [
+        f"{tuple(t.shape)}/{t.stride()}/{str(t.dtype).replace('torch.', '')}"
+        for t in tree_flatten(args)[0]
+        if isinstance(t, torch.Tensor)
+    ]

@@ -5,11 +5,11 @@ pope_kernel.attention). CUDA is mocked (tests/test_pope_triton.py's _mock_gpu); 
 
 import pytest
 import torch
+from test_pope_triton import _mock_gpu
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import pope
 import pope_kernel as pk
-from test_pope_triton import _mock_gpu
 
 pytest.importorskip("triton")
 
@@ -54,8 +54,10 @@ def test_fake_kernels_give_the_real_shapes_for_grouped_heads_a_short_query_and_d
 def _need(D_QK, D_V, dtype, arch=86):
     """The fewest bytes of shared memory per block with which every kernel keeps a candidate (the kernel's model)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return max(min(pk.shared_memory_bytes(role, c, D_QK, D_V, elem, arch)
-                   for c in pk.CONFIGS[role][pk.head_class(D_QK, D_V)]) for role in ("fwd", "dkdv", "dq"))
+    return max(
+        min(pk.shared_memory_bytes(role, c, D_QK, D_V, elem, arch) for c in pk.CONFIGS[role][pk.head_class(D_QK, D_V)])
+        for role in ("fwd", "dkdv", "dq")
+    )
 
 
 @pytest.mark.parametrize("d, dv", [(64, 64), (128, 32), (32, 128)])
@@ -91,8 +93,11 @@ def test_the_shared_memory_check_assumes_the_autocast_dtype(monkeypatch):
     q, k, v = (torch.randn(1, 2, 4, 128) for _ in range(3))
     asked = []
     real = pk.device_unsupported_reason
-    monkeypatch.setattr(pk, "device_unsupported_reason",
-                        lambda device, dtype, D_QK, D_V: asked.append((dtype, D_QK, D_V)) or real(device, dtype, D_QK, D_V))
+    monkeypatch.setattr(
+        pk,
+        "device_unsupported_reason",
+        lambda device, dtype, D_QK, D_V: asked.append((dtype, D_QK, D_V)) or real(device, dtype, D_QK, D_V),
+    )
     _mock_gpu(monkeypatch, 86)
     assert _need(256, 128, torch.bfloat16) <= pk.SHARED_MEMORY_LIMITS[86] < _need(256, 128, torch.float32)
     with pytest.raises(ValueError, match="shared memory"):
@@ -117,7 +122,10 @@ def test_outside_autocast_attention_runs_in_vs_dtype(monkeypatch):
         assert out.dtype == vd and torch.allclose(out.double(), ref, atol=1e-5)
     _mock_gpu(monkeypatch, 90)
     h, f = torch.float16, torch.float32
-    assert pope.pope_backend(q.to(f), k.to(f), v.to(h)) == "triton" and pope.pope_backend(q.to(h), k.to(h), v.to(f)) == "torch"
+    assert (
+        pope.pope_backend(q.to(f), k.to(f), v.to(h)) == "triton"
+        and pope.pope_backend(q.to(h), k.to(h), v.to(f)) == "torch"
+    )
 
 
 def test_the_autotuners_prune_keeps_tiles_that_fit_at_the_operands_element_size(monkeypatch):
@@ -130,8 +138,9 @@ def test_the_autotuners_prune_keeps_tiles_that_fit_at_the_operands_element_size(
     kept = {}
     for dtype in (torch.float16, torch.float32):
         Q = torch.empty(1, 1, 1024, 128, dtype=dtype)
-        kept[dtype] = pk.prune_configs("fwd")(configs, {"Q": Q, "TQ_BUCKET": 1024, "TK_BUCKET": 1024, "D_QK": 128,
-                                                        "D_V": 64})
+        kept[dtype] = pk.prune_configs("fwd")(
+            configs, {"Q": Q, "TQ_BUCKET": 1024, "TK_BUCKET": 1024, "D_QK": 128, "D_V": 64}
+        )
         need = [pk.shared_memory_bytes("fwd", key(c), 128, 64, Q.element_size(), 86) for c in kept[dtype]]
         assert kept[dtype] and max(need) <= pk.SHARED_MEMORY_LIMITS[86], (dtype, need)
     assert {key(c) for c in kept[torch.float16]} != {key(c) for c in kept[torch.float32]}
@@ -200,8 +209,11 @@ def test_the_prune_sizes_tiles_by_the_query_bucket_for_rows_and_the_key_bucket_f
     Q = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16)
     configs = [pk.tile_config(*c) for c in pk.CONFIGS["fwd"][64]]
     prune = pk.prune_configs("fwd")
-    for tq, tk, want in ((16, 1024, [(16, 64, 4, 2), (16, 128, 4, 2)]), (1024, 32, [(128, 32, 4, 3)]),
-                         (32, 1024, [(16, 64, 4, 2), (32, 64, 4, 2), (16, 128, 4, 2)])):
+    for tq, tk, want in (
+        (16, 1024, [(16, 64, 4, 2), (16, 128, 4, 2)]),
+        (1024, 32, [(128, 32, 4, 3)]),
+        (32, 1024, [(16, 64, 4, 2), (32, 64, 4, 2), (16, 128, 4, 2)]),
+    ):
         got = _keys(prune(configs, {"Q": Q, "TQ_BUCKET": tq, "TK_BUCKET": tk, "D_QK": 128, "D_V": 64}))
         assert got == want, (tq, tk, got)
         assert _keys(pk.select_configs("fwd", configs, tq, tk, 128, 64, 2, 90, 232_448)) == want

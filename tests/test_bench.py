@@ -1,10 +1,9 @@
 """bench.py: ratios from interleaved rounds, and each section runs (tiny sizes)."""
 
+import time
 from unittest import mock
 
 import pytest
-import time
-
 import torch
 
 import bench
@@ -26,10 +25,13 @@ def test_torch_path_flops_count_v_padded_to_2d():
     """At 6 x 384, T=1024: PoPE/RoPE is 1.068 in model FLOPs (q/k at 2d, v at d) and 1.136 on the torch
     path (v padded to 2d too), the bound a CPU step can reach."""
     from model import GPT, GPTConfig
+
     kw = dict(block_size=1024, vocab_size=50304, n_layer=6, n_head=6, n_embd=384)
-    with mock.patch.object(torch.nn.init, "normal_", lambda t, *a, **k: t), \
-            mock.patch.object(torch.nn.Linear, "reset_parameters", lambda self: None), \
-            mock.patch.object(torch.nn.Embedding, "reset_parameters", lambda self: None):  # shapes only: no init
+    with (
+        mock.patch.object(torch.nn.init, "normal_", lambda t, *a, **k: t),
+        mock.patch.object(torch.nn.Linear, "reset_parameters", lambda self: None),
+        mock.patch.object(torch.nn.Embedding, "reset_parameters", lambda self: None),
+    ):  # shapes only: no init
         rope, pope = GPT(GPTConfig(pos_encoding="rope", **kw)), GPT(GPTConfig(pos_encoding="pope", **kw))
     assert pope.flops_per_token(1024) / rope.flops_per_token(1024) == pytest.approx(1.068, abs=5e-4)
     assert "PoPE/RoPE = 1.068" in pope.flops_per_token.__doc__  # the docstring's worked example is this number
@@ -48,10 +50,12 @@ def test_every_section_runs_at_a_tiny_size():
     assert "(" in rows[1]["time_ratio"] and rows[1]["cpu_flop_ratio"] > rows[1]["flop_ratio"]
     rows = bench.bench_attention("cpu", T=32, d=16, n_head=2, rounds=5)
     assert [r["impl"] for r in rows] == ["rope_sdpa", "pope", "pope_naive_sdpa"]
-    rows = bench.bench_decode("cpu", contexts=(8, 12), n_new=3, rounds=5, n_kv_heads=(None, 1), modes=("eager",),
-                              **small)
+    rows = bench.bench_decode(
+        "cpu", contexts=(8, 12), n_new=3, rounds=5, n_kv_heads=(None, 1), modes=("eager",), **small
+    )
     assert [(r["pos_encoding"], r["mode"], r["n_kv_head"], r["context"]) for r in rows] == [
-        (pe, "eager", kv, ctx) for kv in (1, 2) for ctx in (8, 12) for pe in ("rope", "pope")]
+        (pe, "eager", kv, ctx) for kv in (1, 2) for ctx in (8, 12) for pe in ("rope", "pope")
+    ]
     assert all("time_vs_rope" in r for r in rows[1::2])
     for rope, pope in zip(rows[0::2], rows[1::2]):  # PoPE's cache: RoPE's bytes per token, exactly
         assert pope["cache_bytes_per_token"] == rope["cache_bytes_per_token"] == 1 * pope["n_kv_head"] * 2 * 16 * 4
@@ -63,8 +67,11 @@ def test_every_section_runs_at_a_tiny_size():
 def test_train_step_table_reports_pope_over_rope_and_the_whole_batchs_tokens(monkeypatch):
     """With PoPE's steps timed at 3, 4, 6, 6, 8 s against RoPE's 2, 2, 3, 3, 4 s: the ratio is the median of
     the per-round PoPE/RoPE ratios, 2.00 (1.50-2.00); tokens/s counts batch_size x T tokens per step."""
-    monkeypatch.setattr(bench, "interleaved", lambda fns, device, rounds, warmup=1: {
-        "rope": [2.0, 2.0, 3.0, 3.0, 4.0], "pope": [3.0, 4.0, 6.0, 6.0, 8.0]})
+    monkeypatch.setattr(
+        bench,
+        "interleaved",
+        lambda fns, device, rounds, warmup=1: {"rope": [2.0, 2.0, 3.0, 3.0, 4.0], "pope": [3.0, 4.0, 6.0, 6.0, 8.0]},
+    )
     monkeypatch.setattr(bench, "device_peak_flops", lambda device, dtype: 1e6)  # MFU against a 1 MFLOP/s part
     rows = bench.bench_train_step("cpu", n_layer=1, n_embd=32, n_head=2, T=16, batch_size=2, vocab_size=64, rounds=5)
     assert rows[1]["time_ratio"] == "2.00 (1.50-2.00)"
@@ -85,6 +92,7 @@ def test_profile_splits_a_cpu_step_into_attention_other_ops_and_the_rest():
         time.sleep(0.05)
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
         w @ w
+
     got = bench.profile_step(step, "cpu", n_steps=2)
     assert got["idle_ms"] >= 45 and got["attention_ms"] > 0 and got["other_ms"] > 0, got
     assert got["attention_ms"] + got["other_ms"] < got["idle_ms"], got
@@ -108,14 +116,25 @@ def test_cuda_device_n_is_synchronized_and_measured(monkeypatch):
     """--device=cuda:1 times and measures GPU 1: synchronize and the memory statistics name the device
     (without it they act on the current device, GPU 0). Mocked CUDA calls record the device they are given."""
     calls = []
-    for name, result in (("synchronize", None), ("reset_peak_memory_stats", None), ("memory_allocated", 100),
-                         ("max_memory_allocated", 100 + 3 * 2**20)):
-        monkeypatch.setattr(torch.cuda, name, lambda device=None, _n=name, _r=result: (calls.append((_n, device)), _r)[1])
+    for name, result in (
+        ("synchronize", None),
+        ("reset_peak_memory_stats", None),
+        ("memory_allocated", 100),
+        ("max_memory_allocated", 100 + 3 * 2**20),
+    ):
+        monkeypatch.setattr(
+            torch.cuda, name, lambda device=None, _n=name, _r=result: (calls.append((_n, device)), _r)[1]
+        )
     bench._sync("cuda:1")
     assert bench._cuda_peak_mb(lambda: calls.append(("fn", None)), "cuda:1") == 3.0
     one = torch.device("cuda:1")
-    assert calls == [("synchronize", one), ("reset_peak_memory_stats", one), ("memory_allocated", one), ("fn", None),
-                     ("max_memory_allocated", one)]
+    assert calls == [
+        ("synchronize", one),
+        ("reset_peak_memory_stats", one),
+        ("memory_allocated", one),
+        ("fn", None),
+        ("max_memory_allocated", one),
+    ]
     calls.clear()
     bench._sync("cpu")
     assert calls == []
@@ -144,14 +163,17 @@ def test_train_step_runs_in_the_resolved_dtype(monkeypatch, capsys, dtype, want)
     """Every forward of the timed CPU step runs under the autocast of its dtype ('auto' on a CPU: float32, none);
     the rows say which; an unknown dtype exits 2 with one line."""
     from model import GPT
+
     seen, forward = [], GPT.forward
 
     def spy(self, *a, **k):
         seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
         return forward(self, *a, **k)
+
     monkeypatch.setattr(GPT, "forward", spy)
-    rows = bench.bench_train_step("cpu", n_layer=1, n_embd=32, n_head=2, T=16, batch_size=2, vocab_size=64,
-                                  rounds=5, dtype=dtype)
+    rows = bench.bench_train_step(
+        "cpu", n_layer=1, n_embd=32, n_head=2, T=16, batch_size=2, vocab_size=64, rounds=5, dtype=dtype
+    )
     assert len(seen) >= 10 and set(seen) == {want}, seen
     assert [r["dtype"] for r in rows] == [str(want or torch.float32).replace("torch.", "")] * 2
     with pytest.raises(SystemExit) as e:

@@ -10,20 +10,32 @@ cache, q_offset > 0, Tk > Tq)."""
 
 import pytest
 import torch
+from compiled import DEV, pope_gpt
+from custom_ops import (
+    _Recorder,
+    check_layout_contract,
+    fake_meta,
+    meta,
+    model_op_calls,
+    registered_ops,
+    token_major,
+    with_grad,
+)
 
 import pope
 import pope_kernel as pk
-from compiled import DEV, pope_gpt
-from custom_ops import (_Recorder, check_layout_contract, fake_meta, meta, model_op_calls, registered_ops,
-                        token_major, with_grad)
 from model import KVCache
 
 B, T = 2, 12
 # name: (GPTConfig fields, autocast dtype, forward checked with grad, q, k, v as Inductor saves them)
 CONFIGS = {
     "mha_fp32_softplus": (dict(), None, True, False),
-    "gqa_fp16_relu_no_delta": (dict(n_head=4, n_kv_head=2, pope_use_delta=False, pope_magnitude="relu"),
-                               torch.float16, False, True),
+    "gqa_fp16_relu_no_delta": (
+        dict(n_head=4, n_kv_head=2, pope_use_delta=False, pope_magnitude="relu"),
+        torch.float16,
+        False,
+        True,
+    ),
     "gqa_fp32_identity": (dict(n_head=4, n_kv_head=2, pope_magnitude="identity"), None, False, False),
 }
 FORWARD, BACKWARD = torch.ops.pope.attention_forward.default, torch.ops.pope.attention_backward.default
@@ -54,8 +66,9 @@ def test_kernel_ops_keep_the_contract_on_the_training_layouts(name):
         v = token_major(fwd[2])
         assert _is_token_major(v) and not v.is_contiguous()
         fwd, bwd = fwd[:2] + (v,) + fwd[3:], bwd[:3] + (v,) + bwd[4:]
-    check_layout_contract([(f"{name} forward", FORWARD, with_grad(fwd) if grad else fwd),
-                           (f"{name} backward", BACKWARD, bwd)])
+    check_layout_contract(
+        [(f"{name} forward", FORWARD, with_grad(fwd) if grad else fwd), (f"{name} backward", BACKWARD, bwd)]
+    )
 
 
 def test_ops_keep_the_contract_on_the_cached_and_offset_layouts():
@@ -88,7 +101,7 @@ def test_the_static_decoding_op_keeps_the_contract_on_the_whole_cache():
         model.hidden_states(idx[:, :9], cache)
         with rec:
             model.decode_step(idx[:, 9:10], cache, torch.tensor(9, device=DEV))
-    (op, args, _), = rec.calls
+    ((op, args, _),) = rec.calls
     assert op is DECODE_AT and args[1].shape[2] == 16 and args[4].tolist() == [9]
     check_layout_contract([("static decoding step", op, args)])
 
@@ -107,8 +120,10 @@ def test_under_autocast_with_delta_the_fakes_give_the_real_dtypes_and_delta_keep
     float32) and equal the torch backend's under the same autocast."""
     calls = model_op_calls(pope_gpt(n_head=4, n_kv_head=2), _idx(3), autocast=torch.float16)
     assert [op for op, _ in calls] == [FORWARD, BACKWARD]
-    assert {t.dtype for _, args in calls for t in args if isinstance(t, torch.Tensor)} == {torch.float16,
-                                                                                          torch.float32}  # lse
+    assert {t.dtype for _, args in calls for t in args if isinstance(t, torch.Tensor)} == {
+        torch.float16,
+        torch.float32,
+    }  # lse
     for op, args in calls:  # (opcheck runs on fp16 autocast's calls in the training-layout test above)
         assert fake_meta(op, args) == meta(op(*args)), op
     grads = {}
@@ -134,8 +149,10 @@ def test_the_decoding_ops_fakes_are_dv_wide_when_dv_is_not_d(d, dv):
     v_buf = torch.randn(B, H_kv, L, dv, generator=g).to(DEV)
     rot = pope.pope_rotation_table(L, d, device=DEV)
     at = torch.tensor([Tk - 1], device=DEV)
-    cases = [(f"decode d={d} dv={dv}", DECODE, (qd, mu_buf[:, :, :Tk], v_buf[:, :, :Tk], rot, True, Tk - 1, 2)),
-             (f"decode_at d={d} dv={dv}", DECODE_AT, (qd, mu_buf, v_buf, rot, at, 2))]
+    cases = [
+        (f"decode d={d} dv={dv}", DECODE, (qd, mu_buf[:, :, :Tk], v_buf[:, :, :Tk], rot, True, Tk - 1, 2)),
+        (f"decode_at d={d} dv={dv}", DECODE_AT, (qd, mu_buf, v_buf, rot, at, 2)),
+    ]
     check_layout_contract(cases)
     for name, op, args in cases:
         o, lse = op(*args)

@@ -23,11 +23,13 @@ def chars(s):
 
 # ---- generators, by hand ----------------------------------------------------------------------
 
+
 def test_the_prompt_strings_are_landmark_attentions():
     assert er.KEY_SENTENCE.format(key="42") == KEY_42
     assert er.QUESTION == QUESTION
-    assert "".join(er.FILLER_SENTENCES) == (" The grass is green. The sky is blue. The sun is yellow. Here we go."
-                                             " There and back again.")
+    assert "".join(er.FILLER_SENTENCES) == (
+        " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+    )
 
 
 def test_filler_stream_is_cut_from_the_left_with_its_sentence_boundaries():
@@ -52,7 +54,7 @@ def test_passkey_window_by_hand(depth, key_pos):
     fill = "ellow. Here we go. There and back again."
     assert p == key_pos and answer == list(" 42") and len(x) == length
     assert "".join(x) == fill[:key_pos] + KEY_42 + fill[key_pos:] + QUESTION + " 4"
-    after = "".join(x[key_pos + len(KEY_42):])  # what follows the key sentence: a whole sentence, then the question
+    after = "".join(x[key_pos + len(KEY_42) :])  # what follows the key sentence: a whole sentence, then the question
     assert after.startswith((" Here we go.", " There and back again.", QUESTION)), after
 
 
@@ -72,15 +74,19 @@ def test_key_alphabet_digits_where_spelled_else_letters():
         er.key_alphabet({"tokenizer": {"kind": "none"}})
 
 
-@pytest.mark.parametrize("length,x,y", [
-    (7, [10, 11, 12, 13, 10, 11, 12], [11, 12, 13, 10, 11, 12, 13]),
-    (6, [10, 11, 12, 13, 10, 11], [11, 12, 13, 10, 11, 12])])
+@pytest.mark.parametrize(
+    "length,x,y",
+    [
+        (7, [10, 11, 12, 13, 10, 11, 12], [11, 12, 13, 10, 11, 12, 13]),
+        (6, [10, 11, 12, 13, 10, 11], [11, 12, 13, 10, 11, 12]),
+    ],
+)
 def test_copy_window_offsets_by_hand(length, x, y):
     """m = ceil((L + 1) / 2) = 4 for L = 6 and 7; the second copy's scored targets are y[4:]: the
     tokens 11, 12, (13) of the second copy, each 4 positions after its first occurrence."""
     got_x, got_y, m = er.copy_window(np.array([10, 11, 12, 13]), length)
     assert (got_x.tolist(), got_y.tolist(), m) == (x, y, 4)
-    assert got_y[m:].tolist() == [11, 12, 13][:length - m]
+    assert got_y[m:].tolist() == [11, 12, 13][: length - m]
     for t in range(m, length):  # the target at t is the token the input held m positions earlier
         assert got_y[t] == got_x[t + 1 - m]
     with pytest.raises(ValueError, match="needs a sequence of 4"):
@@ -88,6 +94,7 @@ def test_copy_window_offsets_by_hand(length, x, y):
 
 
 # ---- the scorer: an induction oracle -----------------------------------------------------------
+
 
 class OneHotHead(torch.nn.Module):
     """lm_head of the oracle: a hidden state holding a token id (as a float) -> logits 10 x one-hot."""
@@ -116,7 +123,7 @@ class InductionOracle(torch.nn.Module):
         match = torch.ones(B, T, T, dtype=torch.bool)  # match[b, t, j]: x[t-i] == x[j-i] for i < k
         for i in range(self.k):
             a = torch.full((B, T), -1, dtype=x.dtype)
-            a[:, i:] = x[:, :T - i]
+            a[:, i:] = x[:, : T - i]
             match &= (a[:, :, None] == a[:, None, :]) & (a[:, :, None] >= 0)
         t, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
         ok = (j < t) & ((t - j <= self.window) if self.window else torch.ones_like(match[0]))
@@ -144,8 +151,7 @@ def test_passkey_scorer_on_an_oracle_that_retrieves_and_one_that_cannot_reach_th
     # depth 0 -> 4, depth 0.5 -> 109 -> 106
     near = er.run_passkey(InductionOracle(vocab, k=8, window=150), encode, er.DIGITS, lengths, depths, 3, 5, 0, 320)
     reach = {(L, d): L - 6 - er.passkey_window(encode, "12345", L, d)[2] - 15 for L in lengths for d in depths}
-    assert reach == {(160, 0.0): 134, (160, 0.5): 115, (160, 1.0): 81, (320, 0.0): 295, (320, 0.5): 193,
-                     (320, 1.0): 81}
+    assert reach == {(160, 0.0): 134, (160, 0.5): 115, (160, 1.0): 81, (320, 0.0): 295, (320, 0.5): 193, (320, 1.0): 81}
     assert {c: v[0] for c, v in near.items()} == {c: 3 if r <= 150 else 0 for c, r in reach.items()}
 
 
@@ -159,6 +165,7 @@ def test_passkey_scorer_exact_match_needs_every_answer_token():
             h = super().hidden_states(x)
             h[:, -1] = (a[-1] + 1) % vocab  # the last answer token wrong
             return h
+
     assert er.passkey_correct(InductionOracle(vocab, k=8), [(x, a, 0)]) == [True]
     assert er.passkey_correct(AllButLast(vocab, k=8), [(x, a, 0)]) == [False]
 
@@ -193,14 +200,25 @@ def test_score_last_matches_full_logits_of_a_gpt():
 
 # ---- the command line --------------------------------------------------------------------------
 
+
 def save_run(folder, tokenizer, vocab_size, pos_encoding="rope", block_size=64, **config):
     torch.manual_seed(0)
-    cfg = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16,
-                    pos_encoding=pos_encoding, **config)
+    cfg = GPTConfig(
+        block_size=block_size,
+        vocab_size=vocab_size,
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        pos_encoding=pos_encoding,
+        **config,
+    )
     os.makedirs(folder, exist_ok=True)
     from dataclasses import asdict
-    torch.save({"model": GPT(cfg).state_dict(), "model_args": asdict(cfg), "config": {}, "tokenizer": tokenizer},
-               os.path.join(folder, "best.pt"))
+
+    torch.save(
+        {"model": GPT(cfg).state_dict(), "model_args": asdict(cfg), "config": {}, "tokenizer": tokenizer},
+        os.path.join(folder, "best.pt"),
+    )
     return folder
 
 
@@ -215,13 +233,18 @@ def test_command_line_writes_tables_csvs_and_plot(tmp_path, capsys):
     a = save_run(str(tmp_path / "a"), tok, len(itos), block_size=128)  # context 64 refuses passkey (issue 53)
     b = save_run(str(tmp_path / "b"), tok, len(itos), pos_encoding="learned")
     out = str(tmp_path / "out")
-    er.main([a, b, "--lengths=128,256", "--depths=0,1", "--trials=3", "--copy_trials=2", f"--out_dir={out}",
-             "--device=cpu"])
+    er.main(
+        [a, b, "--lengths=128,256", "--depths=0,1", "--trials=3", "--copy_trials=2", f"--out_dir={out}", "--device=cpu"]
+    )
     text = capsys.readouterr().out
     assert "keys of 5 symbols from '0123456789'" in text and "| 128 |" in text and "| 256 |" in text
     pk, cp = rows(os.path.join(out, "passkey.csv")), rows(os.path.join(out, "copy.csv"))
-    assert [(r["run"], r["length"], r["depth"]) for r in pk] == [(a, "128", "0"), (a, "128", "1"), (a, "256", "0"),
-                                                                 (a, "256", "1")]  # learned: none past 64
+    assert [(r["run"], r["length"], r["depth"]) for r in pk] == [
+        (a, "128", "0"),
+        (a, "128", "1"),
+        (a, "256", "0"),
+        (a, "256", "1"),
+    ]  # learned: none past 64
     for r in pk:
         k, n = int(r["correct"]), int(r["trials"])
         ci = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
@@ -229,19 +252,32 @@ def test_command_line_writes_tables_csvs_and_plot(tmp_path, capsys):
     assert [(r["length"], r["distance"], r["targets"]) for r in cp] == [("128", "65", "126"), ("256", "129", "254")]
     assert os.path.getsize(os.path.join(out, "retrieval.png")) > 0
     # the same seed gives the same numbers
-    er.main([a, "--lengths=128", "--depths=0,1", "--trials=3", "--tasks=copy", "--copy_trials=2",
-             f"--out_dir={out}2", "--device=cpu"])
+    er.main(
+        [
+            a,
+            "--lengths=128",
+            "--depths=0,1",
+            "--trials=3",
+            "--tasks=copy",
+            "--copy_trials=2",
+            f"--out_dir={out}2",
+            "--device=cpu",
+        ]
+    )
     assert rows(os.path.join(out + "2", "copy.csv"))[0]["loss_second"] == cp[0]["loss_second"]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--lengths=50,60"], "every length is shorter than the passkey prompt without filler (102 tokens)"),
-    (["--depths=0,1.5"], "--depths must lie in"),
-    (["--trials=0"], "--trials must be >= 1"),
-    (["--tasks=needle"], "--tasks must name"),
-    (["--lengths=2,128", "--tasks=copy"], "copying needs windows of at least 3 tokens"),  # was a ValueError
-    (["--multiples=0.01,1", "--tasks=copy"], "a token after its first), got 1:"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--lengths=50,60"], "every length is shorter than the passkey prompt without filler (102 tokens)"),
+        (["--depths=0,1.5"], "--depths must lie in"),
+        (["--trials=0"], "--trials must be >= 1"),
+        (["--tasks=needle"], "--tasks must name"),
+        (["--lengths=2,128", "--tasks=copy"], "copying needs windows of at least 3 tokens"),  # was a ValueError
+        (["--multiples=0.01,1", "--tasks=copy"], "a token after its first), got 1:"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, extra, message):
     itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
     tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
@@ -258,8 +294,17 @@ def test_passkey_skips_the_lengths_its_prompt_does_not_fit_and_copy_runs_them(tm
     itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
     tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
     a = save_run(str(tmp_path / "a"), tok, len(itos), block_size=128)
-    pk, cp = er.run([a, "--lengths=64,96,128", "--depths=0", "--trials=1", "--copy_trials=1",
-                     f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    pk, cp = er.run(
+        [
+            a,
+            "--lengths=64,96,128",
+            "--depths=0",
+            "--trials=1",
+            "--copy_trials=1",
+            f"--out_dir={tmp_path / 'o'}",
+            "--device=cpu",
+        ]
+    )
     assert "passkey prompt needs 102 tokens: passkey at 64, 96 left empty" in capsys.readouterr().out
     assert [r["length"] for r in pk] == [128] and [r["length"] for r in cp] == [64, 96, 128]
 
@@ -278,6 +323,7 @@ def test_gpt2_bpe_prompts_have_the_exact_length_and_the_oracle_retrieves_them():
     """GPT-2 BPE spells a 5-digit key in 2 or 3 tokens: every window still holds exactly L tokens, the
     answer is the key's own encoding, and the induction oracle (k = 3 tokens) gets every key."""
     from checkpoint import load_codec
+
     encode, decode = load_codec({"tokenizer": {"kind": "gpt2"}})
     rng = np.random.default_rng(0)
     for _ in range(6):
@@ -285,7 +331,7 @@ def test_gpt2_bpe_prompts_have_the_exact_length_and_the_oracle_retrieves_them():
         for depth in (0.0, 0.5, 1.0):
             x, a, p = er.passkey_window(encode, key, 200, depth)
             assert len(x) == 200 and a == encode(" " + key)
-            assert decode(x[p:p + len(encode(er.KEY_SENTENCE.format(key=key)))]) == er.KEY_SENTENCE.format(key=key)
+            assert decode(x[p : p + len(encode(er.KEY_SENTENCE.format(key=key)))]) == er.KEY_SENTENCE.format(key=key)
             assert decode(x).endswith(er.QUESTION + decode(a[:-1]))
     res = er.run_passkey(InductionOracle(50257, k=3), encode, er.DIGITS, [200], [0.0, 1.0], 3, 5, 0, 200)
     assert {v[:2] for v in res.values()} == {(3, 3)}
@@ -293,19 +339,30 @@ def test_gpt2_bpe_prompts_have_the_exact_length_and_the_oracle_retrieves_them():
 
 # ---- issue 53: the real defects ----------------------------------------------------------------
 
+
 def test_gpt2_bpe_a_length_shorter_than_the_longest_keys_prompt_is_left_empty_not_an_exit_2(tmp_path, capsys):
     """GPT-2 BPE spells "00000" in 28 prompt tokens and "00521" in 31 (36 % of 5-digit keys take 31): a
     length of 29 holds some keys and not others. It gets a note and no passkey row; the other lengths are
     scored (the prompt was sized from "00000", so 29 was not marked short and the first longer key exited 2)."""
     from checkpoint import load_codec
+
     encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
     q, a = len(encode(QUESTION)), len(encode(" 00000"))
     assert len(encode(er.KEY_SENTENCE.format(key="00000"))) + q + a - 1 == 28
     assert len(encode(er.KEY_SENTENCE.format(key="00521"))) + q + len(encode(" 00521")) - 1 == 31
     tok = {"dataset": "owt", "vocab_size": 50257, "pad_id": None, "tokenizer": {"kind": "gpt2"}}
     run = save_run(str(tmp_path / "a"), tok, 50257)
-    pk, cp = er.main([run, "--lengths=29,64", "--depths=0,1", "--trials=10", "--copy_trials=1",
-                      f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    pk, cp = er.main(
+        [
+            run,
+            "--lengths=29,64",
+            "--depths=0,1",
+            "--trials=10",
+            "--copy_trials=1",
+            f"--out_dir={tmp_path / 'o'}",
+            "--device=cpu",
+        ]
+    )
     assert "the passkey prompt needs 31 tokens: passkey at 29 left empty" in capsys.readouterr().out
     assert [(r["length"], r["trials"]) for r in pk] == [(64, 10), (64, 10)] and [r["length"] for r in cp] == [29, 64]
 
@@ -330,21 +387,38 @@ def test_passkey_beyond_the_training_context_at_every_depth_is_refused_in_one_li
     itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
     tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
     a64 = save_run(str(tmp_path / "a64"), tok, len(itos), block_size=64)
-    pk, cp = er.run([a64, "--multiples=2,4", "--trials=2", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}",
-                     "--device=cpu"])
+    pk, cp = er.run(
+        [a64, "--multiples=2,4", "--trials=2", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}", "--device=cpu"]
+    )
     notes = [line for line in capsys.readouterr().out.splitlines() if "refused" in line]
-    assert notes == [f"note: {a64}: passkey refused at 128, 256: the key lies at least 81 tokens before its answer, "
-                     "beyond the 63 that a training context of 64 attends back, so it cannot be retrieved by construction"]
+    assert notes == [
+        f"note: {a64}: passkey refused at 128, 256: the key lies at least 81 tokens before its answer, "
+        "beyond the 63 that a training context of 64 attends back, so it cannot be retrieved by construction"
+    ]
     assert pk == [] and [r["length"] for r in cp] == [128, 256]
     assert not os.path.exists(tmp_path / "o" / "passkey.csv")
     with pytest.raises(SystemExit) as e:
-        er.main([a64, "--multiples=2,4", "--tasks=passkey", "--trials=1", f"--out_dir={tmp_path / 'o2'}", "--device=cpu"])
+        er.main(
+            [a64, "--multiples=2,4", "--tasks=passkey", "--trials=1", f"--out_dir={tmp_path / 'o2'}", "--device=cpu"]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "passkey refused at every length" in err, err
     a128 = save_run(str(tmp_path / "a128"), tok, len(itos), block_size=128)
-    pk, _ = er.run([a128, "--lengths=128", "--depths=0,1", "--trials=1", "--tasks=passkey",
-                    f"--out_dir={tmp_path / 'o3'}", "--device=cpu"])
-    assert [(r["length"], r["depth"]) for r in pk] == [(128, 0.0), (128, 1.0)] and "refused" not in capsys.readouterr().out
+    pk, _ = er.run(
+        [
+            a128,
+            "--lengths=128",
+            "--depths=0,1",
+            "--trials=1",
+            "--tasks=passkey",
+            f"--out_dir={tmp_path / 'o3'}",
+            "--device=cpu",
+        ]
+    )
+    assert [(r["length"], r["depth"]) for r in pk] == [
+        (128, 0.0),
+        (128, 1.0),
+    ] and "refused" not in capsys.readouterr().out
 
 
 def test_copy_defaults_to_200_sequences_with_a_wilson_interval_that_study_results_still_reads(tmp_path, capsys):
@@ -352,6 +426,7 @@ def test_copy_defaults_to_200_sequences_with_a_wilson_interval_that_study_result
     accuracy comes with its Wilson 95 % interval over the targets (scipy's, by hand: hits / targets), in the
     table and appended to copy.csv, which study/results.py --retrieval reads as before."""
     import results
+
     assert er.parse_args(["r"]).copy_trials >= 200
     tok = {"dataset": "t", "vocab_size": 16, "pad_id": None, "tokenizer": {"kind": "none"}}
     a = save_run(str(tmp_path / "a"), tok, 16, block_size=16)
@@ -359,8 +434,20 @@ def test_copy_defaults_to_200_sequences_with_a_wilson_interval_that_study_result
     _, cp = er.run([a, "--tasks=copy", "--lengths=16,32", f"--out_dir={out}", "--device=cpu"])
     table = capsys.readouterr().out
     got = rows(os.path.join(out, "copy.csv"))
-    assert list(got[0])[:12] == ["run", "label", "length", "multiple", "distance", "trials", "targets", "loss_second",
-                                 "acc_second", "loss_first", "acc_first", "seconds"]  # the old columns, in place
+    assert list(got[0])[:12] == [
+        "run",
+        "label",
+        "length",
+        "multiple",
+        "distance",
+        "trials",
+        "targets",
+        "loss_second",
+        "acc_second",
+        "loss_first",
+        "acc_first",
+        "seconds",
+    ]  # the old columns, in place
     for r, L in zip(got, (16, 32)):
         k, n = int(r["hits_second"]), int(r["targets"])
         assert r["trials"] == "200" and n == 200 * (L - (L + 2) // 2)  # m = ceil((L + 1) / 2)
@@ -375,8 +462,10 @@ def test_copy_defaults_to_200_sequences_with_a_wilson_interval_that_study_result
 
 # ---- issue 53, round six: behaviour the review's surviving plants showed unpinned -------------------
 
-@pytest.mark.parametrize("depth,key_pos", [(0.5625, 30), (0.3203125, 11), (0.828125, 42),
-                                           (0.5703125, 42), (0.5546875, 30)])
+
+@pytest.mark.parametrize(
+    "depth,key_pos", [(0.5625, 30), (0.3203125, 11), (0.828125, 42), (0.5703125, 42), (0.5546875, 30)]
+)
 def test_a_depth_exactly_between_two_boundaries_takes_the_earlier(depth, key_pos):
     """n_filler = 64: the last 64 characters of the filler cycle, "ky is blue." + three sentences, boundaries
     11, 30, 42, 64 (not 0: the fragment). depth x 64 exactly between two of them (dyadic depths, no rounding):
@@ -407,9 +496,12 @@ def test_answers_of_two_and_three_gpt2_tokens_are_scored_on_their_own_positions_
     window wrong only at the position before those (where a 3-token answer starts) is still right; a
     3-token window wrong only there is wrong; each the same alone as in the batch."""
     from checkpoint import load_codec
+
     encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
-    windows = [er.passkey_window(encode, k, 64, d) for k, d in (("00000", 0.0), ("00521", 0.5), ("00521", 1.0),
-                                                                ("00000", 1.0), ("00000", 0.5))]
+    windows = [
+        er.passkey_window(encode, k, 64, d)
+        for k, d in (("00000", 0.0), ("00521", 0.5), ("00521", 1.0), ("00000", 1.0), ("00000", 0.5))
+    ]
     assert [len(a) for _, a, _ in windows] == [2, 3, 3, 2, 2]
     wrong_at = [-3, -3, None, -1, -2]  # position (from the end) where each window's prediction is wrong
     script = {}
@@ -476,8 +568,9 @@ def test_an_absolute_encoding_keeps_its_row_at_exactly_block_size(tmp_path, caps
     scored; 65 is left empty with a note."""
     tok = {"dataset": "t", "vocab_size": 16, "pad_id": None, "tokenizer": {"kind": "none"}}
     a = save_run(str(tmp_path / "a"), tok, 16, pos_encoding=pos_encoding, block_size=64)
-    _, cp = er.run([a, "--tasks=copy", "--lengths=32,64,65", "--copy_trials=2", f"--out_dir={tmp_path / 'o'}",
-                    "--device=cpu"])
+    _, cp = er.run(
+        [a, "--tasks=copy", "--lengths=32,64,65", "--copy_trials=2", f"--out_dir={tmp_path / 'o'}", "--device=cpu"]
+    )
     assert [r["length"] for r in cp] == [32, 64] and all(0 <= r["acc_second"] <= 1 for r in cp)
     assert f"uses the absolute encoding {pos_encoding!r}: lengths 65 left empty" in capsys.readouterr().out
 
@@ -488,11 +581,24 @@ def test_a_length_that_exactly_holds_the_passkey_prompt_is_scored(tmp_path, caps
     itos = sorted(set("".join(er.FILLER_SENTENCES) + er.KEY_SENTENCE + er.QUESTION + "0123456789"))
     tok = {"dataset": "c", "vocab_size": len(itos), "pad_id": None, "tokenizer": {"kind": "char", "itos": itos}}
     a = save_run(str(tmp_path / "a"), tok, len(itos), block_size=128)
-    pk, _ = er.run([a, "--lengths=101,102,128", "--depths=0,1", "--trials=2", "--tasks=passkey",
-                    f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    pk, _ = er.run(
+        [
+            a,
+            "--lengths=101,102,128",
+            "--depths=0,1",
+            "--trials=2",
+            "--tasks=passkey",
+            f"--out_dir={tmp_path / 'o'}",
+            "--device=cpu",
+        ]
+    )
     assert "passkey prompt needs 102 tokens: passkey at 101 left empty" in capsys.readouterr().out
-    assert [(r["length"], r["depth"], r["trials"]) for r in pk] == [(102, 0.0, 2), (102, 1.0, 2), (128, 0.0, 2),
-                                                                   (128, 1.0, 2)]
+    assert [(r["length"], r["depth"], r["trials"]) for r in pk] == [
+        (102, 0.0, 2),
+        (102, 1.0, 2),
+        (128, 0.0, 2),
+        (128, 1.0, 2),
+    ]
 
 
 def test_multiples_of_a_yarn_fine_tune_are_of_its_original_context(tmp_path, capsys):
@@ -501,23 +607,36 @@ def test_multiples_of_a_yarn_fine_tune_are_of_its_original_context(tmp_path, cap
     block_size (32), which YaRN records as the original context."""
     tok = {"dataset": "t", "vocab_size": 16, "pad_id": None, "tokenizer": {"kind": "none"}}
     y = save_run(str(tmp_path / "y"), tok, 16, block_size=128, rope_scaling=4.0, rope_original_block_size=32)
-    _, cp = er.run([y, "--tasks=copy", "--multiples=1,2,4", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}",
-                    "--device=cpu"])
+    _, cp = er.run(
+        [y, "--tasks=copy", "--multiples=1,2,4", "--copy_trials=1", f"--out_dir={tmp_path / 'o'}", "--device=cpu"]
+    )
     assert [(r["length"], r["multiple"]) for r in cp] == [(32, 1.0), (64, 2.0), (128, 4.0)]
     assert f"lengths 32, 64, 128 (context 32 of {y})" in capsys.readouterr().out
     p = save_run(str(tmp_path / "p"), tok, 16, block_size=32)
-    _, cp = er.run([p, "--tasks=copy", "--multiples=1,4", "--rope_scaling=4", "--copy_trials=1",
-                    f"--out_dir={tmp_path / 'o2'}", "--device=cpu"])
+    _, cp = er.run(
+        [
+            p,
+            "--tasks=copy",
+            "--multiples=1,4",
+            "--rope_scaling=4",
+            "--copy_trials=1",
+            f"--out_dir={tmp_path / 'o2'}",
+            "--device=cpu",
+        ]
+    )
     assert [(r["length"], r["multiple"]) for r in cp] == [(32, 1.0), (128, 4.0)]
 
 
-@pytest.mark.parametrize("meta,vocab_size,expected", [
-    ({"pad_id": 0, "tokenizer": {"kind": "char", "itos": list("_abcdefg")}}, 8, [1, 2, 3, 4, 5, 6, 7]),
-    ({"pad_id": 7, "tokenizer": {"kind": "char", "itos": list("abcdefg_")}}, 8, [0, 1, 2, 3, 4, 5, 6]),
-    ({"pad_id": 3, "tokenizer": {"kind": "none"}}, 6, [0, 1, 2, 4, 5]),
-    ({"pad_id": None, "tokenizer": {"kind": "none"}}, 4, [0, 1, 2, 3]),
-    ({"pad_id": None, "tokenizer": {"kind": "char", "itos": list("abc")}}, 8, [0, 1, 2]),  # padded vocabulary
-])
+@pytest.mark.parametrize(
+    "meta,vocab_size,expected",
+    [
+        ({"pad_id": 0, "tokenizer": {"kind": "char", "itos": list("_abcdefg")}}, 8, [1, 2, 3, 4, 5, 6, 7]),
+        ({"pad_id": 7, "tokenizer": {"kind": "char", "itos": list("abcdefg_")}}, 8, [0, 1, 2, 3, 4, 5, 6]),
+        ({"pad_id": 3, "tokenizer": {"kind": "none"}}, 6, [0, 1, 2, 4, 5]),
+        ({"pad_id": None, "tokenizer": {"kind": "none"}}, 4, [0, 1, 2, 3]),
+        ({"pad_id": None, "tokenizer": {"kind": "char", "itos": list("abc")}}, 8, [0, 1, 2]),  # padded vocabulary
+    ],
+)
 def test_copy_ids_leave_out_the_padding_id_wherever_it_is(meta, vocab_size, expected):
     assert er.copy_ids(meta, vocab_size).tolist() == expected
 
@@ -537,6 +656,7 @@ def test_copy_sequences_of_the_command_never_hold_the_padding_id(tmp_path, monke
     def recording(model, x, y):
         seen.append(x.clone())
         return score(model, x, y)
+
     monkeypatch.setattr(er, "score_last", recording)
     tok = {"dataset": "t", "vocab_size": 6, "pad_id": 0, "tokenizer": {"kind": "none"}}
     a = save_run(str(tmp_path / "a"), tok, 6, block_size=16)
@@ -557,7 +677,7 @@ class Cheat(torch.nn.Module):
     def hidden_states(self, x):
         B, T = x.shape
         m = -(-(T + 1) // 2)
-        truth = torch.cat([x[:, 1:], x[:, T - m:T - m + 1]], 1)  # the next token; the last one lies m back
+        truth = torch.cat([x[:, 1:], x[:, T - m : T - m + 1]], 1)  # the next token; the last one lies m back
         t = torch.arange(T)
         right = (t == 0) | (t == m - 1) | (t > m)
         pred = torch.where(right, truth, (truth + 1) % self.lm_head.out_features)
@@ -587,6 +707,7 @@ def test_gpt2_the_passkey_prompt_is_sized_from_the_keys_of_every_scored_length_a
     seeds below put the only 31-token key in a different cell each (22: none), so the note and the rows at 30
     follow the streams by hand."""
     from checkpoint import load_codec
+
     encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
     tok = {"dataset": "owt", "vocab_size": 50257, "pad_id": None, "tokenizer": {"kind": "gpt2"}}
     run = save_run(str(tmp_path / "a"), tok, 50257)
@@ -597,8 +718,18 @@ def test_gpt2_the_passkey_prompt_is_sized_from_the_keys_of_every_scored_length_a
                 key = "".join(map(str, np.random.default_rng([seed, 0, L, j]).integers(0, 10, 5)))
                 cells[seed, L, j] = len(encode(er.KEY_SENTENCE.format(key=key) + QUESTION)) + len(encode(" " + key)) - 1
         need = max(cells[seed, L, j] for L in (30, 64) for j in (0, 1))
-        pk, _ = er.run([run, "--lengths=30,64", "--depths=0,1", "--trials=1", "--tasks=passkey", f"--seed={seed}",
-                        f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+        pk, _ = er.run(
+            [
+                run,
+                "--lengths=30,64",
+                "--depths=0,1",
+                "--trials=1",
+                "--tasks=passkey",
+                f"--seed={seed}",
+                f"--out_dir={tmp_path / 'o'}",
+                "--device=cpu",
+            ]
+        )
         out = capsys.readouterr().out
         assert [r["length"] for r in pk] == ([30, 30] if need <= 30 else []) + [64, 64], (seed, need)
         assert ("passkey at 30 left empty" in out) == (need > 30)

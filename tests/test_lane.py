@@ -30,7 +30,9 @@ for name in ("best.pt", "ckpt.pt"):
 with open(os.path.join(out, "log.jsonl"), "a") as f:
     f.write(json.dumps({"iter": 10, "val_acc": 0.5}) + "\n")
 with open(os.path.join(out, "metrics.json"), "w") as f:
-    json.dump({"dataset": "stub", "wall_time_s": 0.1, "test": {"loss": 1.0}, "config": {"seed": int(args.get("seed", 0))}}, f)
+    seed = int(args.get("seed", 0))
+    record = {"dataset": "stub", "wall_time_s": 0.1, "test": {"loss": 1.0}, "config": {"seed": seed}}
+    json.dump(record, f)
 '''
 
 
@@ -57,8 +59,9 @@ def queue(root, name, *lines, newline_at_end=True):
 def lane(root, *queues):
     """Run one lane to its end: (stdout's messages without their timestamps, seconds it took)."""
     t = time.time()
-    p = subprocess.run(["bash", str(root / "study" / "lane.sh"), *queues], cwd=root, capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        ["bash", str(root / "study" / "lane.sh"), *queues], cwd=root, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0 and p.stderr == "", p.stderr
     return [re.sub(r"^\S+Z ", "", line) for line in p.stdout.splitlines()], time.time() - t
 
@@ -75,12 +78,20 @@ def record(root, name):
 
 def test_a_queue_of_two_runs_is_trained_copied_and_finished_once(repo):
     # the after-command reads stdin (as ssh does): it must get nothing, not the queue's remaining lines
-    after = ("mkdir -p out/a/extrapolate out/a/retrieval && echo run,ppl > out/a/extrapolate/extrapolation.csv"
-             " && echo run,correct > out/a/retrieval/passkey.csv && echo x >> out/a/after.count && cat > out/a/stdin.txt")
+    after = (
+        "mkdir -p out/a/extrapolate out/a/retrieval && echo run,ppl > out/a/extrapolate/extrapolation.csv"
+        " && echo run,correct > out/a/retrieval/passkey.csv && echo x >> out/a/after.count && cat > out/a/stdin.txt"
+    )
     q = queue(repo, "q.tsv", "# a comment", ("a", "out/a", "--seed=1", after), "", ("b", "out/b", "--seed=2 "))
     log, seconds = lane(repo, q)
-    assert log == ["start a: python train.py --seed=1 --out_dir=out/a ", f"after a: {after}", "done a",
-                   "start b: python train.py --seed=2  --out_dir=out/b ", "done b", "lane finished"]
+    assert log == [
+        "start a: python train.py --seed=1 --out_dir=out/a ",
+        f"after a: {after}",
+        "done a",
+        "start b: python train.py --seed=2  --out_dir=out/b ",
+        "done b",
+        "lane finished",
+    ]
     assert calls(repo, "out/a") == ["--seed=1 --out_dir=out/a"] and calls(repo, "out/b") == ["--seed=2 --out_dir=out/b"]
     for name, seed in (("a", 1), ("b", 2)):
         out = repo / "out" / name
@@ -108,8 +119,9 @@ def test_a_lane_killed_between_training_and_copy_finishes_the_run_next_time(repo
     trains neither again, runs a's after-command and writes both records."""
     kill = "[ -f out/a/killed ] || { touch out/a/killed; kill -9 $PPID; }; echo ok > out/a/after.txt"
     q = queue(repo, "q.tsv", ("b", "out/b", "--seed=2"), ("a", "out/a", "--seed=1", kill))
-    p = subprocess.run(["bash", str(repo / "study" / "lane.sh"), q], cwd=repo, capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        ["bash", str(repo / "study" / "lane.sh"), q], cwd=repo, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == -9 and (repo / "out" / "a" / "metrics.json").exists()
     assert not (repo / "docs" / "runs" / "a.json").exists() and not (repo / "out" / "a" / "after.done").exists()
     (repo / "docs" / "runs" / "b.json").unlink()
@@ -124,15 +136,29 @@ def test_empty_fields_stay_in_place_and_every_queue_file_is_read(repo):
     """NAME<tab>OUT<tab><tab>CMD has no train.py arguments and CMD as its after-command (tab is IFS
     whitespace: read with IFS=$'\\t' merges the two tabs and hands CMD to train.py); a line without OUT_DIR
     is skipped with a message; two queue files, the first without a final newline, give all their lines."""
-    q1 = queue(repo, "q1.tsv", ("e", "out/e", "", "echo after-ran > out/e/after.txt"), ("x", "", "--seed=3"),
-               ("f", "out/f", "--seed=4"), newline_at_end=False)
+    q1 = queue(
+        repo,
+        "q1.tsv",
+        ("e", "out/e", "", "echo after-ran > out/e/after.txt"),
+        ("x", "", "--seed=3"),
+        ("f", "out/f", "--seed=4"),
+        newline_at_end=False,
+    )
     q2 = queue(repo, "q2.tsv", ("g", "out/g", "--seed=5"))
     log, _ = lane(repo, q1, q2)
-    assert calls(repo, "out/e") == ["--out_dir=out/e"] and (repo / "out" / "e" / "after.txt").read_text() == "after-ran\n"
+    assert (
+        calls(repo, "out/e") == ["--out_dir=out/e"] and (repo / "out" / "e" / "after.txt").read_text() == "after-ran\n"
+    )
     assert "skipped x: no OUT_DIR (the second field)" in log
     assert calls(repo, "out/f") == ["--seed=4 --out_dir=out/f"] and calls(repo, "out/g") == ["--seed=5 --out_dir=out/g"]
-    assert sorted(os.listdir(repo / "docs" / "runs")) == ["e.json", "e.log.jsonl", "f.json", "f.log.jsonl", "g.json",
-                                                          "g.log.jsonl"]
+    assert sorted(os.listdir(repo / "docs" / "runs")) == [
+        "e.json",
+        "e.log.jsonl",
+        "f.json",
+        "f.log.jsonl",
+        "g.json",
+        "g.log.jsonl",
+    ]
 
 
 TIME_V = """\tCommand being timed: "python train.py --out_dir=out/r"
@@ -156,12 +182,21 @@ def test_a_killed_run_resumes_and_its_record_sums_every_process(repo):
     for name in ("r", "s"):
         (out / name).mkdir(parents=True)
     (out / "r" / "ckpt.pt").write_text("weights")
-    (out / "r" / "time.txt").write_text(TIME_V.format(user="100.50", system="2.25", wall="1:02:03")
-                                        + TIME_V.format(user="10.00", system="0.25", wall="2:05.50"))
+    (out / "r" / "time.txt").write_text(
+        TIME_V.format(user="100.50", system="2.25", wall="1:02:03")
+        + TIME_V.format(user="10.00", system="0.25", wall="2:05.50")
+    )
     (out / "s" / "best.pt").write_text("weights")
     flaky = "[ -f out/t/tried ] || { touch out/t/tried; exit 3; }"
-    q = queue(repo, "q.tsv", ("r", "out/r", "--seed=1"), ("n", "out/n", "--seed=2"), ("f", "out/f", "--fail=1", "touch out/f/ran"),
-              ("s", "out/s", "--seed=3"), ("t", "out/t", "--seed=4", flaky))
+    q = queue(
+        repo,
+        "q.tsv",
+        ("r", "out/r", "--seed=1"),
+        ("n", "out/n", "--seed=2"),
+        ("f", "out/f", "--fail=1", "touch out/f/ran"),
+        ("s", "out/s", "--seed=3"),
+        ("t", "out/t", "--seed=4", flaky),
+    )
     log, seconds = lane(repo, q)
     assert calls(repo, "out/r") == ["--seed=1 --out_dir=out/r --init_from=resume"]
     assert calls(repo, "out/n") == ["--seed=2 --out_dir=out/n"] and calls(repo, "out/s") == ["--seed=3 --out_dir=out/s"]
@@ -169,12 +204,21 @@ def test_a_killed_run_resumes_and_its_record_sums_every_process(repo):
     assert run["wall_s_processes"][:2] == [3723.0, 125.5] and len(run["wall_s_processes"]) == 3
     assert 0 <= run["wall_s_processes"][2] <= seconds
     assert 113.0 <= run["cpu_s"] <= 113.0 + seconds
-    assert "FAILED f (see out/f/train.log)" in log and "done f" not in log and "start s: python train.py --seed=3 --out_dir=out/s " in log
+    assert (
+        "FAILED f (see out/f/train.log)" in log
+        and "done f" not in log
+        and "start s: python train.py --seed=3 --out_dir=out/s " in log
+    )
     assert not (repo / "docs" / "runs" / "f.json").exists() and not (out / "f" / "ran").exists()
     assert "FAILED after-command of t" in log and not (out / "t" / "after.done").exists()
     log, _ = lane(repo, q)
-    assert log == ["start f: python train.py --fail=1 --out_dir=out/f ", "FAILED f (see out/f/train.log)",
-                   f"after t: {flaky}", "done t", "lane finished"]
+    assert log == [
+        "start f: python train.py --fail=1 --out_dir=out/f ",
+        "FAILED f (see out/f/train.log)",
+        f"after t: {flaky}",
+        "done t",
+        "lane finished",
+    ]
     assert len(calls(repo, "out/f")) == 2 and (out / "t" / "after.done").exists() and len(calls(repo, "out/t")) == 1
 
 
@@ -197,12 +241,14 @@ def test_a_fine_tune_waits_for_the_run_it_starts_from_and_never_starts_from_an_u
     is an intermediate one); with r's lock held by a lane, d waits until that lane lets go, then runs
     once r has finished."""
     import threading
+
     q = queue(repo, "q.tsv", ("d", "out/d", "--seed=1 --init_ckpt=out/r/best.pt"))
     (repo / "out" / "r").mkdir(parents=True)
     (repo / "out" / "r" / "best.pt").write_text("an intermediate best.pt")
     log, _ = lane(repo, q)
-    assert calls(repo, "out/d") == [] and log[0] == ("skipped d: the run it starts from (out/r) has not finished; "
-                                                     "a later lane takes it")
+    assert calls(repo, "out/d") == [] and log[0] == (
+        "skipped d: the run it starts from (out/r) has not finished; a later lane takes it"
+    )
     held = open(repo / "out" / "r" / "lane.lock", "w")
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
@@ -210,6 +256,7 @@ def test_a_fine_tune_waits_for_the_run_it_starts_from_and_never_starts_from_an_u
         time.sleep(1.5)
         (repo / "out" / "r" / "metrics.json").write_text("{}")
         held.close()
+
     threading.Thread(target=finish_r).start()
     log, seconds = lane(repo, q)
     assert seconds >= 1.5 and calls(repo, "out/d") == ["--seed=1 --init_ckpt=out/r/best.pt --out_dir=out/d"]
@@ -220,10 +267,13 @@ def test_editing_lane_sh_while_a_lane_runs_does_not_break_it(repo):
     """A git pull that changes lane.sh rewrites the file a running lane reads; bash reads a script as it
     goes, so without the braces around lane.sh's body the lane dies at its next command ('syntax error')."""
     import shutil
+
     os.remove(repo / "study" / "lane.sh")
     shutil.copy(LANE, repo / "study" / "lane.sh")  # a file of the sandbox's own, rewritten in place below
-    edit = ("{ head -n 2 study/lane.sh; printf '# an edit that shifts every byte after it%.0s\\n' 1 2 3; "
-            "tail -n +3 study/lane.sh; } > edited.sh && cat edited.sh > study/lane.sh")
+    edit = (
+        "{ head -n 2 study/lane.sh; printf '# an edit that shifts every byte after it%.0s\\n' 1 2 3; "
+        "tail -n +3 study/lane.sh; } > edited.sh && cat edited.sh > study/lane.sh"
+    )
     q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1", edit), ("b", "out/b", "--seed=2"))
     log, _ = lane(repo, q)
     assert "# an edit" in (repo / "study" / "lane.sh").read_text()
@@ -234,6 +284,7 @@ def test_a_committed_record_is_done_in_a_fresh_checkout_without_out(repo):
     """A study spans sessions: the next checkout has docs/runs/NAME.json but no out/. Its runs are not trained
     again (that would redraw them, on another machine, and overwrite the record); the others are."""
     import shutil
+
     after = "mkdir -p out/b/extrapolate && echo run,ppl > out/b/extrapolate/extrapolation.csv"
     q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1"), ("b", "out/b", "--seed=2", after), ("c", "out/c", "--seed=3"))
     lane(repo, q)
@@ -248,11 +299,14 @@ def test_a_committed_record_is_done_in_a_fresh_checkout_without_out(repo):
 
 # ---- issue 53, round six ------------------------------------------------------------------------
 
+
 def test_both_retrieval_csvs_are_copied_beside_the_record(repo):
     """eval_retrieval.py's passkey.csv and copy.csv (OUT_DIR/retrieval) become docs/runs/NAME.passkey.csv
     and NAME.copy.csv, byte for byte, with no temporary file left."""
-    after = ("mkdir -p out/a/retrieval && printf 'run,correct\\nout/a,3\\n' > out/a/retrieval/passkey.csv"
-             " && printf 'run,acc_second\\nout/a,0.25\\n' > out/a/retrieval/copy.csv")
+    after = (
+        "mkdir -p out/a/retrieval && printf 'run,correct\\nout/a,3\\n' > out/a/retrieval/passkey.csv"
+        " && printf 'run,acc_second\\nout/a,0.25\\n' > out/a/retrieval/copy.csv"
+    )
     lane(repo, queue(repo, "q.tsv", ("a", "out/a", "--seed=1", after)))
     runs = repo / "docs" / "runs"
     assert (runs / "a.passkey.csv").read_text() == "run,correct\nout/a,3\n"
@@ -268,8 +322,10 @@ def test_init_ckpt_followed_by_other_arguments_names_the_run_it_starts_from(repo
     (repo / "out" / "r").mkdir(parents=True)
     (repo / "out" / "r" / "best.pt").write_text("an intermediate best.pt")
     log, _ = lane(repo, q)
-    assert log == ["skipped d: the run it starts from (out/r) has not finished; a later lane takes it",
-                   "lane finished"] and calls(repo, "out/d") == []
+    assert (
+        log == ["skipped d: the run it starts from (out/r) has not finished; a later lane takes it", "lane finished"]
+        and calls(repo, "out/d") == []
+    )
     (repo / "out" / "r" / "metrics.json").write_text("{}")
     log, _ = lane(repo, q)
     assert calls(repo, "out/d") == [f"{args} --out_dir=out/d"] and log[-2:] == ["done d", "lane finished"]
@@ -280,6 +336,7 @@ def test_a_lane_killed_while_copying_a_retrieval_csv_leaves_no_half_copy(repo):
     earlier copy (the record was deleted to run a again), never a half-written file; the next lane copies it
     whole. `cp` is a shim on PATH that writes half of a retrieval CSV, then kills its lane, once."""
     import shutil
+
     real_cp = shutil.which("cp")
     shim = repo / "bin"
     shim.mkdir()
@@ -296,12 +353,14 @@ exec {real_cp} "$@"
     after = f"mkdir -p out/a/retrieval && printf '{new}' > out/a/retrieval/copy.csv"
     q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1", after))
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
-    p = subprocess.run(["bash", str(repo / "study" / "lane.sh"), q], cwd=repo, capture_output=True, text=True,
-                       timeout=60, env=env)
+    p = subprocess.run(
+        ["bash", str(repo / "study" / "lane.sh"), q], cwd=repo, capture_output=True, text=True, timeout=60, env=env
+    )
     assert p.returncode == -9 and (repo / "out" / "a" / "cp.killed").exists()
     assert (runs / "a.copy.csv").read_text() == "run,acc_second\nout/a,0.10\n" and not (runs / "a.json").exists()
-    p = subprocess.run(["bash", str(repo / "study" / "lane.sh"), q], cwd=repo, capture_output=True, text=True,
-                       timeout=60, env=env)
+    p = subprocess.run(
+        ["bash", str(repo / "study" / "lane.sh"), q], cwd=repo, capture_output=True, text=True, timeout=60, env=env
+    )
     assert p.returncode == 0 and (runs / "a.json").exists()
     assert (runs / "a.copy.csv").read_text() == (repo / "out" / "a" / "retrieval" / "copy.csv").read_text()
     assert (runs / "a.copy.csv").read_text().count("\n") == 22
@@ -313,6 +372,7 @@ def test_a_record_whose_after_command_wrote_no_extrapolation_csv_is_done_in_a_fr
     did: the record counted as done only beside NAME.extrapolation.csv). A record whose after-command failed
     says false, and that run is trained again, as one without a record."""
     import shutil
+
     ok = "mkdir -p out/a/retrieval && echo run,acc_second > out/a/retrieval/copy.csv"
     q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1", ok), ("b", "out/b", "--seed=2", "exit 3"))
     lane(repo, q)

@@ -5,6 +5,7 @@ Without CUDA the kernel runs in the Triton interpreter (tests/conftest.py), with
 (pope_kernel.DECODE_BLOCK_N), so a cache of 150 keys has 10 tiles to split. The cache is what the model
 passes: (B, H_kv, max_len, d) buffers sliced to the first Tk positions, queries at the cache's end.
 """
+
 import math
 
 import pytest
@@ -47,10 +48,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, B, H, H_kv, Tq, Tk, n_split, dtype, magnitude, with_delta", CASES,
-                         ids=[c[0] for c in CASES])
-def test_decode_kernel_equals_float64_reference_and_full_forward(name, B, H, H_kv, Tq, Tk, n_split, dtype, magnitude,
-                                                                 with_delta):
+@pytest.mark.parametrize(
+    "name, B, H, H_kv, Tq, Tk, n_split, dtype, magnitude, with_delta", CASES, ids=[c[0] for c in CASES]
+)
+def test_decode_kernel_equals_float64_reference_and_full_forward(
+    name, B, H, H_kv, Tq, Tk, n_split, dtype, magnitude, with_delta
+):
     """pope_attention_decode(backend='triton') with the queries at the cache's end (q_offset = Tk - Tq) equals the
     float64 reference and the full forward on the raw keys, for a split count of 1, many, one per tile, ragged
     and empty splits, a chunk whose rows see different splits, grouped heads, every magnitude, no delta, fp16."""
@@ -60,8 +63,9 @@ def test_decode_kernel_equals_float64_reference_and_full_forward(name, B, H, H_k
     mu_buf = torch.zeros(B, H_kv, MAX_LEN, 16, device=DEV, dtype=dtype)
     mu_buf[:, :, :Tk] = pope.pope_key_magnitude(k, magnitude, dtype)
     rot = pope.pope_rotation_table(Tk if name == "shorter_than_a_tile" else MAX_LEN, 16, device=DEV)
-    got = pope.pope_attention_decode(q.to(dtype), mu_buf[:, :, :Tk], v.to(dtype), delta, rotation=rot,
-                                     backend="triton", n_split=n_split, **kw)
+    got = pope.pope_attention_decode(
+        q.to(dtype), mu_buf[:, :, :Tk], v.to(dtype), delta, rotation=rot, backend="triton", n_split=n_split, **kw
+    )
     assert got.dtype == dtype and got.is_contiguous()
     err = (got.double() - ref).abs().max().item()
     assert err <= TOL[dtype] * max(1.0, ref.abs().max().item()), (name, err)
@@ -86,7 +90,7 @@ def test_decode_logsumexp_is_the_merged_one():
     qc = pope.polar_to_cartesian(q.double(), torch.arange(Tk - Tq, Tk, device=DEV), freqs, dtype=torch.float64)
     logits = scale * qc @ kc.repeat_interleave(2, 1).transpose(-1, -2)
     logits = logits.masked_fill(~pope.causal_mask(Tq, Tk, Tk - Tq, device=DEV), float("-inf"))
-    for o, lse in outs:
+    for _o, lse in outs:
         torch.testing.assert_close(lse.double(), torch.logsumexp(logits, -1), atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
 
@@ -98,8 +102,9 @@ class _Shapes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.shapes += [tuple(t.shape) for t in (out if isinstance(out, (tuple, list)) else (out,))
-                        if isinstance(t, torch.Tensor)]
+        self.shapes += [
+            tuple(t.shape) for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)
+        ]
         return out
 
 
@@ -120,9 +125,12 @@ def test_decode_opcheck_on_the_layouts_decoding_passes():
     slices, grouped heads, q_offset at the cache's end, fp32 and fp16, queries formed with and without delta,
     each magnitude, one and several splits; both outputs are contiguous from the real and the fake kernel."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    for dtype, magnitude, with_delta, Tq, n_split in ((torch.float32, "softplus", True, 1, 1),
-                                                      (torch.float16, "relu", False, 1, 3),
-                                                      (torch.float32, "identity", True, 2, 0)):
+
+    for dtype, magnitude, with_delta, Tq, n_split in (
+        (torch.float32, "softplus", True, 1, 1),
+        (torch.float16, "relu", False, 1, 3),
+        (torch.float32, "identity", True, 2, 0),
+    ):
         q, k, v, delta = _cache(1, 4, 2, Tq, 70, with_delta=with_delta)
         mu_buf = torch.zeros(1, 2, MAX_LEN, 16, device=DEV, dtype=dtype)
         mu_buf[:, :, :70] = pope.pope_key_magnitude(k, magnitude, dtype)
@@ -156,21 +164,22 @@ def test_compiled_decode_step_equals_eager(tmp_path, monkeypatch):
     rot = pope.pope_rotation_table(MAX_LEN, 16, device=DEV)
 
     def step(q, k_new, v_new, mu_buf, v_buf, t):
-        mu_buf[:, :, t:t + 1] = pope.pope_key_magnitude(k_new)
-        v_buf[:, :, t:t + 1] = v_new
-        return pope.pope_attention_decode(q, mu_buf[:, :, :t + 1], v_buf[:, :, :t + 1], delta, rotation=rot,
-                                          backend="triton", q_offset=t)
+        mu_buf[:, :, t : t + 1] = pope.pope_key_magnitude(k_new)
+        v_buf[:, :, t : t + 1] = v_new
+        return pope.pope_attention_decode(
+            q, mu_buf[:, :, : t + 1], v_buf[:, :, : t + 1], delta, rotation=rot, backend="triton", q_offset=t
+        )
 
     torch._dynamo.reset()
     compiled = torch.compile(step)
     for t in (59,):
         mu_buf[:, :, :t], v_buf[:, :, :t] = pope.pope_key_magnitude(k[:, :, :t]), v[:, :, :t]
         eager_bufs = (mu_buf.clone(), v_buf.clone())
-        want = step(q, k[:, :, t:t + 1], v[:, :, t:t + 1], *eager_bufs, t)
-        got = compiled(q, k[:, :, t:t + 1], v[:, :, t:t + 1], mu_buf, v_buf, t)
+        want = step(q, k[:, :, t : t + 1], v[:, :, t : t + 1], *eager_bufs, t)
+        got = compiled(q, k[:, :, t : t + 1], v[:, :, t : t + 1], mu_buf, v_buf, t)
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(mu_buf, eager_bufs[0])
-        ref = pope.pope_attention_reference(q, k[:, :, :t + 1], v[:, :, :t + 1], delta, q_offset=t)
+        ref = pope.pope_attention_reference(q, k[:, :, : t + 1], v[:, :, : t + 1], delta, q_offset=t)
         assert (got.double() - ref).abs().max().item() < 1e-4
 
 
@@ -219,14 +228,21 @@ def _decode_compile(cases):
     import os
     import subprocess
     import sys
+
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", DECODE_COMPILE.format(repo=repo, cases=cases)], capture_output=True,
-                         text=True, timeout=1800, env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", DECODE_COMPILE.format(repo=repo, cases=cases)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("no ptxas in this triton install")
     assert res.returncode == 0, res.stderr[-3000:]
     import bench_kernel as bk
+
     for row in map(json.loads, res.stdout.splitlines()):
         assert row["loop_ops"] == 0 and row["shared"] <= bk.DECODE_ARCH_LIMITS[row["arch"]], row
 
@@ -243,21 +259,27 @@ def test_decode_kernel_compiles_for_sm90_at_d128_without_loop_spills():
 def test_decode_kernel_compiles_for_every_part_without_loop_spills():
     """sm_80, 86, 89, 90, 100, 120 at d = 64 and 128: `python bench_kernel.py --decode-sass` prints the table."""
     import bench_kernel as bk
+
     _decode_compile([(arch, d) for arch in bk.DECODE_ARCH_LIMITS for d in (64, 128)])
 
 
 # ---- the decode path's edges: the torch step's shortcut, autocast, the merge, the table's end, the row limit ----
 
-@pytest.mark.parametrize("Tq, causal, q_offset, fast", [
-    (1, True, 39, True),  # the token at the cache's end: it sees every key
-    (1, True, 44, True),  # past the end (keys 40..44 not cached): still every key
-    (1, False, 0, True),  # not causal: every key whatever its position
-    (1, True, 38, False),  # one key after the token: masked, so SDPA with its causal mask
-    (1, True, 5, False),
-    (2, True, 38, False),  # two tokens
-])
-def test_the_torch_single_token_step_runs_exactly_where_the_token_sees_every_key(monkeypatch, Tq, causal, q_offset,
-                                                                                 fast):
+
+@pytest.mark.parametrize(
+    "Tq, causal, q_offset, fast",
+    [
+        (1, True, 39, True),  # the token at the cache's end: it sees every key
+        (1, True, 44, True),  # past the end (keys 40..44 not cached): still every key
+        (1, False, 0, True),  # not causal: every key whatever its position
+        (1, True, 38, False),  # one key after the token: masked, so SDPA with its causal mask
+        (1, True, 5, False),
+        (2, True, 38, False),  # two tokens
+    ],
+)
+def test_the_torch_single_token_step_runs_exactly_where_the_token_sees_every_key(
+    monkeypatch, Tq, causal, q_offset, fast
+):
     """pope_attention_decode(backend='torch') takes its two-matmul step (no mask) for one token that sees every cached
     key (causal with q_offset >= Tk - 1, or not causal) and SDPA with the causal mask otherwise; both equal the
     float64 reference, and for the tokens that miss keys the missing keys matter (peaked attention)."""
@@ -269,8 +291,9 @@ def test_the_torch_single_token_step_runs_exactly_where_the_token_sees_every_key
     v = v.clone()
     v[:, :, -2:] = 100.0  # the last keys' values: a token that attends to them (or not) shows
     rot = pope.pope_rotation_table(64, 16, device=DEV)
-    got = pope.pope_attention_decode(q, pope.pope_key_magnitude(k), v, delta, rotation=rot, causal=causal,
-                                     q_offset=q_offset, backend="torch")
+    got = pope.pope_attention_decode(
+        q, pope.pope_key_magnitude(k), v, delta, rotation=rot, causal=causal, q_offset=q_offset, backend="torch"
+    )
     ref = pope.pope_attention_reference(q, k, v, delta, causal=causal, q_offset=q_offset)
     assert (got.double() - ref).abs().max().item() < 1e-4
     assert (not calls) == fast, calls
@@ -286,6 +309,7 @@ def test_cached_magnitudes_are_in_the_autocast_dtype_rounded_from_float32(amp):
     caches keys and values in the autocast dtype, for the prefill, an eager step and the static step, and its
     cache_bytes is n_layer * B * H_kv * max_len * 2d * 2 bytes."""
     from model import KVCache
+
     k = 3 * torch.randn(1, 2, 7, 16, generator=torch.Generator().manual_seed(0))
     want = torch.nn.functional.softplus(k.double()).to(amp)
     with torch.autocast("cpu", dtype=amp):
@@ -295,6 +319,7 @@ def test_cached_magnitudes_are_in_the_autocast_dtype_rounded_from_float32(amp):
         assert pope.pope_key_magnitude(k.half(), "relu").dtype == amp
     assert pope.pope_key_magnitude(k).dtype == torch.float32 and pope.pope_key_magnitude(k.half()).dtype == torch.half
     from compiled import pope_gpt
+
     model = pope_gpt(n_head=4, n_kv_head=2, attn_backend="torch", n_layer=2).cpu()
     idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), torch.autocast("cpu", dtype=amp):
@@ -306,8 +331,9 @@ def test_cached_magnitudes_are_in_the_autocast_dtype_rounded_from_float32(amp):
     assert cache.cache_bytes() == 2 * 2 * 2 * 12 * (2 * 16) * 2
     raw = model.transformer.h[0].attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx)))
     k0 = raw.split((64, 32, 32), 2)[1].view(2, 9, 2, 16).transpose(1, 2)
-    torch.testing.assert_close(cache.k[0][:, :, :9].float(), torch.nn.functional.softplus(k0.float()),
-                               atol=0.02, rtol=0.02)  # the magnitudes (rounded to 8 or 11 bits), not raw keys
+    torch.testing.assert_close(
+        cache.k[0][:, :, :9].float(), torch.nn.functional.softplus(k0.float()), atol=0.02, rtol=0.02
+    )  # the magnitudes (rounded to 8 or 11 bits), not raw keys
 
 
 def test_the_split_merge_is_exact_for_logits_hundreds_of_bits_apart():
@@ -324,13 +350,14 @@ def test_the_split_merge_is_exact_for_logits_hundreds_of_bits_apart():
     q[0, 0, 0, 0], q[0, 1, 0, 0], q[0, 2, 0, 1] = 300.0, -300.0, 300.0  # base-2 logits up to +-300
     rot = torch.cat((torch.ones(Tk, D), torch.zeros(Tk, D)), 1)  # theta = 0: the keys' x = mu, y = 0
     v = torch.randn(1, 1, Tk, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    logits = (q[..., :D] @ mu.transpose(-1, -2))  # (1, 3, 1, Tk) base 2
+    logits = q[..., :D] @ mu.transpose(-1, -2)  # (1, 3, 1, Tk) base 2
     want_o = torch.softmax(logits * math.log(2), -1) @ v
     want_lse = torch.logsumexp(logits * math.log(2), -1)
     assert want_lse.max() > 200 and want_lse.min() < -200
     for n_split in (1, 4):
-        o, lse = pk.decode(q.float().to(DEV), mu.float().to(DEV), v.float().to(DEV), rot.to(DEV), q_offset=Tk - 1,
-                           n_split=n_split)
+        o, lse = pk.decode(
+            q.float().to(DEV), mu.float().to(DEV), v.float().to(DEV), rot.to(DEV), q_offset=Tk - 1, n_split=n_split
+        )
         assert torch.isfinite(o).all() and torch.isfinite(lse).all(), n_split
         torch.testing.assert_close(o.double().cpu(), want_o, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(lse.double().cpu(), want_lse, atol=1e-3, rtol=1e-6)
@@ -342,6 +369,7 @@ class _BoundsChecked:
 
     def __init__(self, lo, hi):
         import triton.runtime.interpreter as interp
+
         self.interp, self.lo, self.hi, self.hits = interp, lo, hi, []
 
     def __enter__(self):
@@ -378,15 +406,17 @@ def test_decode_reads_no_rotation_row_past_a_table_shorter_than_a_tile(Tk):
     rot = buf[:Tk]
     start = rot.data_ptr() + rot.numel() * rot.element_size()
     with _BoundsChecked(start, buf.data_ptr() + buf.numel() * buf.element_size()) as seen:
-        got = pope.pope_attention_decode(q, pope.pope_key_magnitude(k), v, delta, rotation=rot, q_offset=Tk - 1,
-                                         backend="triton")
+        got = pope.pope_attention_decode(
+            q, pope.pope_key_magnitude(k), v, delta, rotation=rot, q_offset=Tk - 1, backend="triton"
+        )
     assert not seen.hits, f"{len(seen.hits)} loads past the table's {Tk} rows"
     ref = pope.pope_attention_reference(q, k, v, delta, q_offset=Tk - 1)
     assert (got.double() - ref).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("G, Tq, kernel", [(16, 4, "decode"), (64, 1, "decode"), (13, 5, "attention"),
-                                            (65, 1, "attention")])
+@pytest.mark.parametrize(
+    "G, Tq, kernel", [(16, 4, "decode"), (64, 1, "decode"), (13, 5, "attention"), (65, 1, "attention")]
+)
 def test_decode_max_rows_is_where_the_decode_kernel_stops(monkeypatch, G, Tq, kernel):
     """G * Tq = DECODE_MAX_ROWS (64) query rows per key/value head run pope_kernel.decode (one 64-row tile), 65 run
     the prefill kernel on rotated keys; both equal the float64 reference. pope_kernel.decode takes 64 rows and
@@ -424,7 +454,8 @@ def test_decode_rows_that_are_no_power_of_two_are_all_computed(G, Tq):
     q, k, v, delta = _cache(1, G, 1, Tq, Tk, seed=6, gain=2.0)
     ref = pope.pope_attention_reference(q, k, v, delta, q_offset=Tk - Tq)
     for n_split in (1, 3):
-        got = pope.pope_attention_decode(q, pope.pope_key_magnitude(k), v, delta, q_offset=Tk - Tq, backend="triton",
-                                         n_split=n_split)
+        got = pope.pope_attention_decode(
+            q, pope.pope_key_magnitude(k), v, delta, q_offset=Tk - Tq, backend="triton", n_split=n_split
+        )
         err = (got.double() - ref).abs().amax(-1)  # (1, G, Tq): per row
         assert err.max().item() < 1e-4, (n_split, (err >= 1e-4).nonzero().tolist()[:5])

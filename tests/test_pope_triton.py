@@ -5,9 +5,10 @@ TRITON_INTERPRET=1 before anything imports triton. With CUDA the same tests run 
 compiled kernels, plus the bf16 test. Keep shapes small: the interpreter is slow. Tile sizes are set per
 test through the kernels' autotune candidate lists (pope_kernel.KERNELS[role].configs).
 """
+
+import functools
 import json
 import math
-import functools
 import os
 import subprocess
 import sys
@@ -62,8 +63,9 @@ def _grads(out, leaves, seed=1):
 
 def _check_against_reference(B, H, Tq, Tk, d, dv, causal, q_offset, magnitude, with_delta, dtype, **kw):
     q, k, v, delta = _inputs(B, H, Tq, Tk, d, dv, with_delta, dtype, **kw)
-    return _check_leaves_against_reference(q, k, v, delta, dict(causal=causal, q_offset=q_offset,
-                                                                magnitude=magnitude), TOL[dtype])
+    return _check_leaves_against_reference(
+        q, k, v, delta, dict(causal=causal, q_offset=q_offset, magnitude=magnitude), TOL[dtype]
+    )
 
 
 def _check_leaves_against_reference(q, k, v, delta, kw, tol, backend="triton"):
@@ -75,8 +77,9 @@ def _check_leaves_against_reference(q, k, v, delta, kw, tol, backend="triton"):
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
     ref = pope.pope_attention_reference(*ref_leaves[:3], ref_leaves[3] if delta is not None else None, **kw)
     errors = {}
-    for name, got, want in zip(("out", "dq", "dk", "dv", "ddelta"), (out, *_grads(out, leaves)),
-                               (ref, *_grads(ref, ref_leaves))):
+    for name, got, want in zip(
+        ("out", "dq", "dk", "dv", "ddelta"), (out, *_grads(out, leaves)), (ref, *_grads(ref, ref_leaves))
+    ):
         assert got.shape == want.shape, name
         assert torch.isfinite(got).all(), name
         err = (got.double() - want).abs().max().item()
@@ -101,8 +104,9 @@ def test_fp16_forward_and_grads_match_reference(case):
     _check_against_reference(*case[1:], dtype=torch.float16)
 
 
-@pytest.mark.skipif(not CUDA, reason="bf16 only on CUDA: the Triton interpreter's bf16 tl.dot is wrong "
-                                     "(triton-lang/triton issue 11584)")
+@pytest.mark.skipif(
+    not CUDA, reason="bf16 only on CUDA: the Triton interpreter's bf16 tl.dot is wrong (triton-lang/triton issue 11584)"
+)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bf16_cuda_forward_and_grads_match_reference(case):
     _check_against_reference(*case[1:], dtype=torch.bfloat16)
@@ -119,8 +123,9 @@ def test_grouped_query_attention_matches_reference_with_repeated_kv(backend, H, 
     got = _grads(out, (q, k, v, delta))
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v, delta)]
     rq, rk, rv, rdelta = leaves
-    ref = pope.pope_attention_reference(rq, rk.repeat_interleave(G, 1), rv.repeat_interleave(G, 1),
-                                        rdelta.repeat_interleave(G, 0), q_offset=q_offset)
+    ref = pope.pope_attention_reference(
+        rq, rk.repeat_interleave(G, 1), rv.repeat_interleave(G, 1), rdelta.repeat_interleave(G, 0), q_offset=q_offset
+    )
     want = _grads(ref, leaves)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     for name, a, b in zip(("dq", "dk", "dv", "ddelta"), got, want):
@@ -146,8 +151,7 @@ def test_training_size_tiles_match_reference(monkeypatch):
 def test_large_q_offset_several_key_tiles():
     """Queries at absolute positions ~1e4 (phases ~1e4 rad) against keys spanning 5 key tiles."""
     q, k, v, delta = _inputs(1, 2, 40, 70, 16, 16, True, torch.float32, seed=3)
-    _check_leaves_against_reference(q, k, v, delta, dict(causal=True, q_offset=10_000, magnitude="softplus"),
-                                    tol=1e-4)
+    _check_leaves_against_reference(q, k, v, delta, dict(causal=True, q_offset=10_000, magnitude="softplus"), tol=1e-4)
 
 
 def test_long_keys_large_phases(monkeypatch):
@@ -157,8 +161,7 @@ def test_long_keys_large_phases(monkeypatch):
         _set_tiles(monkeypatch, fwd=(32, 128), dq=(32, 128), dkdv=(32, 128))
     Tk = 10_020
     q, k, v, delta = _inputs(1, 1, 20, Tk, 16, 16, True, torch.float32, seed=4)
-    _check_leaves_against_reference(q, k, v, delta, dict(causal=True, q_offset=Tk - 20, magnitude="softplus"),
-                                    tol=1e-4)
+    _check_leaves_against_reference(q, k, v, delta, dict(causal=True, q_offset=Tk - 20, magnitude="softplus"), tol=1e-4)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -167,8 +170,9 @@ def test_phases_exact_at_1e5_tokens(backend):
     fp32 frequency table (pope_frequencies), so out and every gradient match the float64 reference (which uses
     that same table) to fp32 rounding. fp32 phase products are off by up to ~4e-3 rad here."""
     q, k, v, delta = _inputs(1, 2, 20, 40, 16, 16, True, torch.float32, seed=7)
-    _check_leaves_against_reference(q, k, v, delta, dict(causal=True, q_offset=100_000 - 20, magnitude="softplus"),
-                                    tol=2e-5, backend=backend)
+    _check_leaves_against_reference(
+        q, k, v, delta, dict(causal=True, q_offset=100_000 - 20, magnitude="softplus"), tol=2e-5, backend=backend
+    )
 
 
 def test_strided_inputs_as_in_the_model():
@@ -190,6 +194,7 @@ def test_strided_inputs_as_in_the_model():
 
 # ---- the FlashAttention core on its own (pope_kernel.attention) ----------------------------------------
 
+
 def _plain_reference(q, k, v, causal, q_offset):
     """float64 softmax(ln 2 * q k^T) v with k, v repeated over the query heads of each group, and its lse."""
     G = q.shape[1] // k.shape[1]
@@ -200,9 +205,16 @@ def _plain_reference(q, k, v, causal, q_offset):
     return torch.softmax(z, -1) @ v, torch.logsumexp(z, -1)
 
 
-@pytest.mark.parametrize("H, H_kv, Tq, Tk, d_qk, d_v, causal, q_offset", [
-    (2, 2, 37, 37, 32, 16, True, 0), (4, 2, 19, 53, 64, 32, True, 34), (2, 1, 45, 20, 32, 16, True, 0),
-    (1, 1, 33, 40, 16, 64, False, 0), (2, 2, 1, 29, 32, 16, True, 28)])
+@pytest.mark.parametrize(
+    "H, H_kv, Tq, Tk, d_qk, d_v, causal, q_offset",
+    [
+        (2, 2, 37, 37, 32, 16, True, 0),
+        (4, 2, 19, 53, 64, 32, True, 34),
+        (2, 1, 45, 20, 32, 16, True, 0),
+        (1, 1, 33, 40, 16, 64, False, 0),
+        (2, 2, 1, 29, 32, 16, True, 28),
+    ],
+)
 def test_kernel_core_matches_softmax_attention(H, H_kv, Tq, Tk, d_qk, d_v, causal, q_offset):
     """pope_kernel.attention alone (its own autograd registration): o, lse (nats) and dq, dk, dv of
     softmax(ln 2 * q k^T) v with d_qk != d_v, grouped heads, causal with q_offset."""
@@ -237,6 +249,7 @@ def test_backward_logits_reproduce_forward_lse(monkeypatch):
 
 
 # ---- determinism and the autotuner ---------------------------------------------------------------------
+
 
 def _ddelta(q, k, v, delta, **kw):
     out = pope.pope_attention(q, k, v, delta, backend="triton", **kw)
@@ -284,11 +297,14 @@ def test_every_autotune_candidate_overwrites_its_outputs(monkeypatch):
     assert all(len(pk.KERNELS[role].cache) == 1 for role in pk.KERNELS)  # the autotuner did run
 
 
-@pytest.mark.parametrize("spec, want", [
-    ("", {}),
-    ("fwd=128,64,8,3", {"fwd": (128, 64, 8, 3)}),
-    (" dkdv=64,128,8,3 ; dq=64,32,4,3 ", {"dkdv": (64, 128, 8, 3), "dq": (64, 32, 4, 3)}),
-])
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        ("", {}),
+        ("fwd=128,64,8,3", {"fwd": (128, 64, 8, 3)}),
+        (" dkdv=64,128,8,3 ; dq=64,32,4,3 ", {"dkdv": (64, 128, 8, 3), "dq": (64, 32, 4, 3)}),
+    ],
+)
 def test_pinned_configs_parse(monkeypatch, spec, want):
     monkeypatch.setenv(pk.PIN_ENV, spec)
     assert pk.pinned_configs() == want
@@ -303,9 +319,11 @@ def test_pinned_configs_reject_bad_values(monkeypatch, spec):
 
 def test_pin_environment_variable_is_applied_at_import():
     """POPE_TRITON_CONFIG, read when pope_kernel is imported, leaves the pinned kernels one candidate each."""
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import pope_kernel as pk\n"
-            "print([(r, [(c.kwargs['BLOCK_M'], c.kwargs['BLOCK_N'], c.num_warps, c.num_stages) for c in k.configs])"
-            " for r, k in pk.KERNELS.items()])")
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); import pope_kernel as pk\n"
+        "print([(r, [(c.kwargs['BLOCK_M'], c.kwargs['BLOCK_N'], c.num_warps, c.num_stages) for c in k.configs])"
+        " for r, k in pk.KERNELS.items()])"
+    )
     env = dict(os.environ, POPE_TRITON_CONFIG="fwd=64,32,4,3;dq=128,64,8,2")
     env.pop("TRITON_INTERPRET", None)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
@@ -316,9 +334,11 @@ def test_pin_environment_variable_is_applied_at_import():
 
 # ---- dispatch, errors, torch.compile ----------------------------------------------------------------------
 
+
 def test_auto_backend_on_cpu_uses_torch(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("backend='auto' must not use the Triton kernel for CPU tensors")
+
     monkeypatch.setattr(pope, "pope_attention_triton", fail)
     q, k, v, delta = (t.detach().cpu() for t in _inputs(1, 2, 9, 9, 16, 16, True, torch.float32))
     out = pope.pope_attention(q, k, v, delta)  # default backend is 'auto'
@@ -331,14 +351,17 @@ def _mock_gpu(monkeypatch, arch, limit=None):
     Returns the list of the devices the capability queries were asked about. device_unsupported_reason's cache
     starts empty under each mock and is restored after the test."""
     from types import SimpleNamespace
+
     asked = []
     monkeypatch.setattr(pk, "_device_reason", functools.lru_cache(maxsize=None)(pk._device_reason.__wrapped__))
-    props = SimpleNamespace(major=arch // 10, minor=arch % 10,
-                            shared_memory_per_block_optin=limit or pk.SHARED_MEMORY_LIMITS[arch])
+    props = SimpleNamespace(
+        major=arch // 10, minor=arch % 10, shared_memory_per_block_optin=limit or pk.SHARED_MEMORY_LIMITS[arch]
+    )
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: (asked.append(device), props)[1])
-    monkeypatch.setattr(torch.cuda, "get_device_capability",
-                        lambda device=None: (asked.append(device), (props.major, props.minor))[1])
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda device=None: (asked.append(device), (props.major, props.minor))[1]
+    )
     return asked
 
 
@@ -368,8 +391,11 @@ def test_device_unsupported_reason_is_remembered_per_device(monkeypatch):
     widths 256 / 128 and cuda:1 (sm_90) takes it, whichever is asked first; 'cuda' is the current device. An
     error of the device query is raised each time, never remembered."""
     from types import SimpleNamespace
-    parts = {0: SimpleNamespace(major=8, minor=6, shared_memory_per_block_optin=101_376),
-             1: SimpleNamespace(major=9, minor=0, shared_memory_per_block_optin=232_448)}
+
+    parts = {
+        0: SimpleNamespace(major=8, minor=6, shared_memory_per_block_optin=101_376),
+        1: SimpleNamespace(major=9, minor=0, shared_memory_per_block_optin=232_448),
+    }
     asked = []
 
     def props(device=None):
@@ -377,6 +403,7 @@ def test_device_unsupported_reason_is_remembered_per_device(monkeypatch):
         if torch.device(device).index not in parts:
             raise RuntimeError(f"Invalid device id {device}")
         return parts[torch.device(device).index]
+
     monkeypatch.setattr(pk, "_device_reason", functools.lru_cache(maxsize=None)(pk._device_reason.__wrapped__))
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
@@ -462,6 +489,7 @@ def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
     from torch._inductor.decomposition import select_decomp_table
 
     from model import GPT, GPTConfig
+
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=H, n_embd=H * d, block_size=T, vocab_size=64, attn_backend=backend)).to(DEV)
     x = torch.randint(0, 64, (B, T)).to(DEV)
@@ -473,13 +501,21 @@ def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
 
     def forward_compiler(gm, example_inputs):
         out = next(n for n in gm.graph.nodes if n.op == "output")
-        saved.extend(a.meta["val"] for a in out.args[0] if hasattr(a, "meta") and isinstance(a.meta.get("val"), torch.Tensor))
+        saved.extend(
+            a.meta["val"] for a in out.args[0] if hasattr(a, "meta") and isinstance(a.meta.get("val"), torch.Tensor)
+        )
         return gm
 
     def aot_backend(gm, example_inputs):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler, bw_compiler=lambda gm, _: gm,
-                                     partition_fn=partial(min_cut_rematerialization_partition, compiler="inductor"),
-                                     decompositions=select_decomp_table())
+        return aot_module_simplified(
+            gm,
+            example_inputs,
+            fw_compiler=forward_compiler,
+            bw_compiler=lambda gm, _: gm,
+            partition_fn=partial(min_cut_rematerialization_partition, compiler="inductor"),
+            decompositions=select_decomp_table(),
+        )
+
     if compiled:
         torch._dynamo.reset()
         torch.compile(step, backend=aot_backend, fullgraph=True)(x)
@@ -489,6 +525,7 @@ def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
         def pack(t):
             seen[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t
             return t
+
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             step(x)
         saved = list(seen.values())
@@ -515,19 +552,20 @@ def test_opcheck():
     torch.library.opcheck(pk.attention_forward, (q, k, v, True, 0))
     torch.library.opcheck(pk.attention_forward, (q, k[:, :1], v[:, :1], False, 3))
     o, lse = pk.attention_forward(q, k, v, True, 0)
-    torch.library.opcheck(pk.attention_backward, (torch.randn_like(o), q.detach(), k.detach(), v.detach(),
-                                                  o.detach(), lse, True, 0))
+    torch.library.opcheck(
+        pk.attention_backward, (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse, True, 0)
+    )
 
 
 def test_launch_limits_raise_clear_errors():
     """Limits of the kernels' index arithmetic are checked on the host (no allocation needed)."""
     with pytest.raises(ValueError, match="int32 positions"):
-        pk.check_limits(1, 1, 16, 16, 2 ** 31 - 8, (64, 64))
+        pk.check_limits(1, 1, 16, 16, 2**31 - 8, (64, 64))
     with pytest.raises(ValueError, match="grid limit"):
-        pk.check_limits(2 ** 16, 2 ** 8, 2 ** 11, 2 ** 11, 0, (64, 64))
+        pk.check_limits(2**16, 2**8, 2**11, 2**11, 0, (64, 64))
     with pytest.raises(ValueError, match="row stride"):
-        pk.check_limits(1, 1, 16, 16, 0, (64, 2 ** 24))
-    pk.check_limits(2 ** 12, 32, 4096, 4096, 0, (3 * 4096, 3 * 4096))  # B * H = 131072 > 65,535: fine
+        pk.check_limits(1, 1, 16, 16, 0, (64, 2**24))
+    pk.check_limits(2**12, 32, 4096, 4096, 0, (3 * 4096, 3 * 4096))  # B * H = 131072 > 65,535: fine
 
 
 def test_grid_is_one_dimensional(monkeypatch):
@@ -540,6 +578,7 @@ def test_grid_is_one_dimensional(monkeypatch):
         def record(*args, grid, _run=run, _role=role, **kw):
             grids.append((_role, grid({"BLOCK_M": 16, "BLOCK_N": 16})))
             return _run(*args, grid=grid, **kw)
+
         monkeypatch.setattr(kernel, "run", record)
     q, k, v, delta = _inputs(2, 6, 20, 20, 16, 16, True, torch.float32, H_kv=3)
     pope.pope_attention(q, k, v, delta, backend="triton").sum().backward()
@@ -551,11 +590,17 @@ def test_every_kernel_is_launched_with_fp_fusion_set(monkeypatch):
     kernels gets enable_fp_fusion=True at its launch (pope_kernel.COMPILE_OPTIONS), seen here where the
     autotuner hands the call to the jitted function, which compiles with it on a GPU."""
     seen = {}
-    for role, fn in (("fwd", pk.KERNELS["fwd"].fn), ("pre", pk.PRE_KERNEL), ("dkdv", pk.KERNELS["dkdv"].fn),
-                     ("dq", pk.KERNELS["dq"].fn)):
+    for role, fn in (
+        ("fwd", pk.KERNELS["fwd"].fn),
+        ("pre", pk.PRE_KERNEL),
+        ("dkdv", pk.KERNELS["dkdv"].fn),
+        ("dq", pk.KERNELS["dq"].fn),
+    ):
+
         def record(*args, _run=fn.run, _role=role, **kw):
             seen[_role] = kw.get("enable_fp_fusion")
             return _run(*args, **kw)
+
         monkeypatch.setattr(fn, "run", record)
     q, k, v, delta = _inputs(1, 2, 20, 20, 16, 16, True, torch.float32)
     pope.pope_attention(q, k, v, delta, backend="triton").sum().backward()
@@ -583,9 +628,15 @@ TF32_CASES = {  # what torch was told -> tl.dot precision for fp32 operands
 def test_dot_precision_reads_both_tf32_apis():
     """torch's newer fp32_precision API makes a later read of the legacy allow_tf32 flag raise. The flags are
     global, so each case runs in a fresh process (all at once)."""
-    procs = {setup: subprocess.Popen([sys.executable, "-c", TF32_PROBE.format(repo=str(REPO), setup=setup)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for setup in TF32_CASES}
+    procs = {
+        setup: subprocess.Popen(
+            [sys.executable, "-c", TF32_PROBE.format(repo=str(REPO), setup=setup)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for setup in TF32_CASES
+    }
     for setup, proc in procs.items():
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, (setup, err[-2000:])
@@ -603,19 +654,30 @@ REFUSED = [(86, torch.float32, 128), (89, torch.float32, 128), (120, torch.float
 
 
 def _kept(role, tq, tk, d, dtype, arch):
-    """[(config tuple, model bytes)] the autotuner keeps for PoPE at raw head dim d (D_QK = 2d, D_V = d) on sm_<arch>."""
+    """[(config tuple, model bytes)] the autotuner keeps for PoPE at raw head dim d (D_QK = 2d, D_V = d) on
+    sm_<arch>."""
     e = torch.empty((), dtype=dtype).element_size()
-    cfgs = pk.select_configs(role, pk.gpu_configs(role), pk.pow2_bucket(tq), pk.pow2_bucket(tk), 2 * d, d, e, arch,
-                             pk.SHARED_MEMORY_LIMITS[arch])
+    cfgs = pk.select_configs(
+        role,
+        pk.gpu_configs(role),
+        pk.pow2_bucket(tq),
+        pk.pow2_bucket(tk),
+        2 * d,
+        d,
+        e,
+        arch,
+        pk.SHARED_MEMORY_LIMITS[arch],
+    )
     keys = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in cfgs]
     return [(key, pk.shared_memory_bytes(role, key, 2 * d, d, e, arch)) for key in keys]
 
 
 def test_every_part_dtype_and_head_dim_keeps_tiles_that_fit_or_is_refused():
     """sm_80 (A100, 166,912 B), sm_86 / sm_89 (A10, 3090, L4, L40: 101,376 B), sm_90 (H100, 232,448 B), sm_100
-    (B200, 232,448 B), sm_120 (RTX 50xx, RTX PRO 6000 Blackwell: 101,376 B); fp16, bf16, fp32; d in 16..128; the forward, dQ and dK/dV kernels of a training step (Tq = Tk = 1024) and the forward of
-    decoding (Tq = 1, Tk = 4096): every candidate kept fits the part, and training keeps >= 64-row tiles where
-    one fits. Only fp32 at d = 128 on the 101,376-byte parts fits nowhere: refused with a reason."""
+    (B200, 232,448 B), sm_120 (RTX 50xx, RTX PRO 6000 Blackwell: 101,376 B); fp16, bf16, fp32; d in 16..128; the
+    forward, dQ and dK/dV kernels of a training step (Tq = Tk = 1024) and the forward of decoding (Tq = 1, Tk =
+    4096): every candidate kept fits the part, and training keeps >= 64-row tiles where one fits. Only fp32 at d =
+    128 on the 101,376-byte parts fits nowhere: refused with a reason."""
     refused = []
     for arch, limit in pk.SHARED_MEMORY_LIMITS.items():
         for dtype in pk.DTYPES:
@@ -629,9 +691,15 @@ def test_every_part_dtype_and_head_dim_keeps_tiles_that_fit_or_is_refused():
                         case = (arch, dtype, d, problem, role, kept)
                         assert kept and all(b <= limit for _, b in kept), case
                         big = [c for c in pk.CONFIGS[role][pk.head_class(2 * d, d)] if c[0] >= 64]
-                        if problem == "training" and role != "dkdv" and any(
+                        if (
+                            problem == "training"
+                            and role != "dkdv"
+                            and any(
                                 pk.shared_memory_bytes(role, c, 2 * d, d, 2 if dtype != torch.float32 else 4, arch)
-                                <= limit for c in big):
+                                <= limit
+                                for c in big
+                            )
+                        ):
                             assert all(c[0] >= 64 for c, _ in kept), case
     assert refused == REFUSED
 
@@ -686,9 +754,15 @@ def _compiled_shared(cases):
     """Triton's metadata.shared (bytes) of each (role, d, config, arch, 'bf16' | 'fp16' | 'fp32', 'tf32' | 'ieee')
     case, compiled in a subprocess without TRITON_INTERPRET (no GPU needed)."""
     import json
+
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", SHARED.format(repo=str(REPO), cases=cases)], capture_output=True,
-                         text=True, timeout=7200, env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", SHARED.format(repo=str(REPO), cases=cases)],
+        capture_output=True,
+        text=True,
+        timeout=7200,
+        env=env,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return [json.loads(line) for line in res.stdout.splitlines()]
 
@@ -705,13 +779,17 @@ def test_shared_memory_model_bounds_the_compiled_kernels_of_the_tight_cases():
     wgmma forward on sm_90, fp32 on sm_80; the tcgen05 dQ on sm_100, whose (64, 64, 8, 3) compiles to 230,400 of
     its 232,448 bytes; the mma.sync forward on sm_120), compiled: Triton's metadata.shared is at most the model's
     bytes."""
-    cases = [(role, 128, _kept(role, 1024, 1024, 128, dtype, arch)[0][0], arch, name, "tf32")
-             for arch, dtype, name, roles in ((86, torch.bfloat16, "bf16", ("fwd", "dq", "dkdv")),
-                                              (90, torch.bfloat16, "bf16", ("fwd",)),
-                                              (80, torch.float32, "fp32", ("fwd", "dq")),
-                                              (100, torch.bfloat16, "bf16", ("dq",)),
-                                              (120, torch.bfloat16, "bf16", ("fwd",)))
-             for role in roles]
+    cases = [
+        (role, 128, _kept(role, 1024, 1024, 128, dtype, arch)[0][0], arch, name, "tf32")
+        for arch, dtype, name, roles in (
+            (86, torch.bfloat16, "bf16", ("fwd", "dq", "dkdv")),
+            (90, torch.bfloat16, "bf16", ("fwd",)),
+            (80, torch.float32, "fp32", ("fwd", "dq")),
+            (100, torch.bfloat16, "bf16", ("dq",)),
+            (120, torch.bfloat16, "bf16", ("fwd",)),
+        )
+        for role in roles
+    ]
     assert (cases[6][2], cases[6][3]) == ((64, 64, 8, 3), 100)
     _check_model_bounds_compiled(cases)
 
@@ -722,8 +800,11 @@ def test_shared_memory_model_keeps_its_kilobyte_over_the_compiled_dkdv_and_fp32_
     tcgen05 dK/dV on sm_100 (32, 128, 8, 3), bf16 (its num_stages + 1 buffers of query rows); the mma.sync dK/dV on
     sm_80 (32, 64, 4, 3), bf16 (the per-row lse and Di in each buffer); the fp32 forward on sm_120 (32, 64, 4, 2) (the
     row-reduction scratch). Each model figure is at least the compiled one plus the documented 1 KB."""
-    cases = [("dkdv", 64, (32, 128, 8, 3), 100, "bf16", "tf32"), ("dkdv", 64, (32, 64, 4, 3), 80, "bf16", "tf32"),
-             ("fwd", 64, (32, 64, 4, 2), 120, "fp32", "tf32")]
+    cases = [
+        ("dkdv", 64, (32, 128, 8, 3), 100, "bf16", "tf32"),
+        ("dkdv", 64, (32, 64, 4, 3), 80, "bf16", "tf32"),
+        ("fwd", 64, (32, 64, 4, 2), 120, "fp32", "tf32"),
+    ]
     for role, d, cfg, arch, dtype, _, shared in _compiled_shared(cases):
         model = pk.shared_memory_bytes(role, tuple(cfg), 2 * d, d, 4 if dtype == "fp32" else 2, arch)
         assert shared + 1024 <= model, (role, d, cfg, arch, dtype, shared, model)
@@ -735,10 +816,12 @@ def test_blackwell_tiles_that_fit_are_kept():
     (90,112 B compiled) and left the training forward only 32- and 16-row tiles; sm_100's tcgen05 dQ at d = 128
     (64, 64, 8, 3) compiles to 230,400 B, 24,576 B more than Hopper's rules said, and still fits."""
     e = 2
-    for role, d, cfg, arch, compiled in (("fwd", 128, (64, 64, 4, 2), 120, 90_112),
-                                         ("fwd", 64, (128, 64, 8, 3), 120, 81_920),
-                                         ("dq", 64, (64, 64, 4, 3), 120, 81_920),
-                                         ("dq", 128, (64, 64, 8, 3), 100, 230_400)):
+    for role, d, cfg, arch, compiled in (
+        ("fwd", 128, (64, 64, 4, 2), 120, 90_112),
+        ("fwd", 64, (128, 64, 8, 3), 120, 81_920),
+        ("dq", 64, (64, 64, 4, 3), 120, 81_920),
+        ("dq", 128, (64, 64, 8, 3), 100, 230_400),
+    ):
         model = pk.shared_memory_bytes(role, cfg, 2 * d, d, e, arch)
         assert compiled <= model <= pk.SHARED_MEMORY_LIMITS[arch], (role, d, cfg, arch, model)
         assert cfg in [c for c, _ in _kept(role, 1024, 1024, d, torch.bfloat16, arch)], (role, d, cfg, arch)
@@ -752,11 +835,16 @@ def test_shared_memory_model_bounds_every_compiled_candidate():
     """Every autotune candidate of its head-dim class, d in 16..128, sm_80 / 86 / 89 / 90 / 100 / 120, bf16, fp16
     and fp32 (tf32 and IEEE dots): compiled shared memory <= pope_kernel.shared_memory_bytes (about 1,500
     compiles)."""
-    _check_model_bounds_compiled([
-        (role, d, cfg, arch, dtype, prec) for arch in pk.SHARED_MEMORY_LIMITS
-        for dtype, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "tf32"), ("fp32", "ieee"))
-        for d in pope.TRITON_HEAD_DIMS for role in ("fwd", "dkdv", "dq")
-        for cfg in pk.CONFIGS[role][pk.head_class(2 * d, d)]])
+    _check_model_bounds_compiled(
+        [
+            (role, d, cfg, arch, dtype, prec)
+            for arch in pk.SHARED_MEMORY_LIMITS
+            for dtype, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "tf32"), ("fp32", "ieee"))
+            for d in pope.TRITON_HEAD_DIMS
+            for role in ("fwd", "dkdv", "dq")
+            for cfg in pk.CONFIGS[role][pk.head_class(2 * d, d)]
+        ]
+    )
 
 
 # ---- compile-only checks (no GPU): the kernels build for sm_80 / sm_90 without spilling in their loops ----
@@ -783,8 +871,13 @@ print("ok")
 def _compile_check(configs):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "0"  # the default from Triton 3.10 on; the kernels must not depend on it
-    res = subprocess.run([sys.executable, "-c", COMPILE.format(repo=str(REPO), configs=configs)], capture_output=True,
-                         text=True, timeout=3600, env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", COMPILE.format(repo=str(REPO), configs=configs)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=env,
+    )
     if res.returncode != 0 and ("ptxas" in res.stderr and "not found" in res.stderr.lower()):
         pytest.skip("no ptxas in this triton install")
     assert res.returncode == 0 and "ok" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
@@ -817,8 +910,13 @@ def test_dkdv_loop_at_d128_is_bound_by_its_matmuls_on_sm90():
     instructions per warp and 128 x 128 block, 8,000 cycles against its matmuls' 6,144 (docs/kernel.md). The
     cycle estimate of bench_kernel.py --sass must equal the matmul floor under the installed Triton."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", MATMUL_BOUND.format(repo=str(REPO))], capture_output=True, text=True,
-                         timeout=1800, env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", MATMUL_BOUND.format(repo=str(REPO))],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
     if res.returncode != 0 and ("ptxas" in res.stderr and "not found" in res.stderr.lower()):
         pytest.skip("no ptxas in this triton install")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -832,8 +930,15 @@ def test_every_autotune_config_compiles_for_sm80_and_sm90_without_loop_spills():
     """Every autotune candidate, both head-dim classes, sm_80 and sm_90: the claim in the comment above
     pope_kernel.CONFIGS. `python bench_kernel.py --spills` prints the table, sm_100 and sm_120 too, where two
     candidates have local memory in a loop (docs/kernel.md)."""
-    _compile_check([(role, d, cfg, arch) for role in ("fwd", "dkdv", "dq") for d in (64, 128)
-                    for cfg in pk.CONFIGS[role][d] for arch in (80, 90)])
+    _compile_check(
+        [
+            (role, d, cfg, arch)
+            for role in ("fwd", "dkdv", "dq")
+            for d in (64, 128)
+            for cfg in pk.CONFIGS[role][d]
+            for arch in (80, 90)
+        ]
+    )
 
 
 @pytest.mark.slow
@@ -844,14 +949,14 @@ def test_row_offsets_past_2_pow_31_elements():
     The 10 GB buffer is allocated but only 300 rows of it are touched."""
     if CUDA:
         pytest.skip("interpreter version; on CUDA the same views run the compiled kernels")
-    T, d, stride = 300, 16, 2 ** 24 - 64
+    T, d, stride = 300, 16, 2**24 - 64
     base = torch.empty(T * stride, dtype=torch.float16)
     g = torch.Generator().manual_seed(9)
     views = [base.as_strided((1, 1, T, d), (0, 0, stride, 1), storage_offset=i * d) for i in range(3)]
     for t in views:
         t.copy_(torch.randn(1, 1, T, d, generator=g).half())
     q, k, v = (t[:, :, -20:] if i == 0 else t for i, t in enumerate(views))  # 20 queries at the end
-    delta = (-2 * torch.pi * torch.rand(1, d, generator=g))
+    delta = -2 * torch.pi * torch.rand(1, d, generator=g)
     out = pope.pope_attention(q, k, v, delta, backend="triton", q_offset=T - 20)
     ref = pope.pope_attention_reference(q.double(), k.double(), v.double(), delta, q_offset=T - 20)
     assert (out.double() - ref).abs().max().item() < 2e-3

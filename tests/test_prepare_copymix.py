@@ -5,8 +5,8 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import char_dataset
+
 from prepare import shakespeare_copymix as cm
 
 
@@ -24,9 +24,14 @@ def test_prepare_keeps_val_test_and_the_tokenizer(tmp_path):
     cm.prepare(src, out, p_copy=1.0, min_span=5, max_span=5)
     a, b = (json.load(open(os.path.join(d, "meta.json"))) for d in (src, out))
     assert a["tokenizer"] == b["tokenizer"] and a["vocab_size"] == b["vocab_size"]
-    assert b["copymix"]["copied"] == b["copymix"]["spans"] and b["splits"]["train"]["tokens"] == 2 * a["splits"]["train"]["tokens"]
+    assert (
+        b["copymix"]["copied"] == b["copymix"]["spans"]
+        and b["splits"]["train"]["tokens"] == 2 * a["splits"]["train"]["tokens"]
+    )
     for split in ("val", "test"):
-        assert open(os.path.join(src, f"{split}.bin"), "rb").read() == open(os.path.join(out, f"{split}.bin"), "rb").read()
+        assert (
+            open(os.path.join(src, f"{split}.bin"), "rb").read() == open(os.path.join(out, f"{split}.bin"), "rb").read()
+        )
     with pytest.raises(cm.UserError, match="min_span"):
         cm.prepare(src, out, min_span=0)
 
@@ -43,26 +48,51 @@ def test_the_copy_cpu_config_trains_on_the_mix_its_comment_prepares(tmp_path):
     """config/train_copy_cpu.py (issue 44's retrieval setting) on the mix its comment's command makes
     (min_span 4, max_span 32, all repeats random), small: the run keeps the config's model and context."""
     import train
+
     root = str(tmp_path)
     char_dataset(os.path.join(root, "shakespeare_char"), "to be or not to be, that is the question. " * 200, "chars")
-    cm.main(["--source_dir", os.path.join(root, "shakespeare_char"), "--p_random=1", "--min_span=4", "--max_span=32",
-             "--out_dir", os.path.join(root, "shakespeare_char_copyrand32")])
+    cm.main(
+        [
+            "--source_dir",
+            os.path.join(root, "shakespeare_char"),
+            "--p_random=1",
+            "--min_span=4",
+            "--max_span=32",
+            "--out_dir",
+            os.path.join(root, "shakespeare_char_copyrand32"),
+        ]
+    )
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    metrics = train.main([os.path.join(repo, "config", "train_copy_cpu.py"), "--max_iters=2", "--eval_iters=1",
-                          "--batch_size=2", f"--data_root={root}", f"--out_dir={tmp_path / 'out'}"])
+    metrics = train.main(
+        [
+            os.path.join(repo, "config", "train_copy_cpu.py"),
+            "--max_iters=2",
+            "--eval_iters=1",
+            "--batch_size=2",
+            f"--data_root={root}",
+            f"--out_dir={tmp_path / 'out'}",
+        ]
+    )
     cfg = metrics["config"]
     assert metrics["dataset"] == "shakespeare_char_copyrand32"
-    assert (cfg["n_layer"], cfg["n_embd"], cfg["block_size"], cfg["learning_rate"], cfg["min_lr"]) == (2, 128, 64, 3e-3, 3e-4)
+    assert (cfg["n_layer"], cfg["n_embd"], cfg["block_size"], cfg["learning_rate"], cfg["min_lr"]) == (
+        2,
+        128,
+        64,
+        3e-3,
+        3e-4,
+    )
 
 
 # ---- issue 53, round six ------------------------------------------------------------------------
+
 
 def reference_mix(tokens, p_copy, min_span, max_span, seed):
     """The documented mix without random spans, drawn by hand: per span, integers(min_span, max_span + 1)
     for its length, then one random() < p_copy for its repeat, and nothing else."""
     rng, out, i = np.random.default_rng(seed), [], 0
     while i < len(tokens):
-        span = tokens[i:i + int(rng.integers(min_span, max_span + 1))]
+        span = tokens[i : i + int(rng.integers(min_span, max_span + 1))]
         i += len(span)
         out += [span, span] if rng.random() < p_copy else [span]
     return np.concatenate(out)

@@ -5,14 +5,14 @@ import csv
 
 import pytest
 from scipy import stats
+from test_results_compare import arms
 
 import results
-from test_results_compare import arms, prov
 
 
 def write_retrieval(path, passkey, copy_acc, length=256):
     """NAME.passkey.csv (two depths: correct per depth out of 10) and NAME.copy.csv beside NAME.json."""
-    stem = path[:-len(".json")]
+    stem = path[: -len(".json")]
     with open(f"{stem}.passkey.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["run", "label", "length", "depth", "trials", "correct"])
@@ -39,9 +39,14 @@ def test_compare_reads_pooled_passkey_and_copy_accuracy(tmp_path):
     assert cp["b"][0] - cp["a"][0] == pytest.approx(100 * (sum(copies[3:]) - sum(copies[:3])) / 3)
 
 
-@pytest.mark.parametrize("arg,message", [("--retrieval=needle@256", "TASK@LENGTH"),
-                                         ("--retrieval=passkey@0", "TASK@LENGTH"),
-                                         ("--retrieval=passkey@512", "has no length 512")])
+@pytest.mark.parametrize(
+    "arg,message",
+    [
+        ("--retrieval=needle@256", "TASK@LENGTH"),
+        ("--retrieval=passkey@0", "TASK@LENGTH"),
+        ("--retrieval=passkey@512", "has no length 512"),
+    ],
+)
 def test_bad_retrieval_input_exits_2(tmp_path, capsys, arg, message):
     paths = arms(tmp_path, [1.0, 1.1], [1.0, 1.2])
     for p in paths:
@@ -69,17 +74,26 @@ def test_a_csv_of_several_runs_of_one_label_gives_each_run_its_own_rows(tmp_path
     pooled over its own depths, copy its own acc_second, never another run's nor a pool of all."""
     paths = arms(tmp_path, [1.0, 1.1, 1.2], [1.0, 1.1, 1.3], seeds_b=[7, 8, 9])
     names = ["pope-s1", "pope-s2", "pope-s3", "rope-s7", "rope-s8", "rope-s9"]
-    passkey = {"pope-s1": (2, 4), "pope-s2": (5, 5), "pope-s3": (0, 3), "rope-s7": (9, 10), "rope-s8": (10, 10),
-               "rope-s9": (7, 9)}
+    passkey = {
+        "pope-s1": (2, 4),
+        "pope-s2": (5, 5),
+        "pope-s3": (0, 3),
+        "rope-s7": (9, 10),
+        "rope-s8": (10, 10),
+        "rope-s9": (7, 9),
+    }
     copies = dict(zip(names, [0.10, 0.12, 0.08, 0.50, 0.61, 0.55]))
     pk_text = "run,label,length,depth,trials,correct\n" + "".join(
         f"out/{n}{'/' if n.endswith('2') else ''},rope,{L},{d},10,{k if L == 256 else 10 - k}\n"
-        for n in names for L in (128, 256) for d, k in zip((0.0, 1.0), passkey[n]))
+        for n in names
+        for L in (128, 256)
+        for d, k in zip((0.0, 1.0), passkey[n])
+    )
     cp_text = "run,label,length,distance,acc_second\n" + "".join(
-        f"out/{n},rope,{L},{L // 2 + 1},{copies[n] if L == 256 else 1 - copies[n]}\n"
-        for n in names for L in (128, 256))
+        f"out/{n},rope,{L},{L // 2 + 1},{copies[n] if L == 256 else 1 - copies[n]}\n" for n in names for L in (128, 256)
+    )
     for p in paths:
-        stem = p[:-len(".json")]
+        stem = p[: -len(".json")]
         open(f"{stem}.passkey.csv", "w").write(pk_text)
         open(f"{stem}.copy.csv", "w").write(cp_text)
     for p, n in zip(paths, names):

@@ -18,16 +18,34 @@ PROMPT = "NZTUIGWkXFrhCJDzscat,N,+4,"
 @pytest.fixture(scope="module")
 def run_dir(tiny_indirect, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("run"))
-    train.main(["--n_layer=2", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_iters=1", "--max_iters=1",
-                "--eval_interval=1", "--attn_backend=torch", "--compile=False", f"--data_root={tiny_indirect}",
-                "--dataset=indirect_indexing", "--block_size=64",
-                f"--out_dir={out}"])
+    train.main(
+        [
+            "--n_layer=2",
+            "--n_head=2",
+            "--n_embd=32",
+            "--batch_size=8",
+            "--eval_iters=1",
+            "--max_iters=1",
+            "--eval_interval=1",
+            "--attn_backend=torch",
+            "--compile=False",
+            f"--data_root={tiny_indirect}",
+            "--dataset=indirect_indexing",
+            "--block_size=64",
+            f"--out_dir={out}",
+        ]
+    )
     return out
 
 
 def sample(*args):
-    p = subprocess.run([sys.executable, "sample.py", "--device=cpu", "--attn_backend=torch", *args], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "sample.py", "--device=cpu", "--attn_backend=torch", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stdout.split("\n---------------\n")[:-1]
 
@@ -37,8 +55,14 @@ def test_sampled_text_keeps_the_prompt_and_prints_no_padding(run_dir, tmp_path):
     pad id (65) and unused ids (66..127) many times in 3 x 300 tokens; none of them is printed."""
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text(PROMPT)
-    outs = sample(f"--out_dir={run_dir}", f"--start=FILE:{prompt_file}", "--num_samples=3",
-                  "--max_new_tokens=300", "--temperature=50", "--top_k=0")
+    outs = sample(
+        f"--out_dir={run_dir}",
+        f"--start=FILE:{prompt_file}",
+        "--num_samples=3",
+        "--max_new_tokens=300",
+        "--temperature=50",
+        "--top_k=0",
+    )
     assert len(outs) == 3
     for text in outs:
         assert text.startswith(PROMPT)
@@ -48,8 +72,14 @@ def test_sampled_text_keeps_the_prompt_and_prints_no_padding(run_dir, tmp_path):
 
 def test_temperature_zero_is_the_greedy_continuation(run_dir):
     """--temperature=0: every sample is the argmax continuation, computed here with full forwards."""
-    outs = sample(f"--out_dir={run_dir}", f"--start={PROMPT}", "--num_samples=3", "--max_new_tokens=12",
-                  "--temperature=0", "--seed=5")
+    outs = sample(
+        f"--out_dir={run_dir}",
+        f"--start={PROMPT}",
+        "--num_samples=3",
+        "--max_new_tokens=12",
+        "--temperature=0",
+        "--seed=5",
+    )
     model, _ = load_run(run_dir, "best.pt", "cpu", attn_backend="torch")
     idx = torch.tensor([[VOCAB.index(c) for c in PROMPT]])
     with torch.no_grad():
@@ -63,8 +93,15 @@ def test_top_k_one_is_greedy_and_the_seed_fixes_the_samples(run_dir, capsys):
     """In-process (cheaper than a command): top_k=1 at temperature 1 equals temperature 0; at
     temperature 1 the same --seed gives the same samples and another seed other ones."""
     import sample as sample_mod
-    common = [f"--out_dir={run_dir}", f"--start={PROMPT}", "--num_samples=2", "--max_new_tokens=20",
-              "--device=cpu", "--attn_backend=torch"]
+
+    common = [
+        f"--out_dir={run_dir}",
+        f"--start={PROMPT}",
+        "--num_samples=2",
+        "--max_new_tokens=20",
+        "--device=cpu",
+        "--attn_backend=torch",
+    ]
     greedy = sample_mod.main(common + ["--temperature=0"])
     assert sample_mod.main(common + ["--temperature=1.0", "--top_k=1", "--seed=3"]) == greedy
     a = sample_mod.main(common + ["--temperature=1.0", "--top_k=0", "--seed=3"])
@@ -76,6 +113,7 @@ def test_sample_runs_in_the_dtype_it_is_given(run_dir, monkeypatch, capsys):
     """--dtype goes through cli.resolve_dtype like train.py's: the logits come out in bf16 under
     --dtype=bfloat16, in fp32 under 'auto' on a CPU; a name it does not know exits 2 with one line."""
     import sample as sample_mod
+
     seen = []
 
     def load_run_with_hook(*args, **kwargs):
@@ -97,17 +135,33 @@ def test_sample_runs_in_the_dtype_it_is_given(run_dir, monkeypatch, capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and "dtype must be 'auto' or one of" in err
 
 
-@pytest.mark.parametrize("arg,words", [("--top_k=-2", "top_k >= 0"), ("--num_samples=0", "num_samples >= 1"),
-                                       ("--max_new_tokens=-3", "max_new_tokens >= 0"), ("--start=", "prompt is empty"),
-                                       ("--start=FILE:no/such/prompt.txt", "cannot read the prompt file 'no/such/prompt.txt'"),
-                                       ("--start=FILE:binary.bin", "cannot read the prompt file 'binary.bin' as UTF-8")])
+@pytest.mark.parametrize(
+    "arg,words",
+    [
+        ("--top_k=-2", "top_k >= 0"),
+        ("--num_samples=0", "num_samples >= 1"),
+        ("--max_new_tokens=-3", "max_new_tokens >= 0"),
+        ("--start=", "prompt is empty"),
+        ("--start=FILE:no/such/prompt.txt", "cannot read the prompt file 'no/such/prompt.txt'"),
+        ("--start=FILE:binary.bin", "cannot read the prompt file 'binary.bin' as UTF-8"),
+    ],
+)
 def test_bad_sampling_settings_exit_2_with_one_line(run_dir, capsys, arg, words, tmp_path, monkeypatch):
     import sample as sample_mod
+
     (tmp_path / "binary.bin").write_bytes(b"\xff\xfe\x00 not text")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
-        sample_mod.main([f"--out_dir={run_dir}", f"--start={PROMPT}", "--max_new_tokens=2", "--device=cpu",
-                         "--attn_backend=torch", arg])
+        sample_mod.main(
+            [
+                f"--out_dir={run_dir}",
+                f"--start={PROMPT}",
+                "--max_new_tokens=2",
+                "--device=cpu",
+                "--attn_backend=torch",
+                arg,
+            ]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and words in err, err
 
@@ -117,6 +171,7 @@ def test_top_k_none_keeps_every_token_as_zero_and_the_whole_vocabulary_do():
     vocabulary size (which keeps every token by definition); top_k=1 is greedy and differs at this temperature."""
     from model import GPT, GPTConfig
     from sample import complete
+
     torch.manual_seed(0)
     # 300 ids: more than sample.py's default top_k (200), so "every token" and "the default" differ
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=300, pos_encoding="pope")).eval()
@@ -140,16 +195,30 @@ def test_generate_runs_the_prompt_once_and_one_step_per_token_but_the_last(monke
     the prompt and every new token but the last. compile=True runs the same steps through compiled_decode_step
     (here the eager decode_step, counted). The greedy tokens equal the full forward's argmax, step by step."""
     from model import GPT, GPTConfig, KVCache
+
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=37, pos_encoding="pope",
-                          attn_backend="torch", dropout=0.0)).eval()
+    model = GPT(
+        GPTConfig(
+            n_layer=1,
+            n_head=2,
+            n_embd=32,
+            block_size=32,
+            vocab_size=37,
+            pos_encoding="pope",
+            attn_backend="torch",
+            dropout=0.0,
+        )
+    ).eval()
     widths, caches = [], []
     model.transformer.h[0].register_forward_hook(lambda mod, args, out: widths.append(args[0].shape[1]))
     real_cache = KVCache.__init__
     monkeypatch.setattr(KVCache, "__init__", lambda self, *a: caches.append(self) or real_cache(self, *a))
     steps = []
-    monkeypatch.setattr(model, "compiled_decode_step",
-                        lambda cache: (lambda idx, c, pos: steps.append(int(pos)) or model.decode_step(idx, c, pos)))
+    monkeypatch.setattr(
+        model,
+        "compiled_decode_step",
+        lambda cache: lambda idx, c, pos: steps.append(int(pos)) or model.decode_step(idx, c, pos),
+    )
     idx = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(1))
     out = model.generate(idx, max_new_tokens, temperature=0.0, compile=compile)
     assert out.shape == (2, 5 + max_new_tokens) and torch.equal(out[:, :5], idx)
