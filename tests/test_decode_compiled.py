@@ -154,3 +154,76 @@ def test_rope_refuses_a_rotation_table_shorter_than_its_positions():
     x = torch.randn(1, 5, 32, device=DEV)
     with pytest.raises(ValueError, match="ensure_positions"):
         model.transformer.h[0].attn(x, model.rotation[:3])
+
+
+@pytest.mark.parametrize("name", ["rope", "pope", "alibi_half"])
+def test_the_static_step_never_reads_a_cache_row_nobody_wrote(name):
+    """The step attends over the whole preallocated cache, the rows past its position masked: their softmax weight
+    is 0, but 0 times a garbage value is NaN, so a prefill must allocate zeros (KVCache.update), not empty memory.
+    Run with PyTorch's deterministic mode, which fills uninitialised memory with NaN: the logits still equal the
+    full forward's, over a cache twice as long as the tokens."""
+    model = _model(ENCODINGS[name], n_layer=1)
+    stream = _prompt(seed=5, T=12)
+    was, fill = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with torch.no_grad():
+            full, _ = model(stream)
+            cache = KVCache(1, 24)
+            model.hidden_states(stream[:, :5], cache)
+            for t in range(5, 12):
+                got = model.decode_step(stream[:, t:t + 1], cache, torch.tensor(t, device=DEV))
+                cache.q_offset += 1
+                torch.testing.assert_close(got, full[:, t].float(), atol=2e-5, rtol=1e-5, msg=f"{name} at {t}")
+    finally:
+        torch.use_deterministic_algorithms(was)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+def test_compiled_generate_rounds_its_cache_up_and_steps_at_each_tokens_position(monkeypatch):
+    """generate(compile=True)'s own bookkeeping, with the uncompiled decode_step as its step (the compiled one:
+    test_compiled_generate_gives_the_eager_tokens_from_one_graph). Its cache is the prompt plus the new tokens
+    rounded up to a power of two, so lengths that round alike share one compiled step: 9 + 7 = 16 -> 16 (not 32),
+    10 + 7 = 17 -> 32, 5 + 3 = 8 -> 8. Each step runs at its token's position T, T + 1, ... and its logits are the
+    full forward's at that position of the generated sequence (tokens alone can hide a wrong position: a 1-layer
+    model's next token depends mostly on the current one); its tokens are the eager decoder's."""
+    import model as model_mod
+    sizes, calls = [], []
+
+    class Recorded(KVCache):
+        def __init__(self, n_layer, max_len):
+            sizes.append(max_len)
+            super().__init__(n_layer, max_len)
+
+    def step(idx, cache, pos):
+        logits = model.decode_step(idx, cache, pos)
+        calls.append((int(pos), logits.clone()))
+        return logits
+    model = _model(ENCODINGS["rope"])
+    monkeypatch.setattr(model_mod, "KVCache", Recorded)
+    monkeypatch.setattr(model, "compiled_decode_step", lambda cache: step)
+    for T, n_new, rows in ((9, 7, 16), (10, 7, 32), (5, 3, 8)):
+        idx = _prompt(seed=T, T=T)
+        sizes.clear()
+        calls.clear()
+        got = model.generate(idx, n_new, temperature=0, compile=True)
+        assert sizes == [rows], (T, n_new, sizes)
+        assert torch.equal(got, model.generate(idx, n_new, temperature=0)), (T, n_new)
+        assert [p for p, _ in calls] == list(range(T, T + n_new - 1))
+        with torch.no_grad():
+            full = model(got)[0].float()
+        for p, logits in calls:
+            torch.testing.assert_close(logits, full[:, p], atol=2e-5, rtol=1e-5, msg=f"step at position {p}")
+
+
+def test_the_static_step_takes_the_decode_kernel_up_to_its_row_limit():
+    """decode_step_backend sends a group of G = H / H_kv query heads to the decode kernel while G fits its
+    DECODE_MAX_ROWS query rows (64: multi-query attention with 64 heads), as pope_attention_decode does for
+    G * Tq <= DECODE_MAX_ROWS, and to the torch path past it (G = 128)."""
+    import pope_kernel
+    from pope import decode_step_backend
+    limit = pope_kernel.DECODE_MAX_ROWS
+    mu, v = torch.ones(1, 1, 32, 16), torch.ones(1, 1, 32, 16)
+    assert decode_step_backend(torch.ones(1, limit, 1, 16), mu, v, "triton") == "triton"
+    assert decode_step_backend(torch.ones(1, 2 * limit, 1, 16), mu, v, "triton") == "torch"

@@ -78,3 +78,121 @@ def test_a_compiled_pope_step_takes_cos_and_sin_of_delta_only(tmp_path):
     (where Inductor, left alone, inlines cos(delta) into every element)."""
     extents = _trig_extents(_generated_code("pope", tmp_path, attn_backend="triton", pope_delta_init="uniform"))
     assert extents and set(extents) == {2 * 16}, extents
+
+
+def _cartesian_formula(x, delta, n_positions):
+    """PoPE's Cartesian form written out in float64: softplus(x) [cos(phi), sin(phi)], phi = t theta_c + delta_c."""
+    from pope import pope_frequencies
+    phase = torch.arange(n_positions, dtype=torch.float64)[:, None] * pope_frequencies(x.shape[-1]).double()
+    phase = phase + delta.double()[:, None, :]
+    mu = torch.nn.functional.softplus(x.double())
+    return torch.cat((mu * torch.cos(phase), mu * torch.sin(phase)), dim=-1)
+
+
+def test_the_transform_computes_in_float32_for_16_bit_inputs():
+    """_cartesian (both backends' transform) forms magnitudes, table rows and products in float32 and rounds once,
+    to the dtype asked for: from bf16 raw values, a float32 result is the float64 formula to float32 precision, and
+    a bf16 one is that formula rounded once to bf16. Computed in bf16 instead (the rows rounded to 8 bits, two
+    roundings per product) it is off by up to 7e-2 and two elements in three differ."""
+    from pope import _cartesian, pope_rotation_table
+    g = torch.Generator().manual_seed(0)
+    x = (2 * torch.randn(2, 2, 40, 16, generator=g)).bfloat16()
+    delta = -2 * math.pi * torch.rand(2, 16, generator=g)
+    rows, want = pope_rotation_table(40, 16), _cartesian_formula(x, delta, 40)
+    got = _cartesian(x, rows, delta, dtype=torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=5e-6, rtol=0)
+    got16 = _cartesian(x, rows, delta)
+    assert got16.dtype == torch.bfloat16
+    assert (got16 == want.to(torch.bfloat16)).float().mean() > 0.99
+
+
+def test_pope_refuses_a_rotation_table_that_does_not_cover_its_positions():
+    """A table shorter than the positions (or of the wrong width) is a ValueError, not a silent broadcast: one row
+    would give every query and key position 0's phase."""
+    from pope import pope_attention, pope_attention_decode, pope_rotation_table
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 16, generator=g) for _ in range(3))
+    table = pope_rotation_table(5, 16)
+    for bad in (table[:1], table[:3], table[:, :16]):
+        with pytest.raises(ValueError, match="rotation must be"):
+            pope_attention(q, k, v, backend="torch", rotation=bad)
+        with pytest.raises(ValueError, match="rotation must be"):
+            pope_attention_decode(q[:, :, -1:], k, v, q_offset=4, backend="torch", rotation=bad)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64, pos_encoding="pope"))
+    with pytest.raises(ValueError, match="rotation must be"):
+        model.transformer.h[0].attn(torch.randn(1, 5, 32), model.rotation[:1])
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope"])
+def test_the_rotation_tables_are_exact_to_float32_at_100k_positions(pos_encoding):
+    """The tables' phases t * theta are formed in float64 and rounded only after cos/sin, so a row is the float64
+    formula to float32 rounding (6e-8) at any position; a float32 product t * theta is off by up to ~4e-3 rad at
+    1e5 tokens (YaRN's and PoPE's long contexts read exactly those rows)."""
+    from model import rope_table
+    from pope import pope_frequencies, pope_rotation_table
+    n, d = 100_001, 16
+    if pos_encoding == "pope":
+        got, freqs = pope_rotation_table(n, d), pope_frequencies(d).double()
+    else:
+        got, freqs = rope_table(n, d), 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    t = torch.arange(n - 2000, n, dtype=torch.float64)[:, None]
+    want = torch.cat((torch.cos(t * freqs), torch.sin(t * freqs)), dim=-1)
+    torch.testing.assert_close(got[n - 2000:].double(), want, atol=2e-7, rtol=0)
+
+
+@pytest.mark.parametrize("Tq, Tk, q_offset", [(4, 12, 8), (3, 8, 7)], ids=["decode_chunk", "queries_past_the_keys"])
+def test_the_triton_path_reads_the_queries_rows_at_their_offset(Tq, Tk, q_offset):
+    """backend='triton' takes the queries' rotations from rows q_offset.. of the table and builds a table that
+    covers max(q_offset + Tq, Tk) positions: equal to the float64 polar formula for a chunk at the end of the
+    keys and for queries that run past the last key (one row short of that would broadcast silently)."""
+    from pope import pope_attention, pope_attention_reference
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (2 * torch.randn(1, 2, T, 16, generator=g) for T in (Tq, Tk, Tk))
+    delta = -2 * math.pi * torch.rand(2, 16, generator=g)
+    want = pope_attention_reference(q, k, v, delta, q_offset=q_offset)
+    got = pope_attention(q.to(DEV), k.to(DEV), v.to(DEV), delta.to(DEV), q_offset=q_offset, backend="triton")
+    torch.testing.assert_close(got.cpu().double(), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("what", ["no_delta", "delta_frozen_v"])
+def test_the_triton_path_saves_no_cartesian_tensors_whatever_requires_grad(what):
+    """Eager autograd around backend='triton': the selective checkpoint runs whenever any input needs a gradient,
+    so what the forward saves holds no (B, H, T, 2d) q~ or k~, with delta None and with only q, k trainable; the
+    gradients still equal the torch backend's."""
+    from pope import pope_attention
+    g = torch.Generator().manual_seed(2)
+    B, H, T, d = 1, 2, 32, 16
+    q, k, v = (torch.randn(B, H, T, d, generator=g).to(DEV) for _ in range(3))
+    delta = None if what == "no_delta" else (-2 * math.pi * torch.rand(H, d, generator=g)).to(DEV)
+    trainable = (q, k, v) if what == "no_delta" else (q, k)
+    for t in trainable:
+        t.requires_grad_()
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = pope_attention(q, k, v, delta, backend="triton")
+    assert (B, H, T, 2 * d) not in shapes, shapes
+    got = torch.autograd.grad(out.pow(2).sum(), trainable)
+    want = torch.autograd.grad(pope_attention(q, k, v, delta, backend="torch").pow(2).sum(), trainable)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_the_triton_path_runs_in_the_autocast_dtype_for_float32_inputs():
+    """Under fp16 autocast, float32 q, k, v (a caller's, or a layer kept in float32) go to the kernel as fp16,
+    values included, and the output is fp16 (pope_attention's contract for both backends): the float64 formula
+    to fp16 precision, and the torch backend's dtype."""
+    from pope import pope_attention, pope_attention_reference
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 16, 16, generator=g) for _ in range(3))
+    delta = -2 * math.pi * torch.rand(2, 16, generator=g)
+    want = pope_attention_reference(q, k, v, delta)
+    with torch.autocast(DEV, dtype=torch.float16):
+        got = pope_attention(q.to(DEV), k.to(DEV), v.to(DEV), delta.to(DEV), backend="triton")
+        torch_path = pope_attention(q.to(DEV), k.to(DEV), v.to(DEV), delta.to(DEV), backend="torch")
+    assert got.dtype == torch_path.dtype == torch.float16
+    torch.testing.assert_close(got.cpu().double(), want, atol=3e-3, rtol=3e-3)

@@ -464,3 +464,67 @@ def test_peak_flops_per_gpu_part(name, monkeypatch):
     assert device_peak_flops("cuda:0", "bfloat16") == (want and want * 1e12)
     assert device_peak_flops("cuda", "float32") == (want and want * 1e12 / 2)
     assert device_peak_flops("cpu", "bfloat16") is None
+
+
+# ---- GPT.rotation: one table for every layer, grown by powers of two (issue 51) ----------------------------------
+
+def _rotation_formula(pos_encoding, n_positions, head_dim, rope_theta=10000.0):
+    """The table written out in float64: RoPE [cos | sin] of t * theta^(-2i/d) (d/2 pairs), PoPE [cos | sin] of
+    t * theta_c for PoPE's d float32 frequencies theta^(-(c-1)/d)."""
+    t = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    if pos_encoding == "rope":
+        freqs = rope_theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    else:
+        freqs = (rope_theta ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim)).float().double()
+    return torch.cat((torch.cos(t * freqs), torch.sin(t * freqs)), dim=-1)
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope"])
+def test_the_rotation_table_grows_to_the_next_power_of_two_only_when_a_position_needs_it(pos_encoding):
+    """block_size 16: the table starts at 16 rows and is left as it is (the same tensor: no rebuild, which under
+    torch.compile is a graph break) for any length it covers, a forward of exactly block_size included; 17
+    to 32 positions grow it to 32, 33 to 64, 65 to 128 (a sweep over lengths rebuilds it a few times, not
+    once per length): exactly 32 positions make 32 rows, not 64. Its rows are the float64 formula's, rounded to
+    float32."""
+    model = tiny(pos_encoding)
+    table = model.rotation
+    assert table.shape[0] == 16
+    for n in (1, 15, 16):
+        model.ensure_positions(n)
+        assert model.rotation is table, n
+    with torch.no_grad():
+        model(torch.randint(0, 37, (1, 16)))
+    assert model.rotation is table
+    for n, rows in ((32, 32), (20, 32), (33, 64), (64, 64), (65, 128)):
+        model.ensure_positions(n)
+        assert model.rotation.shape[0] == rows, (n, model.rotation.shape)
+    torch.testing.assert_close(model.rotation.double(), _rotation_formula(pos_encoding, 128, 16), atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope"])
+def test_kv_cache_decoding_past_block_size_on_a_fresh_model(pos_encoding):
+    """A fresh model (its table has block_size = 16 rows) continues a cache past position 16: each piece's
+    positions are cache.q_offset.., so the table must cover q_offset + T, not T. The pieces' logits equal the
+    full forward's (run afterwards, on another copy, so nothing grew the table first)."""
+    idx = torch.randint(0, 37, (2, 30), generator=torch.Generator().manual_seed(4))
+    model = peaked(pos_encoding)
+    cache, pieces, start = KVCache(2, 30), [], 0
+    with torch.no_grad():
+        for stop in (12, 13, 17, 18, 30):
+            pieces.append(model(idx[:, start:stop], kv_cache=cache)[0])
+            start = stop
+        full, _ = peaked(pos_encoding)(idx)
+    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-4, rtol=1e-4)
+
+
+def test_the_rotation_table_is_not_in_checkpoints():
+    """GPT.rotation is rebuilt from the config (and grown by use), never saved: a state_dict has no such key, so a
+    model whose table grew loads into a fresh one (strict), and so do checkpoints written before the table."""
+    for pos_encoding in ("pope", "rope", "rope_half"):
+        model = tiny(pos_encoding)
+        model.ensure_positions(100)
+        sd = model.state_dict()
+        assert not [k for k in sd if "rotation" in k], pos_encoding
+        fresh = tiny(pos_encoding)
+        fresh.load_state_dict(sd, strict=True)
+        assert fresh.rotation.shape[0] == 16 and model.rotation.shape[0] == 128

@@ -60,6 +60,17 @@ def test_yarn_config_errors(kw, message):
         GPTConfig(n_layer=1, n_head=2, n_embd=16, **kw)
 
 
+def test_rope_frequencies_refuse_what_yarn_cannot_scale():
+    """rope_frequencies itself (not only GPTConfig) refuses YaRN without its L (original_block_size <= 0: every
+    pair would count as turning less than once and be interpolated), a scale below 1, and an odd head_dim."""
+    for kw in (dict(scaling=4.0, original_block_size=0), dict(scaling=4.0, original_block_size=-8),
+               dict(scaling=0.5, original_block_size=400)):
+        with pytest.raises(ValueError, match="YaRN needs"):
+            rope_frequencies(8, 10000.0, **kw)
+    with pytest.raises(ValueError, match="even head_dim"):
+        rope_frequencies(7, 10000.0)
+
+
 def reference_attention(attn, x, freqs=None, mscale=1.0, slopes=None):
     """Float64 causal self-attention of module `attn` on x (B, T, C), written independently of model.py:
     the first 2 len(freqs) channels of q and k rotated as complex numbers (c + i (c + len(freqs))) by
