@@ -33,14 +33,21 @@ import inspect
 import math
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pope import (decode_step_backend, pope_attention, pope_attention_decode, pope_decode_step, pope_key_magnitude,
-                  pope_rotation_table, sdpa_attention, sdpa_gqa)
+from pope import (
+    decode_step_backend,
+    pope_attention,
+    pope_attention_decode,
+    pope_decode_step,
+    pope_key_magnitude,
+    pope_rotation_table,
+    sdpa_attention,
+    sdpa_gqa,
+)
 
 POS_ENCODINGS = ("rope", "pope", "none", "rope_half", "alibi_half", "learned", "sinusoidal")
 ABSOLUTE_ENCODINGS = ("learned", "sinusoidal")  # positions < block_size only
@@ -52,7 +59,7 @@ class GPTConfig:
     vocab_size: int = 50304  # GPT-2's 50257 rounded up to a multiple of 64
     n_layer: int = 12
     n_head: int = 12  # query heads
-    n_kv_head: Optional[int] = None  # key/value heads (grouped-query attention; 1 = MQA); None = n_head
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention; 1 = MQA); None = n_head
     n_embd: int = 768
     dropout: float = 0.0  # on embeddings and residual branches (not on attention probabilities)
     bias: bool = False  # biases in Linear layers
@@ -72,8 +79,10 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         kv = self.n_kv_head
         if kv is not None and not (type(kv) is int and 0 < kv <= self.n_head and self.n_head % kv == 0):
-            raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}: each key/value head "
-                             "serves n_head // n_kv_head query heads (None means n_head, no grouping)")
+            raise ValueError(
+                f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}: each key/value head "
+                "serves n_head // n_kv_head query heads (None means n_head, no grouping)"
+            )
         if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError("RoPE needs an even head_dim (n_embd // n_head)")
         if self.pos_encoding == "rope_half" and (self.n_embd // self.n_head) % 4:
@@ -92,8 +101,10 @@ class GPTConfig:
             if self.pos_encoding != "rope":
                 raise ValueError(f"rope_scaling (YaRN) applies to pos_encoding='rope' only, not {self.pos_encoding!r}")
             if self.rope_original_block_size <= 0:
-                raise ValueError("rope_scaling > 1 needs rope_original_block_size > 0: the context the RoPE "
-                                 "model was trained at (YaRN's L)")
+                raise ValueError(
+                    "rope_scaling > 1 needs rope_original_block_size > 0: the context the RoPE "
+                    "model was trained at (YaRN's L)"
+                )
 
 
 # Old GPTConfig field -> its name now. Config files, --key=value and checkpoints' model_args written
@@ -185,18 +196,22 @@ def alibi_slopes(n_head):
     For n a power of 2: m_h = 2^(-8h/n), h = 1..n (n = 8: 1/2, 1/4, ..., 1/256). Otherwise the
     paper's recipe: the slopes of the largest power of 2 below n, then every other slope of twice that.
     """
+
     def geometric(n):
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
     p = 2 ** int(math.floor(math.log2(n_head)))
-    return torch.tensor(geometric(p) + geometric(2 * p)[0::2][:n_head - p], dtype=torch.float64)
+    return torch.tensor(geometric(p) + geometric(2 * p)[0::2][: n_head - p], dtype=torch.float64)
 
 
 def alibi_bias(slopes, Tq, Tk, q_offset=0):
     """Additive causal ALiBi bias (H, Tq, Tk) float32: -slopes[h] * (q_offset + i - j) for keys
     j <= q_offset + i, -inf for later keys. slopes (H,) (0 for a head without ALiBi). Query i sits
     at absolute position q_offset + i, key j at j (the KV-cache convention of sdpa_attention)."""
-    dist = (torch.arange(q_offset, q_offset + Tq, device=slopes.device, dtype=torch.float32)[:, None]
-            - torch.arange(Tk, device=slopes.device, dtype=torch.float32)[None, :])  # (Tq, Tk) tokens
+    dist = (
+        torch.arange(q_offset, q_offset + Tq, device=slopes.device, dtype=torch.float32)[:, None]
+        - torch.arange(Tk, device=slopes.device, dtype=torch.float32)[None, :]
+    )  # (Tq, Tk) tokens
     return (-slopes.float()[:, None, None] * dist).masked_fill(dist < 0, float("-inf"))
 
 
@@ -265,8 +280,9 @@ def rotation_table(config, n_positions, device=None):
     hd = config.n_embd // config.n_head
     if config.pos_encoding in ("rope", "rope_half"):
         n_rot = hd if config.pos_encoding == "rope" else hd // 2
-        return rope_table(n_positions, n_rot, config.rope_theta, config.rope_scaling, config.rope_original_block_size,
-                          device)
+        return rope_table(
+            n_positions, n_rot, config.rope_theta, config.rope_scaling, config.rope_original_block_size, device
+        )
     if config.pos_encoding == "pope":
         return pope_rotation_table(n_positions, hd, config.rope_theta, device=device)
     return None
@@ -309,7 +325,7 @@ class CausalSelfAttention(nn.Module):
             self.pope_delta = None
         if config.pos_encoding == "alibi_half":  # slopes on the first n_head // 2 heads, 0 on the rest
             slopes = torch.zeros(config.n_head)
-            slopes[:config.n_head // 2] = alibi_slopes(config.n_head // 2).float()
+            slopes[: config.n_head // 2] = alibi_slopes(config.n_head // 2).float()
             self.register_buffer("alibi_slopes", slopes, persistent=False)
 
     def forward(self, x, rotation=None, kv_cache=None):
@@ -322,13 +338,19 @@ class CausalSelfAttention(nn.Module):
         if rotation is None:
             rotation = rotation_table(cfg, q_offset + T, x.device)
         if cfg.pos_encoding in ("rope", "rope_half"):
-            rows = rotation[q_offset:q_offset + T]
+            rows = rotation[q_offset : q_offset + T]
             if rows.shape[0] != T:
-                raise ValueError(f"the rotation table has {rotation.shape[0]} rows; positions up to {q_offset + T - 1} "
-                                 "need more (GPT.ensure_positions)")
+                raise ValueError(
+                    f"the rotation table has {rotation.shape[0]} rows; positions up to {q_offset + T - 1} "
+                    "need more (GPT.ensure_positions)"
+                )
             n_rot = rows.shape[-1]
-            q, k = (torch.cat((rope_rotate(t[..., :n_rot], rows), t[..., n_rot:]), dim=-1)
-                    if n_rot < self.head_dim else rope_rotate(t, rows) for t in (q, k))
+            q, k = (
+                torch.cat((rope_rotate(t[..., :n_rot], rows), t[..., n_rot:]), dim=-1)
+                if n_rot < self.head_dim
+                else rope_rotate(t, rows)
+                for t in (q, k)
+            )
             if cfg.rope_scaling != 1.0:  # YaRN temperature: logits times (0.1 ln s + 1)^2
                 m = yarn_attention_factor(cfg.rope_scaling)
                 q, k = q * m, k * m
@@ -360,8 +382,12 @@ class CausalSelfAttention(nn.Module):
         if cfg.pos_encoding in ("rope", "rope_half"):
             rows = rotation.index_select(0, at)
             n_rot = rows.shape[-1]
-            q, k = (torch.cat((rope_rotate(t[..., :n_rot], rows), t[..., n_rot:]), dim=-1)
-                    if n_rot < self.head_dim else rope_rotate(t, rows) for t in (q, k))
+            q, k = (
+                torch.cat((rope_rotate(t[..., :n_rot], rows), t[..., n_rot:]), dim=-1)
+                if n_rot < self.head_dim
+                else rope_rotate(t, rows)
+                for t in (q, k)
+            )
             if cfg.rope_scaling != 1.0:
                 m = yarn_attention_factor(cfg.rope_scaling)
                 q, k = q * m, k * m
@@ -371,8 +397,9 @@ class CausalSelfAttention(nn.Module):
         seen = torch.arange(k_all.shape[2], device=x.device) <= pos  # (max_len,) keys at positions <= pos
         if cfg.pos_encoding == "pope":  # the backend is a Python decision: a compiled step takes it once, tracing
             backend = decode_step_backend(q, k_all, v_all, cfg.attn_backend)
-            y = pope_decode_step(q, k_all, v_all, self.pope_delta, rotation, at, seen, magnitude=cfg.pope_magnitude,
-                                 backend=backend)
+            y = pope_decode_step(
+                q, k_all, v_all, self.pope_delta, rotation, at, seen, magnitude=cfg.pope_magnitude, backend=backend
+            )
         else:
             qg = q.reshape(B, H_kv, G, self.head_dim).to(k_all.dtype)
             if cfg.pos_encoding == "alibi_half":
@@ -389,8 +416,14 @@ class CausalSelfAttention(nn.Module):
         appended (pope_key_magnitude) and the queries attend over the cache (pope_attention_decode, delta in
         the queries). A prompt into an empty cache attends over its own raw keys, as the full forward."""
         cfg = self.config
-        kw = dict(causal=True, rope_theta=cfg.rope_theta, q_offset=q_offset, magnitude=cfg.pope_magnitude,
-                  backend=cfg.attn_backend, rotation=rotation)
+        kw = dict(
+            causal=True,
+            rope_theta=cfg.rope_theta,
+            q_offset=q_offset,
+            magnitude=cfg.pope_magnitude,
+            backend=cfg.attn_backend,
+            rotation=rotation,
+        )
         if kv_cache is None:
             return pope_attention(q, k, v, self.pope_delta, **kw)
         mu = pope_key_magnitude(k, cfg.pope_magnitude)
@@ -432,17 +465,20 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=nn.RMSNorm(config.n_embd),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+                ln_f=nn.RMSNorm(config.n_embd),
+            )
+        )
         if config.pos_encoding == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         if config.pos_encoding == "sinusoidal":  # fixed: not a parameter, not saved in checkpoints
-            self.register_buffer("wpe_sinusoidal", sinusoidal_embedding(config.block_size, config.n_embd),
-                                 persistent=False)
+            self.register_buffer(
+                "wpe_sinusoidal", sinusoidal_embedding(config.block_size, config.n_embd), persistent=False
+            )
         # the encoding's rotations, one table for every layer (not saved in checkpoints): rows grow by powers of two
         # when a longer context comes (ensure_positions), so no step computes cos/sin (issue 51)
         self.register_buffer("rotation", rotation_table(config, config.block_size), persistent=False)
@@ -482,12 +518,14 @@ class GPT(nn.Module):
         if self.config.pos_encoding in ABSOLUTE_ENCODINGS:
             q_offset, T = (kv_cache.q_offset if kv_cache is not None else 0), idx.shape[1]
             if q_offset + T > self.config.block_size:
-                raise ValueError(f"pos_encoding={self.config.pos_encoding!r} is absolute: it has positions 0.."
-                                 f"{self.config.block_size - 1} (block_size) only, asked for up to {q_offset + T - 1}")
+                raise ValueError(
+                    f"pos_encoding={self.config.pos_encoding!r} is absolute: it has positions 0.."
+                    f"{self.config.block_size - 1} (block_size) only, asked for up to {q_offset + T - 1}"
+                )
             if self.config.pos_encoding == "learned":
                 x = x + self.transformer.wpe(torch.arange(q_offset, q_offset + T, device=idx.device))
             else:
-                x = x + self.wpe_sinusoidal[q_offset:q_offset + T]
+                x = x + self.wpe_sinusoidal[q_offset : q_offset + T]
         x = self.transformer.drop(x)
         self.ensure_positions((kv_cache.q_offset if kv_cache is not None else 0) + idx.shape[1])
         for block in self.transformer.h:
@@ -547,13 +585,16 @@ class GPT(nn.Module):
         hidden_states (eager); compile=True through decode_step under torch.compile(fullgraph=True) (CUDA:
         mode='reduce-overhead', CUDA graphs): a static cache and the position as a tensor, so one compile
         serves every step, and every prompt and length whose sum rounds to the same power of two (the cache's
-        size; compiled_decode_step). Greedy tokens are the same either way in fp32. Raises ValueError for a negative temperature, or an absolute encoding past block_size.
+        size; compiled_decode_step). Greedy tokens are the same either way in fp32. Raises ValueError for a
+        negative temperature, or an absolute encoding past block_size.
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if self.config.pos_encoding in ABSOLUTE_ENCODINGS and idx.shape[1] + max_new_tokens > self.config.block_size:
-            raise ValueError(f"pos_encoding={self.config.pos_encoding!r} is absolute: prompt + max_new_tokens = "
-                             f"{idx.shape[1] + max_new_tokens} exceeds block_size {self.config.block_size}")
+            raise ValueError(
+                f"pos_encoding={self.config.pos_encoding!r} is absolute: prompt + max_new_tokens = "
+                f"{idx.shape[1] + max_new_tokens} exceeds block_size {self.config.block_size}"
+            )
         max_len = idx.shape[1] + max_new_tokens
         if compile:  # a power of two: prompts and lengths that round alike share one compiled step
             max_len = 1 << (max_len - 1).bit_length()
@@ -598,8 +639,9 @@ class GPT(nn.Module):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, DECODE_RECOMPILE_LIMIT)
         steps = self.__dict__.setdefault("_decode_compiled", {})  # per device type: CUDA graphs on CUDA only
         if kv_cache.k[0].device.type not in steps:
-            steps[kv_cache.k[0].device.type] = torch.compile(self.decode_step, fullgraph=True, dynamic=False,
-                                                             mode="reduce-overhead" if cuda else None)
+            steps[kv_cache.k[0].device.type] = torch.compile(
+                self.decode_step, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else None
+            )
         return steps[kv_cache.k[0].device.type]
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
@@ -648,7 +690,7 @@ PEAK_FLOPS = {
     r"\bGH200\b": 989e12,  # Grace Hopper: "NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"
     r"\bB200\b": 2250e12,  # HGX B200, per GPU: "NVIDIA B200"
     r"\bA100\b": 312e12,  # SXM4 and PCIe alike: "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB",
-                            # "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"
+    # "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"
     r"\bA800\b": 312e12,  # "NVIDIA A800-SXM4-80GB", "NVIDIA A800 80GB PCIe"
     r"\bA10G\b": 70e12,  # AWS's part, no NVIDIA datasheet: the figure in common use. "NVIDIA A10G"
     r"\bA10\b": 125e12,  # "NVIDIA A10" (not A100, A10G)

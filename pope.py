@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 try:
     import pope_kernel
+
     _KERNEL_IMPORT_ERROR = None
 except Exception as _e:  # pragma: no cover - triton missing (macOS, Windows) or broken
     pope_kernel = None
@@ -67,8 +68,11 @@ def _rope_theta(rope_theta, theta):
         return rope_theta
     if not _THETA_WARNED:
         _THETA_WARNED.append(True)
-        warnings.warn("the PoPE keyword 'theta' is now 'rope_theta' (as in GPTConfig); 'theta' will be removed",
-                      DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            "the PoPE keyword 'theta' is now 'rope_theta' (as in GPTConfig); 'theta' will be removed",
+            DeprecationWarning,
+            stacklevel=3,
+        )
     return theta
 
 
@@ -152,8 +156,10 @@ def _rotation_rows(rotation, n_positions, head_dim, rope_theta, device):
     if rotation is None:
         return pope_rotation_table(n_positions, head_dim, rope_theta, device=device)
     if rotation.dim() != 2 or rotation.shape[0] < n_positions or rotation.shape[1] != 2 * head_dim:
-        raise ValueError(f"rotation must be (>= {n_positions}, {2 * head_dim}) (pope_rotation_table rows for positions "
-                         f"0..{n_positions - 1}), got {tuple(rotation.shape)}")
+        raise ValueError(
+            f"rotation must be (>= {n_positions}, {2 * head_dim}) (pope_rotation_table rows for positions "
+            f"0..{n_positions - 1}), got {tuple(rotation.shape)}"
+        )
     return rotation
 
 
@@ -183,8 +189,9 @@ def pope_key_magnitude(k, magnitude="softplus", dtype=None):
     return mu.to(dtype or compute_dtype(k, k))
 
 
-def pope_query_decode_form(q, q_offset, delta, rope_theta=10000.0, magnitude="softplus", dtype=None, scale=1.0,
-                           rotation=None):
+def pope_query_decode_form(
+    q, q_offset, delta, rope_theta=10000.0, magnitude="softplus", dtype=None, scale=1.0, rotation=None
+):
     """Raw queries (B, H, Tq, d) at positions q_offset.. -> (B, H, Tq, 2d) scale * [mu_q cos(psi), mu_q sin(psi)],
     psi = t theta_c - delta_c radians, delta (H_kv, d) of the query's key/value head (query head h uses
     h // (H / H_kv)), or None for 0. Its dot product with a key's [mu_k cos(s theta), mu_k sin(s theta)] is
@@ -195,7 +202,7 @@ def pope_query_decode_form(q, q_offset, delta, rope_theta=10000.0, magnitude="so
     H, Tq, d = q.shape[1], q.shape[2], q.shape[-1]
     rotation = _rotation_rows(rotation, q_offset + Tq, d, rope_theta, q.device)
     neg = None if delta is None else -delta.repeat_interleave(H // delta.shape[0], dim=0)
-    return _cartesian(q, rotation[q_offset:q_offset + Tq], neg, magnitude, scale, dtype)
+    return _cartesian(q, rotation[q_offset : q_offset + Tq], neg, magnitude, scale, dtype)
 
 
 def compute_dtype(q, v):
@@ -285,8 +292,9 @@ def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0):
         k, v, gqa = sdpa_gqa(q, k, v, masked=False)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=sm_scale, **gqa)
     k, v, gqa = sdpa_gqa(q, k, v, masked=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, q_offset, device=q.device),
-                                          scale=sm_scale, **gqa)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=causal_mask(Tq, Tk, q_offset, device=q.device), scale=sm_scale, **gqa
+    )
 
 
 def _check(q, k, v, delta, q_offset, magnitude):
@@ -294,19 +302,35 @@ def _check(q, k, v, delta, q_offset, magnitude):
         raise ValueError(f"q, k, v must be (B, H, T, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     (B, H, _, d), (Bk, H_kv, Tk, dk), (Bv, Hv, Tv, _) = q.shape, k.shape, v.shape
     if not (B == Bk == Bv and d == dk and (Hv, Tv) == (H_kv, Tk) and H_kv >= 1 and H % H_kv == 0):
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; expected "
-                         "q (B, H, Tq, d), k (B, H_kv, Tk, d), v (B, H_kv, Tk, dv) with H a multiple of H_kv")
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; expected "
+            "q (B, H, Tq, d), k (B, H_kv, Tk, d), v (B, H_kv, Tk, dv) with H a multiple of H_kv"
+        )
     if delta is not None and tuple(delta.shape) != (H_kv, d):
-        raise ValueError(f"delta must be (H_kv, d) = {(H_kv, d)} (one phase per key head and channel), "
-                         f"got {tuple(delta.shape)}")
+        raise ValueError(
+            f"delta must be (H_kv, d) = {(H_kv, d)} (one phase per key head and channel), got {tuple(delta.shape)}"
+        )
     if q_offset < 0:
         raise ValueError(f"q_offset must be >= 0 (absolute position of the first query), got {q_offset}")
     if magnitude not in MAGNITUDES:
         raise ValueError(f"magnitude must be one of {MAGNITUDES}, got {magnitude!r}")
 
 
-def pope_attention(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
-                   magnitude="softplus", backend="auto", rotation=None, theta=None):
+def pope_attention(
+    q,
+    k,
+    v,
+    delta=None,
+    *,
+    causal=True,
+    rope_theta=10000.0,
+    sm_scale=None,
+    q_offset=0,
+    magnitude="softplus",
+    backend="auto",
+    rotation=None,
+    theta=None,
+):
     """PoPE softmax attention (paper, Method section, the score equation).
 
     Args:
@@ -340,22 +364,45 @@ def pope_attention(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_s
     _check(q, k, v, delta, q_offset, magnitude)
     backend = pope_backend(q, k, v, backend)
     if backend == "triton":
-        return pope_attention_triton(q, k, v, delta, causal=causal, rope_theta=rope_theta, sm_scale=sm_scale,
-                                     q_offset=q_offset, magnitude=magnitude, rotation=rotation)
+        return pope_attention_triton(
+            q,
+            k,
+            v,
+            delta,
+            causal=causal,
+            rope_theta=rope_theta,
+            sm_scale=sm_scale,
+            q_offset=q_offset,
+            magnitude=magnitude,
+            rotation=rotation,
+        )
     if backend != "torch":
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     d, dv, Tq, Tk = q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     rotation = _rotation_rows(rotation, max(q_offset + Tq, Tk), d, rope_theta, q.device)
     dtype = compute_dtype(q, v)
-    qc = _cartesian(q, rotation[q_offset:q_offset + Tq], None, magnitude, 1.0, dtype)
+    qc = _cartesian(q, rotation[q_offset : q_offset + Tq], None, magnitude, 1.0, dtype)
     kc = _cartesian(k, rotation[:Tk], delta, magnitude, 1.0, dtype)
     v_pad = F.pad(v.to(dtype), (0, 2 * d - dv)) if dv < 2 * d else v.to(dtype)
     return sdpa_attention(qc, kc, v_pad, causal=causal, sm_scale=sm_scale, q_offset=q_offset)[..., :dv]
 
 
-def pope_attention_decode(q, mu_k, v, delta=None, *, rotation=None, causal=True, rope_theta=10000.0,
-                          sm_scale=None, q_offset=0, magnitude="softplus", backend="auto", n_split=0):
+def pope_attention_decode(
+    q,
+    mu_k,
+    v,
+    delta=None,
+    *,
+    rotation=None,
+    causal=True,
+    rope_theta=10000.0,
+    sm_scale=None,
+    q_offset=0,
+    magnitude="softplus",
+    backend="auto",
+    n_split=0,
+):
     """PoPE attention of raw queries over cached key magnitudes (decoding with a KV cache).
 
     Args:
@@ -394,16 +441,23 @@ def pope_attention_decode(q, mu_k, v, delta=None, *, rotation=None, causal=True,
     qd = pope_query_decode_form(q, q_offset, delta, rope_theta, magnitude, dtype, rotation=rotation)
     if Tq == 1 and (not causal or q_offset >= Tk - 1):  # one new token that sees every cached key
         qd, chunk = qd.view(B, H_kv, H // H_kv, 2 * d), _decode_chunk(mu_k)
-        scores = torch.cat([_rotated_scores(qd, mu_k[:, :, a:a + chunk], rotation[a:min(a + chunk, Tk)])
-                            for a in range(0, Tk, chunk)], dim=-1)
+        scores = torch.cat(
+            [
+                _rotated_scores(qd, mu_k[:, :, a : a + chunk], rotation[a : min(a + chunk, Tk)])
+                for a in range(0, Tk, chunk)
+            ],
+            dim=-1,
+        )
         return (torch.softmax(scores.float() * sm_scale, dim=-1).to(v.dtype) @ v).view(B, H, 1, dv)
     v = F.pad(v, (0, 2 * d - dv)) if dv < 2 * d else v  # one width for q/k and v: SDPA's fused O(T) kernels
-    return sdpa_attention(qd, _rotate_keys(mu_k, rotation), v, causal=causal, sm_scale=sm_scale,
-                          q_offset=q_offset)[..., :dv]
+    return sdpa_attention(qd, _rotate_keys(mu_k, rotation), v, causal=causal, sm_scale=sm_scale, q_offset=q_offset)[
+        ..., :dv
+    ]
 
 
-def pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen, *, sm_scale=None, magnitude="softplus",
-                     backend="torch"):
+def pope_decode_step(
+    q, mu_all, v_all, delta, rotation, at, seen, *, sm_scale=None, magnitude="softplus", backend="torch"
+):
     """PoPE attention of one raw query per row at position `at` over a whole static cache: the step that
     GPT.decode_step compiles (torch ops only: no host sync, no Python int of the position).
 
@@ -489,9 +543,13 @@ def pope_backend(q, k, v, backend="auto"):
     if backend != "auto":
         return backend
     dtype = compute_dtype(q, v)
-    use = (q.is_cuda and triton_supported(q, k, v) and dtype != torch.float32
-           and _tensor_core_dot(q.device)
-           and pope_kernel.device_unsupported_reason(q.device, dtype, 2 * q.shape[-1], v.shape[-1]) is None)
+    use = (
+        q.is_cuda
+        and triton_supported(q, k, v)
+        and dtype != torch.float32
+        and _tensor_core_dot(q.device)
+        and pope_kernel.device_unsupported_reason(q.device, dtype, 2 * q.shape[-1], v.shape[-1]) is None
+    )
     return "triton" if use else "torch"
 
 
@@ -511,11 +569,15 @@ def triton_unsupported_reason(q, k, v):
         return f"triton is not importable ({_KERNEL_IMPORT_ERROR!r}); use backend='torch'"
     d, dv = q.shape[-1], v.shape[-1]
     if d not in TRITON_HEAD_DIMS or dv not in TRITON_HEAD_DIMS:
-        return (f"the Triton PoPE kernel supports head dims {TRITON_HEAD_DIMS} for q/k and v, got d={d}, dv={dv}; "
-                "use backend='torch' for other head dims")
+        return (
+            f"the Triton PoPE kernel supports head dims {TRITON_HEAD_DIMS} for q/k and v, got d={d}, dv={dv}; "
+            "use backend='torch' for other head dims"
+        )
     if compute_dtype(q, v) not in pope_kernel.DTYPES:
-        return (f"the Triton PoPE kernel supports float16, bfloat16 and float32, got {compute_dtype(q, v)}; "
-                "use backend='torch'")
+        return (
+            f"the Triton PoPE kernel supports float16, bfloat16 and float32, got {compute_dtype(q, v)}; "
+            "use backend='torch'"
+        )
     if k.shape[-2] < 1:
         return "the Triton PoPE kernel needs at least one key (Tk >= 1)"
     return None
@@ -532,9 +594,11 @@ def _triton_ready(q, k, v):
     if reason is not None:
         raise ValueError(reason)
     if not q.is_cuda and not pope_kernel.INTERPRETING:
-        raise ValueError(f"backend='triton' needs CUDA tensors, got device {q.device}. Use backend='auto' or "
-                         "'torch' on CPU, or set TRITON_INTERPRET=1 before importing pope / pope_kernel to run "
-                         "the kernel in the (slow) Triton interpreter, e.g. for tests")
+        raise ValueError(
+            f"backend='triton' needs CUDA tensors, got device {q.device}. Use backend='auto' or "
+            "'torch' on CPU, or set TRITON_INTERPRET=1 before importing pope / pope_kernel to run "
+            "the kernel in the (slow) Triton interpreter, e.g. for tests"
+        )
     if q.is_cuda:
         reason = pope_kernel.device_unsupported_reason(q.device, compute_dtype(q, v), 2 * q.shape[-1], v.shape[-1])
         if reason is not None:
@@ -551,6 +615,7 @@ def _triton_ready(q, k, v):
 # backward except the attention op, whose o and lse are kept. Without it autograd (eager) or the min-cut
 # partitioner (compiled; docs/kernel.md) would save q~, k~: two (B, H, T, 2d) tensors per layer.
 
+
 class _QuietCheckpointNote(logging.Filter):
     """Drops Dynamo's one-time note that a checkpoint with context_fn must hold no in-place op (this one holds none)."""
 
@@ -563,12 +628,14 @@ logging.getLogger("torch._higher_order_ops.wrap").addFilter(_QuietCheckpointNote
 
 def _recompute_all_but_attention():
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
     # the kernel's o and lse, and cos/sin of delta (H_kv * d numbers): saved, they are buffers that the fused
     # kernels read, where Inductor would otherwise inline the trigonometry into every element of k~ and its gradient
     save = (torch.ops.pope.attention_forward.default, torch.ops.aten.cos.default, torch.ops.aten.sin.default)
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.MUST_RECOMPUTE
+
     return create_selective_checkpoint_contexts(policy)
 
 
@@ -578,8 +645,20 @@ def _triton_region(q, k, v, delta, rows_q, rows_k, causal, q_offset, magnitude, 
     return pope_kernel.attention_forward(qc, kc, v.to(dtype), causal, q_offset)[0]
 
 
-def pope_attention_triton(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
-                          magnitude="softplus", rotation=None, theta=None):
+def pope_attention_triton(
+    q,
+    k,
+    v,
+    delta=None,
+    *,
+    causal=True,
+    rope_theta=10000.0,
+    sm_scale=None,
+    q_offset=0,
+    magnitude="softplus",
+    rotation=None,
+    theta=None,
+):
     """PoPE attention through pope_kernel's FlashAttention-2 kernels (pope_attention(..., backend='triton')).
 
     Arguments, result and errors as pope_attention. The Cartesian q~ (pre-scaled by sm_scale * log2(e))
@@ -599,17 +678,36 @@ def pope_attention_triton(q, k, v, delta=None, *, causal=True, rope_theta=10000.
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     rotation = _rotation_rows(rotation, max(q_offset + Tq, Tk), d, rope_theta, q.device)
     pope_kernel.check_limits(q.shape[0], q.shape[1], Tq, Tk, q_offset, (v.stride(2),))
-    args = (q, k, v, delta, rotation[q_offset:q_offset + Tq], rotation[:Tk], bool(causal), int(q_offset), magnitude,
-            sm_scale * LOG2E, compute_dtype(q, v))
+    args = (
+        q,
+        k,
+        v,
+        delta,
+        rotation[q_offset : q_offset + Tq],
+        rotation[:Tk],
+        bool(causal),
+        int(q_offset),
+        magnitude,
+        sm_scale * LOG2E,
+        compute_dtype(q, v),
+    )
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, delta)):
         from torch.utils.checkpoint import checkpoint
-        return checkpoint(_triton_region, *args, use_reentrant=False, context_fn=_recompute_all_but_attention,
-                          preserve_rng_state=False, determinism_check="none")
+
+        return checkpoint(
+            _triton_region,
+            *args,
+            use_reentrant=False,
+            context_fn=_recompute_all_but_attention,
+            preserve_rng_state=False,
+            determinism_check="none",
+        )
     return _triton_region(*args)
 
 
-def pope_attention_reference(q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0,
-                             magnitude="softplus", theta=None):
+def pope_attention_reference(
+    q, k, v, delta=None, *, causal=True, rope_theta=10000.0, sm_scale=None, q_offset=0, magnitude="softplus", theta=None
+):
     """Float64 reference of pope_attention straight from the polar score formula, for tests.
 
     logits[b,h,i,j] = sm_scale * sum_c mu_q[i,c] mu_k[j,c] cos((j - (q_offset+i)) theta_c + delta[h,c]);
@@ -624,8 +722,11 @@ def pope_attention_reference(q, k, v, delta=None, *, causal=True, rope_theta=100
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     G = H // H_kv
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
-    delta = torch.zeros(H, d, dtype=torch.float64, device=q.device) if delta is None else \
-        delta.double().repeat_interleave(G, dim=0)
+    delta = (
+        torch.zeros(H, d, dtype=torch.float64, device=q.device)
+        if delta is None
+        else delta.double().repeat_interleave(G, dim=0)
+    )
     freqs = pope_frequencies(d, rope_theta, device=q.device).double()
     mu_q, mu_k = pope_magnitude(q.double(), magnitude), pope_magnitude(k.double(), magnitude)
     rel = (torch.arange(Tk, device=q.device) - (q_offset + torch.arange(Tq, device=q.device)).unsqueeze(1)).double()

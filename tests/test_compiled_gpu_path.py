@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-
 from compiled import DEV, fresh_inductor, loss_and_grads, pope_gpt, relative_errors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +47,7 @@ def test_compiled_training_step_equals_eager_and_saves_no_cartesian_tensors(tmp_
     partitioner keeps for the backward: no (B, H, T, 2d) Cartesian q~, k~ (the selective checkpoint recomputes
     them); and a second compiled step gives every gradient bit for bit, δ's included."""
     import torch._inductor.compile_fx as compile_fx
+
     saved = []
     partition = compile_fx.min_cut_rematerialization_partition
 
@@ -57,11 +57,12 @@ def test_compiled_training_step_equals_eager_and_saves_no_cartesian_tensors(tmp_
         vals = (getattr(a, "meta", {}).get("val") for a in out.args[0])
         saved.extend(v for v in vals if isinstance(v, torch.Tensor))
         return fw, bw
+
     monkeypatch.setattr(compile_fx, "min_cut_rematerialization_partition", recording_partition)
 
     model = pope_gpt()
     x, y = _batch(32)
-    step = (lambda m: lambda x, y: m(x, y)[1])
+    step = lambda m: lambda x, y: m(x, y)[1]
     with fresh_inductor(tmp_path):
         want_loss, want = loss_and_grads(model, step(model), x, y)
         compiled = step(torch.compile(model))
@@ -114,8 +115,14 @@ def test_compiled_step_equals_eager_for_each_arm_and_after_a_change_of_T(tmp_pat
             got_loss, got = loss_and_grads(arms, compiled, x, y)
             for i, (name, _, amp) in enumerate(ARMS):
                 arm = {n: t for n, t in got.items() if n.startswith(f"models.{i}.")}
-                errors[(name, T)] = _check(got_loss[i], want_loss[i], arm, {n: want[n] for n in arm},
-                                           TOL[amp or torch.float32], f"{name}, T={T}")
+                errors[(name, T)] = _check(
+                    got_loss[i],
+                    want_loss[i],
+                    arm,
+                    {n: want[n] for n in arm},
+                    TOL[amp or torch.float32],
+                    f"{name}, T={T}",
+                )
     print("max relative gradient error per arm:", {k: f"{e:.2e}" for k, e in errors.items()})
 
 
@@ -124,6 +131,7 @@ def _ddp_rank(rank, world_size, port, cache_dir, out):
     train.py builds it, on this rank's half of the batch; rank 0 writes its loss and gradients to `out`."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHINDUCTOR_CACHE_DIR=cache_dir)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     model = pope_gpt()
@@ -141,14 +149,18 @@ def _ddp_rank(rank, world_size, port, cache_dir, out):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs the Triton interpreter (two gloo processes on CPU); "
-                    "train.py's torchrun test below runs DDP on CUDA machines too")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="needs the Triton interpreter (two gloo processes on CPU); "
+    "train.py's torchrun test below runs DDP on CUDA machines too",
+)
 def test_ddp_of_the_compiled_model_equals_eager(tmp_path):
     """Two gloo processes, each with half of a batch of 4: DDP's averaged gradients equal eager's on the whole
     batch (the losses are means over equal token counts). Slow: each process compiles (minutes)."""
     import socket
 
     import torch.multiprocessing as mp
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -165,15 +177,27 @@ def test_ddp_of_the_compiled_model_equals_eager(tmp_path):
 def _tiny_stream(root):
     """A 168-token stream dataset (vocab 16, no tokenizer: no end-of-run sample) in root/data/toy."""
     from prepare.common import BinWriter, write_meta
+
     path = os.path.join(root, "data", "toy")
     seq = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7] * 12) % 16
     for split in ("train", "val", "test"):
         with BinWriter(os.path.join(path, f"{split}.bin"), np.uint16) as w:
             w.write(seq)
-    write_meta(path, {"dataset": "toy", "vocab_size": 16, "dtype": "uint16", "layout": "stream",
-                      "splits": {s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)}
-                                 for s in ("train", "val", "test")},
-                      "pad_id": None, "loss": "all", "tokenizer": {"kind": "none"}})
+    write_meta(
+        path,
+        {
+            "dataset": "toy",
+            "vocab_size": 16,
+            "dtype": "uint16",
+            "layout": "stream",
+            "splits": {
+                s: {"file": f"{s}.bin", "shape": [len(seq)], "tokens": len(seq)} for s in ("train", "val", "test")
+            },
+            "pad_id": None,
+            "loss": "all",
+            "tokenizer": {"kind": "none"},
+        },
+    )
     return os.path.join(root, "data")
 
 
@@ -183,18 +207,40 @@ def test_train_py_with_the_cuda_defaults_one_and_two_processes_and_a_resume(tmp_
     resume to 4, equal to it; two gloo processes (torchrun) with the same global batch equal to it; the final
     evaluation of best.pt on the val and test splits in every run. Slow: four processes compile."""
     data_root = _tiny_stream(str(tmp_path))
-    args = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=2", "--gradient_accumulation_steps=2",
-            "--block_size=16", "--eval_iters=1", "--eval_interval=2", "--log_interval=1", "--warmup_iters=1",
-            "--dropout=0.0", "--device=cpu", "--compile=True", "--attn_backend=triton", "--dataset=toy",
-            f"--data_root={data_root}", "--pope_delta_init=uniform"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1",
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    args = [
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=32",
+        "--batch_size=2",
+        "--gradient_accumulation_steps=2",
+        "--block_size=16",
+        "--eval_iters=1",
+        "--eval_interval=2",
+        "--log_interval=1",
+        "--warmup_iters=1",
+        "--dropout=0.0",
+        "--device=cpu",
+        "--compile=True",
+        "--attn_backend=triton",
+        "--dataset=toy",
+        f"--data_root={data_root}",
+        "--pope_delta_init=uniform",
+    ]
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")
+    )
 
     def train(out, *extra, procs=1):
         torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
         launch = [sys.executable, *(torchrun if procs > 1 else []), "train.py"]
-        p = subprocess.run(launch + [*args, f"--out_dir={tmp_path / out}", *extra], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=1800)
+        p = subprocess.run(
+            launch + [*args, f"--out_dir={tmp_path / out}", *extra],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         with open(tmp_path / out / "log.jsonl") as f:
             rows = [json.loads(line) for line in f]

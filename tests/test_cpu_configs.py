@@ -24,8 +24,10 @@ SHORT = ["--max_iters=2", "--eval_iters=1", "--log_interval=1", "--batch_size=1"
 def arrays(folder):
     with open(os.path.join(folder, "meta.json")) as f:
         meta = json.load(f)
-    return meta, {s: np.fromfile(os.path.join(folder, v["file"]), dtype=meta["dtype"]).reshape(v["shape"])
-                  for s, v in meta["splits"].items()}
+    return meta, {
+        s: np.fromfile(os.path.join(folder, v["file"]), dtype=meta["dtype"]).reshape(v["shape"])
+        for s, v in meta["splits"].items()
+    }
 
 
 def next_token_targets(rows, pad_id):
@@ -34,8 +36,9 @@ def next_token_targets(rows, pad_id):
 
 
 def train_config(config, data_root, out_dir, *extra):
-    return train.main([os.path.join(REPO, "config", config), *SHORT, f"--data_root={data_root}",
-                       f"--out_dir={out_dir}", *extra])
+    return train.main(
+        [os.path.join(REPO, "config", config), *SHORT, f"--data_root={data_root}", f"--out_dir={out_dir}", *extra]
+    )
 
 
 def test_jsb_cpu_config_trains_on_the_music21_chorales(tmp_path):
@@ -54,7 +57,7 @@ def test_jsb_cpu_config_trains_on_the_music21_chorales(tmp_path):
 def write_fasta(path, records, opener=open):
     with opener(path, "wt") as f:
         for header, seq in records:
-            f.write(f">{header}\n" + "\n".join(seq[i:i + 80] for i in range(0, len(seq), 80)) + "\n")
+            f.write(f">{header}\n" + "\n".join(seq[i : i + 80] for i in range(0, len(seq), 80)) + "\n")
 
 
 @pytest.fixture
@@ -77,8 +80,9 @@ def test_genome_source_reads_the_packaged_xz_like_the_same_fasta_given_plainly(f
     records, _ = fake_kleborate
     out = genome.prepare(out_dir=str(tmp_path / "genome_klebsiella"), source="kleborate-examples", num_proc=2)
     write_fasta(tmp_path / "plain.fa", records)
-    ref = genome.prepare(out_dir=str(tmp_path / "ref"), input=str(tmp_path / "plain.fa"), split="fraction",
-                         block_bp=30_000, num_proc=2)
+    ref = genome.prepare(
+        out_dir=str(tmp_path / "ref"), input=str(tmp_path / "plain.fa"), split="fraction", block_bp=30_000, num_proc=2
+    )
     meta, arr = arrays(out)
     _, ref_arr = arrays(ref)
     assert all(np.array_equal(arr[s], ref_arr[s]) for s in ("train", "val", "test"))
@@ -86,14 +90,15 @@ def test_genome_source_reads_the_packaged_xz_like_the_same_fasta_given_plainly(f
     expected = {"train": "", "val": "", "test": ""}  # 30-kb blocks by the documented hash rule
     for header, seq in records:
         for k in range(0, len(seq), 30_000):
-            expected[genome.split_of(header, k // 30_000, "fraction")] += seq[k:k + 30_000]
+            expected[genome.split_of(header, k // 30_000, "fraction")] += seq[k : k + 30_000]
     assert {s: genome.decode(a.ravel()) for s, a in arr.items()} == expected
     assert all(expected.values())
 
 
 def test_genome_source_without_the_package_names_apt_get(monkeypatch, tmp_path):
-    monkeypatch.setitem(genome.SOURCES, "kleborate-examples",
-                        (str(tmp_path / "absent.fna.xz"), str(tmp_path / "g"), "fraction", 30_000))
+    monkeypatch.setitem(
+        genome.SOURCES, "kleborate-examples", (str(tmp_path / "absent.fna.xz"), str(tmp_path / "g"), "fraction", 30_000)
+    )
     with pytest.raises(FileNotFoundError, match="apt-get install kleborate-examples"):
         genome.prepare(source="kleborate-examples")
     with pytest.raises(ValueError, match="not both"):
@@ -112,11 +117,18 @@ def test_genome_cpu_config_trains_on_the_source_layout(fake_kleborate, tmp_path)
         assert math.isfinite(metrics[split]["loss"])
 
 
-@pytest.mark.parametrize("name, command", [("jsb_music21", "python prepare/jsb.py --source music21"),
-                                           ("genome_klebsiella", "python prepare/genome.py --source kleborate-examples"),
-                                           ("maestro", "python prepare/maestro.py"),
-                                           ("shakespeare_char_copyrand32", "python prepare/shakespeare_copymix.py "
-                                            "--p_random=1 --min_span=4 --max_span=32")])
+@pytest.mark.parametrize(
+    "name, command",
+    [
+        ("jsb_music21", "python prepare/jsb.py --source music21"),
+        ("genome_klebsiella", "python prepare/genome.py --source kleborate-examples"),
+        ("maestro", "python prepare/maestro.py"),
+        (
+            "shakespeare_char_copyrand32",
+            "python prepare/shakespeare_copymix.py --p_random=1 --min_span=4 --max_span=32",
+        ),
+    ],
+)
 def test_missing_dataset_names_its_prepare_command(tmp_path, name, command):
     with pytest.raises(FileNotFoundError, match=f"Run: {command} --out_dir="):
         Dataset(str(tmp_path / name))

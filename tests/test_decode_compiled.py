@@ -7,10 +7,10 @@ weights that make attention peaked (position and, for PoPE, delta matter), so a 
 
 import pytest
 import torch
+from compiled import fresh_inductor
 from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile
 
-from compiled import fresh_inductor
 from model import GPT, GPTConfig, KVCache
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -19,8 +19,9 @@ ENCODINGS = {
     "pope": dict(pos_encoding="pope", pope_delta_init="uniform"),
     "pope_gqa_relu": dict(pos_encoding="pope", n_head=4, n_kv_head=2, pope_magnitude="relu", pope_delta_init="uniform"),
     "pope_no_delta": dict(pos_encoding="pope", pope_use_delta=False),
-    "pope_triton_gqa": dict(pos_encoding="pope", n_head=4, n_kv_head=2, n_embd=64, pope_delta_init="uniform",
-                            attn_backend="triton"),  # pope_kernel.decode_at (the interpreter on a CPU)
+    "pope_triton_gqa": dict(
+        pos_encoding="pope", n_head=4, n_kv_head=2, n_embd=64, pope_delta_init="uniform", attn_backend="triton"
+    ),  # pope_kernel.decode_at (the interpreter on a CPU)
     "rope_gqa": dict(pos_encoding="rope", n_head=4, n_kv_head=2),
     "yarn": dict(pos_encoding="rope", rope_scaling=4.0, rope_original_block_size=16),
     "learned": dict(pos_encoding="learned"),
@@ -75,7 +76,7 @@ def test_the_static_step_gives_the_full_forwards_logits_and_the_eager_decoders_t
         model.ensure_positions(19)
         model.hidden_states(stream[:, :7], cache)
         for t in range(7, 19):
-            got = model.decode_step(stream[:, t:t + 1], cache, torch.tensor(t, device=DEV))
+            got = model.decode_step(stream[:, t : t + 1], cache, torch.tensor(t, device=DEV))
             cache.q_offset += 1
             torch.testing.assert_close(got, full[:, t].float(), atol=2e-5, rtol=1e-5, msg=f"{name} at position {t}")
     idx = _prompt()
@@ -137,6 +138,7 @@ def test_building_the_compiled_step_grows_the_table_and_the_recompile_budget():
     per-function recompile budget (8), which fullgraph=True turns into an error past the 8th batch size, cache size
     or model (bench.py's decode tables compile 12): building a step raises it to model.DECODE_RECOMPILE_LIMIT."""
     import model as model_mod
+
     model, idx = _model(ENCODINGS["rope"]), _prompt()
     cache = KVCache(2, 200)
     with torch.no_grad():
@@ -173,7 +175,7 @@ def test_the_static_step_never_reads_a_cache_row_nobody_wrote(name):
             cache = KVCache(1, 24)
             model.hidden_states(stream[:, :5], cache)
             for t in range(5, 12):
-                got = model.decode_step(stream[:, t:t + 1], cache, torch.tensor(t, device=DEV))
+                got = model.decode_step(stream[:, t : t + 1], cache, torch.tensor(t, device=DEV))
                 cache.q_offset += 1
                 torch.testing.assert_close(got, full[:, t].float(), atol=2e-5, rtol=1e-5, msg=f"{name} at {t}")
     finally:
@@ -189,6 +191,7 @@ def test_compiled_generate_rounds_its_cache_up_and_steps_at_each_tokens_position
     full forward's at that position of the generated sequence (tokens alone can hide a wrong position: a 1-layer
     model's next token depends mostly on the current one); its tokens are the eager decoder's."""
     import model as model_mod
+
     sizes, calls = [], []
 
     class Recorded(KVCache):
@@ -200,6 +203,7 @@ def test_compiled_generate_rounds_its_cache_up_and_steps_at_each_tokens_position
         logits = model.decode_step(idx, cache, pos)
         calls.append((int(pos), logits.clone()))
         return logits
+
     model = _model(ENCODINGS["rope"])
     monkeypatch.setattr(model_mod, "KVCache", Recorded)
     monkeypatch.setattr(model, "compiled_decode_step", lambda cache: step)
@@ -223,6 +227,7 @@ def test_the_static_step_takes_the_decode_kernel_up_to_its_row_limit():
     G * Tq <= DECODE_MAX_ROWS, and to the torch path past it (G = 128)."""
     import pope_kernel
     from pope import decode_step_backend
+
     limit = pope_kernel.DECODE_MAX_ROWS
     mu, v = torch.ones(1, 1, 32, 16), torch.ones(1, 1, 32, 16)
     assert decode_step_backend(torch.ones(1, limit, 1, 16), mu, v, "triton") == "triton"

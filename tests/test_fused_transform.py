@@ -11,9 +11,9 @@ import re
 
 import pytest
 import torch
+from compiled import fresh_inductor
 
 import bench_kernel
-from compiled import fresh_inductor
 from model import GPT, GPTConfig
 
 CUDA = torch.cuda.is_available()
@@ -32,15 +32,20 @@ def test_a_compiled_attention_call_runs_at_most_8_eager_ops_around_its_kernels(k
 def _generated_code(pos_encoding, tmp_path, **kw):
     """Inductor's generated code (wrapper and kernels) for one compiled training step of a 1-layer GPT."""
     from torch._inductor.utils import run_and_get_code
+
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=64, pos_encoding=pos_encoding,
-                          dropout=0.0, **kw)).to(DEV)
+    model = GPT(
+        GPTConfig(
+            n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=64, pos_encoding=pos_encoding, dropout=0.0, **kw
+        )
+    ).to(DEV)
     x = torch.randint(0, 64, (2, 64), device=DEV)
 
     def step(x):
         loss = model(x, x)[1]
         loss.backward()
         return loss
+
     with fresh_inductor(tmp_path):
         _, code = run_and_get_code(torch.compile(step), x)
     return "\n".join(code)
@@ -57,10 +62,10 @@ def _trig_extents(code):
     loops around it) or kernel (Triton: xnumel) runs over."""
     extents = []
     for m in TRIG.finditer(code):
-        before = code[:m.start()]
+        before = code[: m.start()]
         nests, numels = list(CPP_NEST.finditer(before)), list(TRITON_NUMEL.finditer(before))
         if nests and (not numels or nests[-1].start() > numels[-1].start()):
-            extents.append(math.prod(int(b) for b in CPP_BOUND.findall(before[nests[-1].start():])))
+            extents.append(math.prod(int(b) for b in CPP_BOUND.findall(before[nests[-1].start() :])))
         else:
             extents.append(int(numels[-1].group(1)) if numels else None)
     return extents
@@ -83,6 +88,7 @@ def test_a_compiled_pope_step_takes_cos_and_sin_of_delta_only(tmp_path):
 def _cartesian_formula(x, delta, n_positions):
     """PoPE's Cartesian form written out in float64: softplus(x) [cos(phi), sin(phi)], phi = t theta_c + delta_c."""
     from pope import pope_frequencies
+
     phase = torch.arange(n_positions, dtype=torch.float64)[:, None] * pope_frequencies(x.shape[-1]).double()
     phase = phase + delta.double()[:, None, :]
     mu = torch.nn.functional.softplus(x.double())
@@ -95,6 +101,7 @@ def test_the_transform_computes_in_float32_for_16_bit_inputs():
     a bf16 one is that formula rounded once to bf16. Computed in bf16 instead (the rows rounded to 8 bits, two
     roundings per product) it is off by up to 7e-2 and two elements in three differ."""
     from pope import _cartesian, pope_rotation_table
+
     g = torch.Generator().manual_seed(0)
     x = (2 * torch.randn(2, 2, 40, 16, generator=g)).bfloat16()
     delta = -2 * math.pi * torch.rand(2, 16, generator=g)
@@ -111,6 +118,7 @@ def test_pope_refuses_a_rotation_table_that_does_not_cover_its_positions():
     """A table shorter than the positions (or of the wrong width) is a ValueError, not a silent broadcast: one row
     would give every query and key position 0's phase."""
     from pope import pope_attention, pope_attention_decode, pope_rotation_table
+
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 5, 16, generator=g) for _ in range(3))
     table = pope_rotation_table(5, 16)
@@ -131,6 +139,7 @@ def test_the_rotation_tables_are_exact_to_float32_at_100k_positions(pos_encoding
     1e5 tokens (YaRN's and PoPE's long contexts read exactly those rows)."""
     from model import rope_table
     from pope import pope_frequencies, pope_rotation_table
+
     n, d = 100_001, 16
     if pos_encoding == "pope":
         got, freqs = pope_rotation_table(n, d), pope_frequencies(d).double()
@@ -138,7 +147,7 @@ def test_the_rotation_tables_are_exact_to_float32_at_100k_positions(pos_encoding
         got, freqs = rope_table(n, d), 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     t = torch.arange(n - 2000, n, dtype=torch.float64)[:, None]
     want = torch.cat((torch.cos(t * freqs), torch.sin(t * freqs)), dim=-1)
-    torch.testing.assert_close(got[n - 2000:].double(), want, atol=2e-7, rtol=0)
+    torch.testing.assert_close(got[n - 2000 :].double(), want, atol=2e-7, rtol=0)
 
 
 @pytest.mark.parametrize("Tq, Tk, q_offset", [(4, 12, 8), (3, 8, 7)], ids=["decode_chunk", "queries_past_the_keys"])
@@ -147,6 +156,7 @@ def test_the_triton_path_reads_the_queries_rows_at_their_offset(Tq, Tk, q_offset
     covers max(q_offset + Tq, Tk) positions: equal to the float64 polar formula for a chunk at the end of the
     keys and for queries that run past the last key (one row short of that would broadcast silently)."""
     from pope import pope_attention, pope_attention_reference
+
     g = torch.Generator().manual_seed(1)
     q, k, v = (2 * torch.randn(1, 2, T, 16, generator=g) for T in (Tq, Tk, Tk))
     delta = -2 * math.pi * torch.rand(2, 16, generator=g)
@@ -161,6 +171,7 @@ def test_the_triton_path_saves_no_cartesian_tensors_whatever_requires_grad(what)
     so what the forward saves holds no (B, H, T, 2d) q~ or k~, with delta None and with only q, k trainable; the
     gradients still equal the torch backend's."""
     from pope import pope_attention
+
     g = torch.Generator().manual_seed(2)
     B, H, T, d = 1, 2, 32, 16
     q, k, v = (torch.randn(B, H, T, d, generator=g).to(DEV) for _ in range(3))
@@ -173,6 +184,7 @@ def test_the_triton_path_saves_no_cartesian_tensors_whatever_requires_grad(what)
     def pack(t):
         shapes.append(tuple(t.shape))
         return t
+
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = pope_attention(q, k, v, delta, backend="triton")
     assert (B, H, T, 2 * d) not in shapes, shapes
@@ -187,6 +199,7 @@ def test_the_triton_path_runs_in_the_autocast_dtype_for_float32_inputs():
     values included, and the output is fp16 (pope_attention's contract for both backends): the float64 formula
     to fp16 precision, and the torch backend's dtype."""
     from pope import pope_attention, pope_attention_reference
+
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 16, 16, generator=g) for _ in range(3))
     delta = -2 * math.pi * torch.rand(2, 16, generator=g)

@@ -10,8 +10,18 @@ from model import GPT, GPTConfig, KVCache, apply_rope
 
 def tiny(pos_encoding, **kw):
     torch.manual_seed(0)
-    cfg = GPTConfig(**{"block_size": 16, "vocab_size": 37, "n_layer": 2, "n_head": 2, "n_embd": 32,
-                       "pos_encoding": pos_encoding, "attn_backend": "torch", **kw})
+    cfg = GPTConfig(
+        **{
+            "block_size": 16,
+            "vocab_size": 37,
+            "n_layer": 2,
+            "n_head": 2,
+            "n_embd": 32,
+            "pos_encoding": pos_encoding,
+            "attn_backend": "torch",
+            **kw,
+        }
+    )
     return GPT(cfg).eval()
 
 
@@ -46,13 +56,14 @@ def peaked(pos_encoding, gain=30.0):
     model = tiny(pos_encoding)
     with torch.no_grad():
         for block in model.transformer.h:
-            block.attn.c_attn.weight[:2 * 32] *= gain  # rows of q and k (n_embd = 32)
+            block.attn.c_attn.weight[: 2 * 32] *= gain  # rows of q and k (n_embd = 32)
     return model
 
 
 def layer0_attention_probs(model, idx):
     """(B, H, T, T) softmax probabilities of layer 0, read out by attending over one-hot values."""
     from pope import pope_attention, sdpa_attention
+
     attn, T = model.transformer.h[0].attn, idx.shape[1]
     q, k, _ = attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx))).split(32, dim=2)
     q, k = (t.view(*idx.shape, 2, 16).transpose(1, 2) for t in (q, k))
@@ -108,6 +119,7 @@ def _forward_without_prefix(model, idx, cache):
     cache.q_offset are cut off, and the causal masks shifted to match; PoPE's decoding sees the cut cache with
     the rotation table's rows from cache.q_offset on, so its keys and queries keep their absolute phases."""
     import model as model_mod
+
     start = cache.q_offset
     original, decode = model_mod.KVCache.update, model_mod.pope_attention_decode
 
@@ -117,10 +129,14 @@ def _forward_without_prefix(model, idx, cache):
 
     def shifted_decode(q, mu, v, delta, *, rotation, q_offset, **kw):  # the cut cache's key j sits at start + j
         return decode(q, mu, v, delta, rotation=rotation[start:], q_offset=q_offset - start, **kw)
+
     from unittest import mock
-    with mock.patch.object(model_mod.KVCache, "update", update), \
-            mock.patch.object(model_mod, "pope_attention_decode", shifted_decode), \
-            mock.patch.object(model_mod, "sdpa_attention", _shifted(model_mod.sdpa_attention, start)):
+
+    with (
+        mock.patch.object(model_mod.KVCache, "update", update),
+        mock.patch.object(model_mod, "pope_attention_decode", shifted_decode),
+        mock.patch.object(model_mod, "sdpa_attention", _shifted(model_mod.sdpa_attention, start)),
+    ):
         logits, _ = model(idx, kv_cache=cache)
     return logits
 
@@ -128,6 +144,7 @@ def _forward_without_prefix(model, idx, cache):
 def _shifted(fn, start):
     def call(*args, q_offset=0, **kw):
         return fn(*args, q_offset=q_offset - start, **kw)
+
     return call
 
 
@@ -200,14 +217,17 @@ def test_flops_pope_adds_one_head_dim_of_qk_per_layer():
     assert 1.14 < b / a < 1.16
 
 
-@pytest.mark.parametrize("settings", [{}, {"pope_use_delta": False}, {"pope_magnitude": "relu"},
-                                      {"pope_magnitude": "identity", "n_kv_head": 1}],
-                         ids=["default", "no_delta", "relu", "identity_gqa"])
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"pope_use_delta": False}, {"pope_magnitude": "relu"}, {"pope_magnitude": "identity", "n_kv_head": 1}],
+    ids=["default", "no_delta", "relu", "identity_gqa"],
+)
 def test_kv_cache_holds_key_magnitudes_for_both_backends(settings):
     """Both PoPE backends cache the keys' magnitudes mu_k (d wide, RoPE's width; KVCache docstring) and decode
     (a prompt, one token, a chunk of 4) to the full forward's logits, with attention that matters (Triton in its
     interpreter on CPU, compiled on CUDA), with and without delta, every magnitude, grouped heads."""
     import pope
+
     if pope.pope_kernel is None:
         pytest.skip("triton is not importable")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -218,14 +238,18 @@ def test_kv_cache_holds_key_magnitudes_for_both_backends(settings):
     with torch.no_grad():
         full, _ = model(idx)
         assert full.std() > 0.5
-        raw_k = attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx))).split((32, 16 * n_kv, 16 * n_kv),
-                                                                                           2)[1]
+        raw_k = attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx))).split(
+            (32, 16 * n_kv, 16 * n_kv), 2
+        )[1]
         raw_k = raw_k.view(1, 12, n_kv, 16).transpose(1, 2)
         for backend in ("torch", "triton"):
             model.config.attn_backend = backend
             cache = KVCache(2, 12)
-            pieces = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:8], kv_cache=cache)[0],
-                      model(idx[:, 8:], kv_cache=cache)[0]]
+            pieces = [
+                model(idx[:, :7], kv_cache=cache)[0],
+                model(idx[:, 7:8], kv_cache=cache)[0],
+                model(idx[:, 8:], kv_cache=cache)[0],
+            ]
             assert cache.k[0].shape == (1, n_kv, 12, 16) and cache.v[0].shape[-1] == 16 and cache.q_offset == 12
             torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=1e-4)
             mu = pope.pope_magnitude(raw_k, settings.get("pope_magnitude", "softplus"))
@@ -352,8 +376,9 @@ def test_kv_cache_decoding_keeps_the_model_settings(name, autocast):
     full forward's logits at rope_theta = 500000, with PoPE's ReLU and identity magnitudes, in fp32 and
     under CPU bf16 autocast. The weights make attention peaked (sharp), so a decode step that fell back to
     the default base (10000) or to softplus moves the logits by far more than the tolerance."""
-    model = sharp(DECODE_SETTINGS[name]["pos_encoding"], **{k: v for k, v in DECODE_SETTINGS[name].items()
-                                                            if k != "pos_encoding"})
+    model = sharp(
+        DECODE_SETTINGS[name]["pos_encoding"], **{k: v for k, v in DECODE_SETTINGS[name].items() if k != "pos_encoding"}
+    )
     idx = torch.randint(0, 37, (2, 19), generator=torch.Generator().manual_seed(9))
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
     with torch.no_grad(), ctx:
@@ -381,7 +406,7 @@ def test_generate_uses_the_context(pos_encoding):
         logits, _ = model(seq)
         seq = torch.cat((seq, logits[:, -1:].argmax(-1)), 1)
     assert torch.equal(out, seq)
-    alone = torch.stack([model(seq[:, t:t + 1])[0][:, 0].argmax(-1) for t in range(5, 15)], 1)
+    alone = torch.stack([model(seq[:, t : t + 1])[0][:, 0].argmax(-1) for t in range(5, 15)], 1)
     assert (alone != seq[:, 6:]).float().mean() > 0.3  # the test has teeth: context changes the tokens
 
 
@@ -389,6 +414,7 @@ def test_sampling_follows_softmax_over_top_k_at_the_temperature():
     """4000 one-token samples from one prompt: frequencies match softmax(logits / T) renormalised
     over the top_k tokens (chi-square, df = top_k - 1); nothing outside the top k is drawn."""
     from test_data import chisquare_p
+
     model = sharp("pope")
     prompt = torch.randint(0, 37, (1, 6))
     with torch.no_grad():
@@ -441,16 +467,38 @@ def test_weight_decay_by_value_per_parameter():
 
 
 PARTS = {  # torch.cuda.get_device_name() -> dense bf16 (V100: fp16) TFLOP/s, from NVIDIA's datasheets
-    "NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 SXM5 80GB": 989, "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835,
-    "NVIDIA H200": 989, "NVIDIA H200 NVL": 835, "NVIDIA GH200 480GB": 989, "NVIDIA B200": 2250,
-    "NVIDIA A100-SXM4-80GB": 312, "NVIDIA A100-SXM4-40GB": 312, "NVIDIA A100-PCIE-40GB": 312,
-    "NVIDIA A100 80GB PCIe": 312, "NVIDIA A800-SXM4-80GB": 312, "NVIDIA A10G": 70, "NVIDIA A10": 125,
-    "NVIDIA L40S": 362, "NVIDIA L40": 181, "NVIDIA L4": 121, "Tesla V100-SXM2-16GB": 125,
-    "Tesla V100-PCIE-32GB": 112, "Tesla V100S-PCIE-32GB": 130, "NVIDIA GeForce RTX 4090": 165,
-    "NVIDIA GeForce RTX 3090": 71, "NVIDIA RTX A6000": 155,
+    "NVIDIA H100 80GB HBM3": 989,
+    "NVIDIA H100 SXM5 80GB": 989,
+    "NVIDIA H100 PCIe": 756,
+    "NVIDIA H100 NVL": 835,
+    "NVIDIA H200": 989,
+    "NVIDIA H200 NVL": 835,
+    "NVIDIA GH200 480GB": 989,
+    "NVIDIA B200": 2250,
+    "NVIDIA A100-SXM4-80GB": 312,
+    "NVIDIA A100-SXM4-40GB": 312,
+    "NVIDIA A100-PCIE-40GB": 312,
+    "NVIDIA A100 80GB PCIe": 312,
+    "NVIDIA A800-SXM4-80GB": 312,
+    "NVIDIA A10G": 70,
+    "NVIDIA A10": 125,
+    "NVIDIA L40S": 362,
+    "NVIDIA L40": 181,
+    "NVIDIA L4": 121,
+    "Tesla V100-SXM2-16GB": 125,
+    "Tesla V100-PCIE-32GB": 112,
+    "Tesla V100S-PCIE-32GB": 130,
+    "NVIDIA GeForce RTX 4090": 165,
+    "NVIDIA GeForce RTX 3090": 71,
+    "NVIDIA RTX A6000": 155,
     # unknown parts, or names that do not say which form factor: no figure (MFU "n/a")
-    "NVIDIA H100": None, "NVIDIA GeForce RTX 3090 Ti": None, "NVIDIA GeForce RTX 4090 D": None,
-    "NVIDIA GeForce GTX 1080 Ti": None, "NVIDIA L20": None, "AMD Instinct MI300X": None, "Tesla T4": None,
+    "NVIDIA H100": None,
+    "NVIDIA GeForce RTX 3090 Ti": None,
+    "NVIDIA GeForce RTX 4090 D": None,
+    "NVIDIA GeForce GTX 1080 Ti": None,
+    "NVIDIA L20": None,
+    "AMD Instinct MI300X": None,
+    "Tesla T4": None,
 }
 
 
@@ -458,6 +506,7 @@ PARTS = {  # torch.cuda.get_device_name() -> dense bf16 (V100: fp16) TFLOP/s, fr
 def test_peak_flops_per_gpu_part(name, monkeypatch):
     """device_peak_flops reads what each part's name really contains (torch's device name patched)."""
     from model import device_peak_flops
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     want = PARTS[name]
@@ -467,6 +516,7 @@ def test_peak_flops_per_gpu_part(name, monkeypatch):
 
 
 # ---- GPT.rotation: one table for every layer, grown by powers of two (issue 51) ----------------------------------
+
 
 def _rotation_formula(pos_encoding, n_positions, head_dim, rope_theta=10000.0):
     """The table written out in float64: RoPE [cos | sin] of t * theta^(-2i/d) (d/2 pairs), PoPE [cos | sin] of

@@ -14,8 +14,16 @@ NEW = ["rope_half", "alibi_half", "learned", "sinusoidal"]
 
 def tiny(pos_encoding, n_head=4, n_embd=32, block_size=24, **kw):
     torch.manual_seed(0)
-    cfg = GPTConfig(block_size=block_size, vocab_size=V, n_layer=2, n_head=n_head, n_embd=n_embd,
-                    pos_encoding=pos_encoding, attn_backend="torch", **kw)
+    cfg = GPTConfig(
+        block_size=block_size,
+        vocab_size=V,
+        n_layer=2,
+        n_head=n_head,
+        n_embd=n_embd,
+        pos_encoding=pos_encoding,
+        attn_backend="torch",
+        **kw,
+    )
     model = GPT(cfg).eval()
     with torch.no_grad():  # sharper attention than the 0.02 init, so positions change the outputs
         for block in model.transformer.h:
@@ -25,14 +33,16 @@ def tiny(pos_encoding, n_head=4, n_embd=32, block_size=24, **kw):
 
 # ---- YaRN ------------------------------------------------------------------------------------
 
+
 def test_yarn_ramp_and_frequencies_match_hand_values():
     """head_dim 8, theta 10^4: theta_i = 1, 0.1, 0.01, 0.001 rad/token. L = 400, s = 4.
     r_i = L theta_i / (2 pi) = 63.662, 6.3662, 0.63662, 0.063662 rotations in L.
     gamma = clamp((r - 1) / 31, 0, 1) = 1, 0.173103, 0, 0.
     theta'_1 = (1 - 0.173103) * 0.1 / 4 + 0.173103 * 0.1 = 0.0206724 + 0.0173103 = 0.0379827."""
     r = torch.tensor([63.662, 6.3662, 0.63662, 0.063662], dtype=torch.float64)
-    torch.testing.assert_close(yarn_ramp(r), torch.tensor([1.0, 0.173103, 0.0, 0.0], dtype=torch.float64),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        yarn_ramp(r), torch.tensor([1.0, 0.173103, 0.0, 0.0], dtype=torch.float64), atol=1e-6, rtol=0
+    )
     got = rope_frequencies(8, 10000.0, scaling=4.0, original_block_size=400)
     want = torch.tensor([1.0, 0.0379827, 0.0025, 0.00025], dtype=torch.float64)
     torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-6)
@@ -50,11 +60,14 @@ def test_yarn_at_scale_one_is_rope_bit_for_bit():
     assert torch.equal(rope_frequencies(8, 10000.0, 1.0, 400), freqs)
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(pos_encoding="rope", rope_scaling=0.5), "must be >= 1"),
-    (dict(pos_encoding="rope", rope_scaling=4.0), "rope_original_block_size > 0"),
-    (dict(pos_encoding="pope", rope_scaling=4.0, rope_original_block_size=16), "pos_encoding='rope' only"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(pos_encoding="rope", rope_scaling=0.5), "must be >= 1"),
+        (dict(pos_encoding="rope", rope_scaling=4.0), "rope_original_block_size > 0"),
+        (dict(pos_encoding="pope", rope_scaling=4.0, rope_original_block_size=16), "pos_encoding='rope' only"),
+    ],
+)
 def test_yarn_config_errors(kw, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(n_layer=1, n_head=2, n_embd=16, **kw)
@@ -63,8 +76,11 @@ def test_yarn_config_errors(kw, message):
 def test_rope_frequencies_refuse_what_yarn_cannot_scale():
     """rope_frequencies itself (not only GPTConfig) refuses YaRN without its L (original_block_size <= 0: every
     pair would count as turning less than once and be interpolated), a scale below 1, and an odd head_dim."""
-    for kw in (dict(scaling=4.0, original_block_size=0), dict(scaling=4.0, original_block_size=-8),
-               dict(scaling=0.5, original_block_size=400)):
+    for kw in (
+        dict(scaling=4.0, original_block_size=0),
+        dict(scaling=4.0, original_block_size=-8),
+        dict(scaling=0.5, original_block_size=400),
+    ):
         with pytest.raises(ValueError, match="YaRN needs"):
             rope_frequencies(8, 10000.0, **kw)
     with pytest.raises(ValueError, match="even head_dim"):
@@ -84,8 +100,9 @@ def reference_attention(attn, x, freqs=None, mscale=1.0, slopes=None):
         turn = torch.exp(1j * pos[:, None] * torch.as_tensor(freqs, dtype=torch.float64))
 
         def rot(t):
-            z = torch.complex(t[..., :n], t[..., n:2 * n]) * turn
-            return torch.cat((z.real, z.imag, t[..., 2 * n:]), dim=-1)
+            z = torch.complex(t[..., :n], t[..., n : 2 * n]) * turn
+            return torch.cat((z.real, z.imag, t[..., 2 * n :]), dim=-1)
+
         q, k = rot(q) * mscale, rot(k) * mscale
     s = q @ k.transpose(-1, -2) / math.sqrt(d)
     if slopes is not None:
@@ -108,7 +125,7 @@ def test_yarn_attention_matches_float64_formula():
     attn = model.transformer.h[0].attn
     want = reference_attention(attn, x, freqs, mscale=0.1 * math.log(4) + 1)
     torch.testing.assert_close(attn(x).double(), want, atol=1e-4, rtol=1e-4)
-    plain = reference_attention(attn, x, [10.0 ** -i for i in range(4)])
+    plain = reference_attention(attn, x, [10.0**-i for i in range(4)])
     assert (want - plain).abs().max() > 1e-2  # YaRN changes this layer's output
 
 
@@ -128,6 +145,7 @@ def test_yarn_kv_cache_decoding_equals_full_forward():
 
 # ---- appendix baselines ----------------------------------------------------------------------
 
+
 def test_rope_half_matches_float64_formula():
     """head_dim 8: channels 0..3 rotated as pairs (0, 2), (1, 3) at 10^4^(-2i/4) = 1, 0.01 rad/token;
     channels 4..7 untouched."""
@@ -141,8 +159,8 @@ def test_rope_half_matches_float64_formula():
 def test_alibi_half_matches_float64_formula():
     """4 heads: ALiBi on heads 0, 1 with the standard slopes for 2 heads, 2^(-8h/2) = 1/16, 1/256;
     heads 2, 3 have none. Also the slopes of 8 heads (1/2 .. 1/256) and of 6 (Press et al.'s recipe)."""
-    assert alibi_slopes(8).tolist() == [2.0 ** -k for k in range(1, 9)]
-    assert alibi_slopes(6).tolist() == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]
+    assert alibi_slopes(8).tolist() == [2.0**-k for k in range(1, 9)]
+    assert alibi_slopes(6).tolist() == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
     model = tiny("alibi_half")
     attn, x = model.transformer.h[0].attn, torch.randn(2, 20, 32) * 3
     want = reference_attention(attn, x, slopes=[1 / 16, 1 / 256, 0.0, 0.0])
@@ -152,8 +170,16 @@ def test_alibi_half_matches_float64_formula():
 
 def test_absolute_embeddings_match_formula_and_refuse_positions_past_block_size():
     sin = tiny("sinusoidal")
-    table = torch.tensor([[math.sin(p / 10000 ** (c / 32)) if c % 2 == 0 else math.cos(p / 10000 ** ((c - 1) / 32))
-                           for c in range(32)] for p in range(24)], dtype=torch.float64)
+    table = torch.tensor(
+        [
+            [
+                math.sin(p / 10000 ** (c / 32)) if c % 2 == 0 else math.cos(p / 10000 ** ((c - 1) / 32))
+                for c in range(32)
+            ]
+            for p in range(24)
+        ],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(sin.wpe_sinusoidal.double(), table, atol=1e-6, rtol=0)
     learned = tiny("learned")
     assert learned.transformer.wpe.weight.shape == (24, 32) and "transformer.wpe.weight" in learned.state_dict()
@@ -198,13 +224,26 @@ def test_new_encodings_causal_decode_and_train(pos_encoding):
 def test_sample_applies_checkpoint_settings_and_refuses_past_block_size(tmp_path, capsys):
     """sample.py reads YaRN settings from model_args; an absolute model asked past block_size exits 2."""
     import dataclasses
+
     import sample
+
     for enc, kw in (("rope", dict(rope_scaling=4.0, rope_original_block_size=8)), ("learned", {})):
         model = tiny(enc, **kw)
-        torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(model.config),
-                    "tokenizer": {"dataset": "x", "vocab_size": V, "pad_id": None, "tokenizer": {"kind": "none"}}},
-                   tmp_path / "best.pt")
-        argv = [f"--out_dir={tmp_path}", '--start="[1, 2, 3]"', "--temperature=0", "--device=cpu", "--attn_backend=torch"]
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "model_args": dataclasses.asdict(model.config),
+                "tokenizer": {"dataset": "x", "vocab_size": V, "pad_id": None, "tokenizer": {"kind": "none"}},
+            },
+            tmp_path / "best.pt",
+        )
+        argv = [
+            f"--out_dir={tmp_path}",
+            '--start="[1, 2, 3]"',
+            "--temperature=0",
+            "--device=cpu",
+            "--attn_backend=torch",
+        ]
         out = sample.main(argv + ["--max_new_tokens=4"])
         want = model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0)[0].tolist()
         assert out == [" ".join(map(str, want))]
