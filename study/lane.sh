@@ -33,8 +33,14 @@ while IFS= read -r line; do
   # done: its record is committed (docs/runs/NAME.json; with an after-command, the record says it ran, or, for
   # records from before "after_done", NAME.extrapolation.csv is there), even in a fresh checkout without out/;
   # or its folder says so
-  [[ -f "docs/runs/$name.json" && ( -z "${after:-}" || -f "docs/runs/$name.extrapolation.csv" ) ]] && continue
-  [[ -n "${after:-}" && -f "docs/runs/$name.json" ]] && grep -q '"after_done": true' "docs/runs/$name.json" && continue
+  if [[ -f "docs/runs/$name.json" ]]; then
+    [[ -z "${after:-}" ]] && continue
+    if grep -q '"after_done"' "docs/runs/$name.json"; then   # a failed after-command's record says false
+      grep -q '"after_done": true' "docs/runs/$name.json" && continue
+    else
+      [[ -f "docs/runs/$name.extrapolation.csv" ]] && continue   # a record from before "after_done"
+    fi
+  fi
   mkdir -p "$out"
   [[ -f "$out/metrics.json" && -f "docs/runs/$name.json" && ( -z "${after:-}" || -f "$out/after.done" ) ]] && continue
   exec {lock}> "$out/lane.lock"

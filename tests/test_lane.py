@@ -383,3 +383,18 @@ def test_a_record_whose_after_command_wrote_no_extrapolation_csv_is_done_in_a_fr
     log, _ = lane(repo, q)
     assert [line for line in log if line.startswith("start")] == ["start b: python train.py --seed=2 --out_dir=out/b "]
     assert calls(repo, "out/a") == []
+
+
+def test_an_after_command_that_fails_after_writing_its_csv_is_not_done(repo):
+    """An after-command that writes the tiled extrapolation.csv and then fails (the sliding evaluation after it,
+    say) leaves a record that says "after_done": false: the next lane runs the after-command again (same checkout,
+    out/ kept: no training), although NAME.extrapolation.csv is there; the rule "extrapolation.csv means done"
+    holds only for records from before "after_done"."""
+    after = "mkdir -p out/a/extrapolate && echo length,ppl > out/a/extrapolate/extrapolation.csv && exit 3"
+    q = queue(repo, "q.tsv", ("a", "out/a", "--seed=1", after))
+    lane(repo, q)
+    assert record(repo, "a")["run"]["after_done"] is False
+    assert (repo / "docs" / "runs" / "a.extrapolation.csv").exists()
+    log, _ = lane(repo, q)
+    assert not [line for line in log if line.startswith("start")]
+    assert [line.split(":")[0] for line in log if line.startswith("after")] == ["after a"]

@@ -370,7 +370,7 @@ class _BoundsChecked:
     def __init__(self, lo, hi):
         import triton.runtime.interpreter as interp
 
-        self.interp, self.lo, self.hi, self.hits = interp, lo, hi, []
+        self.interp, self.lo, self.hi, self.hits, self.loads = interp, lo, hi, [], 0
 
     def __enter__(self):
         real, outer = self.interp._interpreter, self
@@ -382,6 +382,7 @@ class _BoundsChecked:
             def load(self, ptrs, mask, other, dtype):
                 addr = ptrs[mask.astype(bool)] if ptrs.shape else ptrs.reshape(1)
                 bad = addr[(addr >= outer.lo) & (addr < outer.hi)]
+                outer.loads += 1
                 outer.hits += bad.tolist()
                 return real.load(ptrs, mask, other, dtype)
 
@@ -409,6 +410,7 @@ def test_decode_reads_no_rotation_row_past_a_table_shorter_than_a_tile(Tk):
         got = pope.pope_attention_decode(
             q, pope.pope_key_magnitude(k), v, delta, rotation=rot, q_offset=Tk - 1, backend="triton"
         )
+    assert seen.loads > 0, "the checker saw no load: Triton's interpreter no longer loads through _interpreter"
     assert not seen.hits, f"{len(seen.hits)} loads past the table's {Tk} rows"
     ref = pope.pope_attention_reference(q, k, v, delta, q_offset=Tk - 1)
     assert (got.double() - ref).abs().max().item() < 1e-4
