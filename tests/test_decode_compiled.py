@@ -183,13 +183,13 @@ def test_the_static_step_never_reads_a_cache_row_nobody_wrote(name):
         torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
-def test_compiled_generate_rounds_its_cache_up_and_steps_at_each_tokens_position(monkeypatch):
-    """generate(compile=True)'s own bookkeeping, with the uncompiled decode_step as its step (the compiled one:
-    test_compiled_generate_gives_the_eager_tokens_from_one_graph). Its cache is the prompt plus the new tokens
-    rounded up to a power of two, so lengths that round alike share one compiled step: 9 + 7 = 16 -> 16 (not 32),
-    10 + 7 = 17 -> 32, 5 + 3 = 8 -> 8. Each step runs at its token's position T, T + 1, ... and its logits are the
-    full forward's at that position of the generated sequence (tokens alone can hide a wrong position: a 1-layer
-    model's next token depends mostly on the current one); its tokens are the eager decoder's."""
+def test_compiled_generate_rounds_its_cache_up_and_steps_at_each_tokens_position(monkeypatch, tmp_path):
+    """generate(compile=True)'s own bookkeeping, through its real compiled step (Inductor), spied on. Its cache is
+    the prompt plus the new tokens rounded up to a power of two, so lengths that round alike share one compiled
+    step: 9 + 7 = 16 -> 16 (not 32), 10 + 7 = 17 -> 32, 5 + 3 = 8 -> 8. Each step runs at its token's position T, T
+    + 1, ... and its logits are the full forward's at that position of the generated sequence (tokens alone can hide
+    a wrong position: a 1-layer model's next token depends mostly on the current one); its tokens are the eager
+    decoder's."""
     import model as model_mod
 
     sizes, calls = [], []
@@ -199,26 +199,34 @@ def test_compiled_generate_rounds_its_cache_up_and_steps_at_each_tokens_position
             sizes.append(max_len)
             super().__init__(n_layer, max_len)
 
-    def step(idx, cache, pos):
-        logits = model.decode_step(idx, cache, pos)
-        calls.append((int(pos), logits.clone()))
-        return logits
+    model = _model(ENCODINGS["rope"], n_layer=1)
+    compiled = model.compiled_decode_step
 
-    model = _model(ENCODINGS["rope"])
+    def spied(cache):
+        real = compiled(cache)
+
+        def step(idx, cache, pos):
+            logits = real(idx, cache, pos)
+            calls.append((int(pos), logits.clone()))
+            return logits
+
+        return step
+
     monkeypatch.setattr(model_mod, "KVCache", Recorded)
-    monkeypatch.setattr(model, "compiled_decode_step", lambda cache: step)
-    for T, n_new, rows in ((9, 7, 16), (10, 7, 32), (5, 3, 8)):
-        idx = _prompt(seed=T, T=T)
-        sizes.clear()
-        calls.clear()
-        got = model.generate(idx, n_new, temperature=0, compile=True)
-        assert sizes == [rows], (T, n_new, sizes)
-        assert torch.equal(got, model.generate(idx, n_new, temperature=0)), (T, n_new)
-        assert [p for p, _ in calls] == list(range(T, T + n_new - 1))
-        with torch.no_grad():
-            full = model(got)[0].float()
-        for p, logits in calls:
-            torch.testing.assert_close(logits, full[:, p], atol=2e-5, rtol=1e-5, msg=f"step at position {p}")
+    monkeypatch.setattr(model, "compiled_decode_step", spied)
+    with fresh_inductor(tmp_path):
+        for T, n_new, rows in ((9, 7, 16), (10, 7, 32), (5, 3, 8)):
+            idx = _prompt(seed=T, T=T)
+            sizes.clear()
+            calls.clear()
+            got = model.generate(idx, n_new, temperature=0, compile=True)
+            assert sizes == [rows], (T, n_new, sizes)
+            assert torch.equal(got, model.generate(idx, n_new, temperature=0)), (T, n_new)
+            assert [p for p, _ in calls] == list(range(T, T + n_new - 1))
+            with torch.no_grad():
+                full = model(got)[0].float()
+            for p, logits in calls:
+                torch.testing.assert_close(logits, full[:, p], atol=2e-5, rtol=1e-5, msg=f"step at position {p}")
 
 
 def test_the_static_step_takes_the_decode_kernel_up_to_its_row_limit():

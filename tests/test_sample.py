@@ -190,10 +190,12 @@ def test_top_k_none_keeps_every_token_as_zero_and_the_whole_vocabulary_do():
 @pytest.mark.parametrize("compile", [False, True])
 @pytest.mark.parametrize("max_new_tokens", [0, 1, 4])
 def test_generate_runs_the_prompt_once_and_one_step_per_token_but_the_last(monkeypatch, compile, max_new_tokens):
-    """GPT.generate runs the model max(1, max_new_tokens) times: the prompt once (all its tokens in one forward), then
-    one single-token step for each new token but the last, whose logits nothing would read; the cache ends holding
-    the prompt and every new token but the last. compile=True runs the same steps through compiled_decode_step
-    (here the eager decode_step, counted). The greedy tokens equal the full forward's argmax, step by step."""
+    """GPT.generate runs the model max(1, max_new_tokens) times: the prompt once (all its tokens in one forward),
+    then one single-token step for each new token but the last, whose logits nothing would read; the cache ends
+    holding the prompt and every new token but the last. compile=True runs the same steps through
+    compiled_decode_step (here the eager decode_step, counted: the real compiled step's positions and logits are
+    test_decode_compiled.py's, which compiles it). The greedy tokens equal the full forward's argmax, step by
+    step."""
     from model import GPT, GPTConfig, KVCache
 
     torch.manual_seed(0)
