@@ -636,6 +636,12 @@ def _processes(dev):
     """
     ddp = int(os.environ.get("RANK", -1)) != -1
     rank, local_rank, world_size = 0, 0, 1
+    if ddp and dev.startswith("cuda") and int(os.environ["LOCAL_RANK"]) >= torch.cuda.device_count():
+        raise UserError(  # before the group forms: NCCL would fail on a missing GPU with no clear message
+            f"torchrun started local rank {os.environ['LOCAL_RANK']} but this node has "
+            f"{torch.cuda.device_count()} CUDA device(s): start one process per GPU "
+            f"(--nproc_per_node={torch.cuda.device_count()}), or pass --device=cpu for gloo processes on the CPU"
+        )
     if ddp:
         dist.init_process_group(backend="nccl" if dev.startswith("cuda") else "gloo")
         rank, local_rank, world_size = dist.get_rank(), int(os.environ["LOCAL_RANK"]), dist.get_world_size()

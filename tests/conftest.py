@@ -175,3 +175,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+if os.environ.get("POPE_FAILLOG") and not os.environ.get("PYTEST_XDIST_WORKER"):
+    # tests/gpu_check.sh: each failure's report is appended as it happens, so a run stopped at its time
+    # limit still names its failures and their tracebacks (pytest's summary comes only at the end); under
+    # pytest-xdist the controller writes them, once each
+    def pytest_runtest_logreport(report):
+        if report.failed:
+            with open(os.environ["POPE_FAILLOG"], "a") as f:
+                f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-3000:]}\n")

@@ -30,6 +30,7 @@ TINY = [
     "--attn_backend=torch",
     "--compile=False",
     "--block_size=32",
+    "--device=cpu",  # float comparisons across processes: on a GPU machine too
 ]
 TEXT = "to be, or not to be: that is the question. " * 40
 

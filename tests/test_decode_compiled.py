@@ -237,6 +237,7 @@ def test_the_static_step_takes_the_decode_kernel_up_to_its_row_limit():
     from pope import decode_step_backend
 
     limit = pope_kernel.DECODE_MAX_ROWS
-    mu, v = torch.ones(1, 1, 32, 16), torch.ones(1, 1, 32, 16)
-    assert decode_step_backend(torch.ones(1, limit, 1, 16), mu, v, "triton") == "triton"
-    assert decode_step_backend(torch.ones(1, 2 * limit, 1, 16), mu, v, "triton") == "torch"
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter takes CPU tensors, a GPU CUDA ones
+    mu, v = torch.ones(1, 1, 32, 16, device=dev), torch.ones(1, 1, 32, 16, device=dev)
+    assert decode_step_backend(torch.ones(1, limit, 1, 16, device=dev), mu, v, "triton") == "triton"
+    assert decode_step_backend(torch.ones(1, 2 * limit, 1, 16, device=dev), mu, v, "triton") == "torch"

@@ -28,6 +28,7 @@ TINY = [
     "--warmup_iters=2",
     "--attn_backend=torch",
     "--compile=False",
+    "--device=cpu",  # the loop's logic, in float32: on a GPU machine too (the GPU path: test_compiled_gpu_path.py)
 ]
 INDIRECT = ["--dataset=indirect_indexing", "--block_size=64"]  # the tiny_indirect fixture's data (not the default)
 
@@ -194,12 +195,18 @@ def test_multi_node_ddp_puts_each_process_on_its_local_gpu(monkeypatch):
     monkeypatch.setattr(train.dist, "get_rank", lambda: 9)
     monkeypatch.setattr(train.dist, "get_world_size", lambda: 16)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     for given in ("cuda", "cuda:3"):
         calls.clear()
         assert train._processes(given) == (True, "cuda:1", 9, 1, 16)
         assert calls == [("init", "nccl"), ("set_device", "cuda:1")]
     calls.clear()
     assert train._processes("cpu") == (True, "cpu", 9, 1, 16) and calls == [("init", "gloo")]
+    calls.clear()  # two processes on a node of one GPU (what the suite's DDP test did on an H200): one clear line
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UserError, match=r"local rank 1 but this node has 1 CUDA device\(s\).*--nproc_per_node=1"):
+        train._processes("cuda")
+    assert calls == []  # refused before the process group forms
 
 
 def test_single_process_on_cuda_n_uses_device_n(monkeypatch):
@@ -689,6 +696,7 @@ def test_default_run_builds_the_text_learns_and_prints_loss_sample_and_next_comm
         "--learning_rate=1e-2",
         "--warmup_iters=5",
         "--data_root=d",
+        "--device=cpu",  # the sample below is the CPU's, on a GPU machine too
     ]
     m = run(argv)
     meta = json.load(open(tmp_path / "d" / "shakespeare_char" / "meta.json"))
