@@ -23,6 +23,22 @@ for path in (os.path.join(REPO, "study"), REPO):  # the study scripts import as 
         sys.path.insert(0, path)
 
 
+@pytest.fixture(autouse=True)
+def _tf32_restored():
+    """train.main turns TF32 on for a CUDA run (setup_processes), for the whole process: on a GPU machine a
+    training test would leave the next test in its worker with TF32 matmuls, so that the Triton kernel's fp32
+    dots (pope_kernel.dot_precision follows torch's setting) missed their 1e-4 references by 1e-3 (seen on an
+    H200). Each test gets the setting it started with back."""
+    flags = [(o, "fp32_precision") for o in (torch.backends.cuda.matmul, torch.backends.cudnn)]
+    if not all(hasattr(o, a) for o, a in flags):  # torch < 2.9: the legacy flags only
+        flags = [(o, "allow_tf32") for o in (torch.backends.cuda.matmul, torch.backends.cudnn)]
+    saved = [(o, a, getattr(o, a)) for o, a in flags]
+    yield
+    for o, a, value in saved:
+        if getattr(o, a) != value:
+            setattr(o, a, value)
+
+
 @pytest.fixture(scope="session")
 def tiny_indirect(tmp_path_factory):
     """A small indirect-indexing dataset (2,000 / 200 / 200 examples) in a session temp dir."""
