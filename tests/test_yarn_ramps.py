@@ -101,3 +101,30 @@ def test_new_runs_default_to_the_code_ramp_and_old_checkpoints_keep_the_papers(t
     rebuilt = GPT(GPTConfig(**state["model_args"]))
     assert torch.equal(rebuilt.rotation, model.rotation)
     assert not torch.equal(GPT(GPTConfig(**{**old_args})).rotation, model.rotation)  # 'code' would differ
+
+
+def test_a_yarn_run_saved_before_the_setting_resumes_with_the_papers_ramp(toy_stream, tmp_path):
+    """train.py's resume: a YaRN run whose ckpt.pt predates rope_yarn_ramp (neither its model_args nor its config
+    has it) goes on with 'paper', and records 'paper' in its config, although this train.py's default is 'code'."""
+    import json
+    import os
+
+    from test_train import TINY, run
+
+    out = str(tmp_path / "out")
+    common = TINY + [
+        f"--data_root={toy_stream}", "--dataset=toy", "--block_size=16", "--eval_interval=2", f"--out_dir={out}",
+        "--pos_encoding=rope", "--rope_scaling=4.0", "--rope_original_block_size=4",
+    ]  # fmt: skip
+    run(common + ["--max_iters=2", "--rope_yarn_ramp=paper"])
+    path = os.path.join(out, "ckpt.pt")
+    state = torch.load(path, weights_only=True)
+    del state["model_args"]["rope_yarn_ramp"], state["config"]["rope_yarn_ramp"]  # as the old version wrote it
+    torch.save(state, path)
+    paper_rotation = GPT(GPTConfig(**{**state["model_args"], "rope_yarn_ramp": "paper"})).rotation
+    assert not torch.equal(paper_rotation, GPT(GPTConfig(**state["model_args"])).rotation)  # the ramps differ here
+    run(common + ["--max_iters=4", "--init_from=resume"])
+    state = torch.load(path, weights_only=True)
+    assert state["iter_num"] == 4 and state["model_args"]["rope_yarn_ramp"] == "paper"
+    with open(os.path.join(out, "metrics.json")) as f:
+        assert json.load(f)["config"]["rope_yarn_ramp"] == "paper"
