@@ -63,7 +63,8 @@ tensor or a (T, vocab) logit tensor for the full window.
 YaRN: a checkpoint fine-tuned with YaRN carries rope_scaling / rope_original_block_size in its
 model_args and runs with them as is. --rope_scaling=S > 1 (train.py's name for YaRN's s; the old
 flag --yarn_scale still works, with a note) gives the other RoPE runs s = S and L = their block_size
-at evaluation time (no fine-tuning); other encodings ignore it, with a note.
+at evaluation time (no fine-tuning); other encodings ignore it, with a note. YaRN's ramp is the checkpoint's
+rope_yarn_ramp ('code' by default; 'paper' for a checkpoint written before the setting existed).
 
 Outputs: markdown tables on stdout, and in --out_dir (written atomically):
   extrapolation.csv   one row per (model, length): run, label, protocol, length, tokens, ppl,
