@@ -46,7 +46,9 @@ FINETUNE_FREE = (
     "dropout",
     "attn_backend",
     "pope_delta_init",
+    "rope_yarn_ramp",
 )  # what a fine-tune may change (delta's init is moot once weights load)
+LEGACY_MODEL_ARGS = {"rope_yarn_ramp": "paper"}  # a field added later -> its value in checkpoints without it
 
 
 def save_checkpoint(
@@ -98,7 +100,9 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
     """torch.load(out_dir/ckpt, weights_only=True) -> the checkpoint dict.
 
     model_args written under an old GPTConfig field name (model.RENAMED_FIELDS) come back under the
-    new one. Raises UserError when the file is missing or is not a checkpoint of this repo.
+    new one; a field added later comes back with the value those runs had (LEGACY_MODEL_ARGS: YaRN's
+    'paper' ramp, the only one before issue 60). Raises UserError when the file is missing or is not a
+    checkpoint of this repo.
     """
     path = os.path.join(out_dir, ckpt)
     if not os.path.isfile(path):
@@ -112,7 +116,7 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
         raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
     if not isinstance(state, dict) or "model" not in state or "model_args" not in state:
         raise UserError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
-    state["model_args"] = {RENAMED_FIELDS.get(k, k): v for k, v in state["model_args"].items()}
+    state["model_args"] = {**LEGACY_MODEL_ARGS, **{RENAMED_FIELDS.get(k, k): v for k, v in state["model_args"].items()}}
     return state
 
 

@@ -63,7 +63,8 @@ tensor or a (T, vocab) logit tensor for the full window.
 YaRN: a checkpoint fine-tuned with YaRN carries rope_scaling / rope_original_block_size in its
 model_args and runs with them as is. --rope_scaling=S > 1 (train.py's name for YaRN's s; the old
 flag --yarn_scale still works, with a note) gives the other RoPE runs s = S and L = their block_size
-at evaluation time (no fine-tuning); other encodings ignore it, with a note.
+at evaluation time (no fine-tuning); other encodings ignore it, with a note. YaRN's ramp is the checkpoint's
+rope_yarn_ramp ('code' by default; 'paper' for a checkpoint written before the setting existed).
 
 Outputs: markdown tables on stdout, and in --out_dir (written atomically):
   extrapolation.csv   one row per (model, length): run, label, protocol, length, tokens, ppl,
@@ -71,7 +72,8 @@ Outputs: markdown tables on stdout, and in --out_dir (written atomically):
                       where the evaluation ran (provenance.flat: commit, libraries, machine,
                       threads, world_size, data_digest)
   extrapolation.png   perplexity vs context length, log y, one line per model, training length marked
-Labels name the encoding: `rope`, `rope+yarn(s=4)`, `pope`, `none`, ...; the legend adds the run folder.
+Labels name the encoding: `rope`, `rope+yarn(s=4,code)` (YaRN with its ramp), `pope`, `none`, ...; the legend
+adds the run folder.
 Bad input (no best.pt, unknown dataset, a length <= 0, no document long enough for the longest
 length, a stride <= 0 or longer than the shortest length, ...) prints one line and exits with code 2.
 """
@@ -372,10 +374,12 @@ def evaluate_truncate(model, arr, starts, lengths, device="cpu", autocast=nullco
 
 
 def encoding_label(cfg):
-    """'rope', 'rope+yarn(s=4)', 'pope', ... from a model_args dict."""
+    """'rope', 'rope+yarn(s=4,code)', 'pope', ... from a model_args dict (YaRN's ramp: rope_yarn_ramp,
+    'paper' for a checkpoint without it)."""
     label = cfg.get("pos_encoding", "?")
     s = cfg.get("rope_scaling", 1.0)
-    return f"{label}+yarn(s={s:g})" if label == "rope" and s != 1.0 else label
+    ramp = cfg.get("rope_yarn_ramp", "paper")
+    return f"{label}+yarn(s={s:g},{ramp})" if label == "rope" and s != 1.0 else label
 
 
 def inspect_run(run, rope_scaling, ds_meta, state=None):

@@ -20,7 +20,9 @@ Baselines of the paper's appendix (indirect indexing, Table "additional baseline
                   (amplitude 1, token embeddings unscaled: at init position outweighs content)
 
 RoPE models can run with YaRN frequencies (Peng et al. 2024, "YaRN: Efficient Context Window
-Extension"): rope_scaling = s = L'/L > 1 and rope_original_block_size = L; see rope_frequencies.
+Extension"): rope_scaling = s = L'/L > 1 and rope_original_block_size = L; see rope_frequencies. Two ramps
+(rope_yarn_ramp): 'code', the released YaRN code's and Hugging Face's (linear in the pair index), and
+'paper', the paper's equation (linear in r = L / lambda); yarn_gamma.
 
 Attention logits are scaled by 1/sqrt(head_dim) for every encoding (for PoPE, head_dim is d, not
 the 2d of its Cartesian form). Relative encodings have no maximum length: sequences longer than
@@ -71,6 +73,7 @@ class GPTConfig:
     attn_backend: str = "auto"  # pope_attention backend: 'auto' | 'triton' | 'torch'
     rope_scaling: float = 1.0  # YaRN scale s = L'/L for 'rope'; 1.0 = plain RoPE
     rope_original_block_size: int = 0  # YaRN's L: the context (tokens) the RoPE model was trained at
+    rope_yarn_ramp: str = "code"  # YaRN's ramp: 'code' (released code, HF) | 'paper' (checkpoints without it)
 
     def __post_init__(self):
         if self.pos_encoding not in POS_ENCODINGS:
@@ -95,6 +98,8 @@ class GPTConfig:
             raise ValueError(f"pope_delta_init must be 'zero' or 'uniform', got {self.pope_delta_init!r}")
         if self.pope_magnitude not in ("softplus", "relu", "identity"):
             raise ValueError(f"pope_magnitude must be softplus, relu or identity, got {self.pope_magnitude!r}")
+        if self.rope_yarn_ramp not in YARN_RAMPS:
+            raise ValueError(f"rope_yarn_ramp must be 'code' or 'paper', got {self.rope_yarn_ramp!r}")
         if not self.rope_scaling >= 1.0:
             raise ValueError(f"rope_scaling (YaRN's s = L'/L) must be >= 1, got {self.rope_scaling}")
         if self.rope_scaling != 1.0:
@@ -114,6 +119,7 @@ RENAMED_FIELDS = {"pope_delta": "pope_use_delta"}  # the bool; pope_delta is the
 
 DECODE_RECOMPILE_LIMIT = 64  # compiles of GPT.decode_step allowed per process (compiled_decode_step)
 YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN ramp bounds in rotations per original context (paper's LLaMA values)
+YARN_RAMPS = ("code", "paper")  # rope_yarn_ramp: see yarn_gamma
 
 
 def yarn_ramp(r, alpha=YARN_ALPHA, beta=YARN_BETA):
@@ -126,21 +132,55 @@ def yarn_ramp(r, alpha=YARN_ALPHA, beta=YARN_BETA):
     return ((r - alpha) / (beta - alpha)).clamp(0.0, 1.0)
 
 
+def yarn_correction_range(head_dim, rope_theta, original_block_size, alpha=YARN_ALPHA, beta=YARN_BETA):
+    """(low, high): the integer pair indices between which the released YaRN code's ramp runs (its
+    find_correction_range; Hugging Face's _compute_yarn_parameters). Pair i turns r_i = L theta_i / (2 pi)
+    times within L, theta_i = rope_theta^(-2i/head_dim); r_i = n at the fractional index
+    i(n) = head_dim ln(L / (2 pi n)) / (2 ln rope_theta). low = floor(i(beta)) (>= 0), high = ceil(i(alpha))
+    (<= head_dim - 1, the code's bound, in channels, not pairs). Head_dim 32, L 256, theta 10^4: (0, 7)."""
+
+    def index(rotations):
+        return head_dim * math.log(original_block_size / (2 * math.pi * rotations)) / (2 * math.log(rope_theta))
+
+    return max(math.floor(index(beta)), 0), min(math.ceil(index(alpha)), head_dim - 1)
+
+
+def yarn_gamma(freqs, rope_theta, original_block_size, ramp="code"):
+    """YaRN's gamma_i in [0, 1] per pair (1: keep theta_i, 0: interpolate to theta_i / s), (head_dim/2,)
+    like freqs (rope_theta^(-2i/head_dim), radians per token).
+
+    ramp 'paper': yarn_ramp(r_i), linear in r_i = L / lambda_i (Peng et al. 2024, the paper's NTK-by-parts gamma(r)).
+    ramp 'code': linear in the pair index i, 1 - clamp((i - low) / (high - low), 0, 1) with (low, high) =
+    yarn_correction_range and high = low + 0.001 when equal (the released code's linear_ramp_mask, which
+    Hugging Face copies). Head_dim 32, L 256: pair 3 has gamma 0.2015 ('paper') and 4/7 ('code').
+    Raises ValueError for another ramp.
+    """
+    if ramp == "paper":
+        return yarn_ramp(original_block_size * freqs / (2 * math.pi))
+    if ramp != "code":
+        raise ValueError(f"YaRN's ramp is 'code' or 'paper', got {ramp!r}")
+    low, high = yarn_correction_range(2 * len(freqs), rope_theta, original_block_size)
+    high = high + 0.001 if high == low else high
+    i = torch.arange(len(freqs), device=freqs.device, dtype=freqs.dtype)
+    return 1 - ((i - low) / (high - low)).clamp(0.0, 1.0)
+
+
 def yarn_attention_factor(scaling):
     """sqrt(1/t) = 0.1 ln s + 1: YaRN multiplies q and k by it, so the logits by its square
     (Peng et al. 2024, the YaRN attention temperature). 1.0 at s = 1."""
     return 0.1 * math.log(scaling) + 1.0
 
 
-def rope_frequencies(head_dim, rope_theta=10000.0, scaling=1.0, original_block_size=0, device=None):
+def rope_frequencies(head_dim, rope_theta=10000.0, scaling=1.0, original_block_size=0, device=None, ramp="code"):
     """RoPE's rotation frequencies, YaRN-scaled when scaling > 1: (head_dim/2,) float64, radians per token.
 
     Pair i (i = 0 .. head_dim/2 - 1) turns at theta_i = rope_theta^(-2i/head_dim) (RoFormer; rope_theta is
     the base). With YaRN
     (scaling s = L'/L > 1, original_block_size L): wavelength lambda_i = 2 pi / theta_i tokens,
-    r_i = L / lambda_i, gamma_i = yarn_ramp(r_i), and theta'_i = (1 - gamma_i) theta_i / s + gamma_i theta_i:
-    pairs that turn fewer than alpha = 1 times within L are interpolated (theta/s), pairs that turn
-    more than beta = 32 times are kept. At s = 1 this returns theta_i exactly (bit for bit RoPE).
+    r_i = L / lambda_i, gamma_i = yarn_gamma(ramp) (ramp 'code' or 'paper'), and
+    theta'_i = (1 - gamma_i) theta_i / s + gamma_i theta_i: pairs that turn fewer than alpha = 1 times within L
+    are interpolated (theta/s), pairs that turn more than beta = 32 times are kept; between them the ramp
+    runs linear in r ('paper') or in i ('code'). At s = 1 this returns theta_i exactly (bit for bit RoPE).
     Raises ValueError for an odd head_dim, s < 1, or s > 1 without L > 0.
     """
     if head_dim % 2:
@@ -150,17 +190,17 @@ def rope_frequencies(head_dim, rope_theta=10000.0, scaling=1.0, original_block_s
         return freqs
     if scaling < 1.0 or original_block_size <= 0:
         raise ValueError(f"YaRN needs scaling >= 1 and original_block_size > 0, got {scaling}, {original_block_size}")
-    gamma = yarn_ramp(original_block_size * freqs / (2 * math.pi))
+    gamma = yarn_gamma(freqs, rope_theta, original_block_size, ramp)
     return (1 - gamma) * freqs / scaling + gamma * freqs
 
 
-def rope_table(n_positions, head_dim, rope_theta=10000.0, scaling=1.0, original_block_size=0, device=None):
+def rope_table(n_positions, head_dim, rope_theta=10000.0, scaling=1.0, original_block_size=0, device=None, ramp="code"):
     """RoPE's rotations for positions 0..n_positions-1: (n_positions, head_dim) float32 [cos | sin] of
-    s * theta_i radians, theta_i = rope_frequencies(head_dim, rope_theta, scaling, original_block_size) (YaRN
-    when scaling > 1). The phases are formed in float64 and rounded only after cos/sin, so the table is exact to
-    float32 at any position (a float32 angle is off by up to ~5e-4 rad at 10k tokens). GPT keeps one as a buffer
-    (GPT.rotation): the compiled step reads rows of it and computes no cos/sin."""
-    freqs = rope_frequencies(head_dim, rope_theta, scaling, original_block_size, device=device)
+    s * theta_i radians, theta_i = rope_frequencies(head_dim, rope_theta, scaling, original_block_size, ramp=ramp)
+    (YaRN with that ramp when scaling > 1). The phases are formed in float64 and rounded only after cos/sin, so
+    the table is exact to float32 at any position (a float32 angle is off by up to ~5e-4 rad at 10k tokens). GPT
+    keeps one as a buffer (GPT.rotation): the compiled step reads rows of it and computes no cos/sin."""
+    freqs = rope_frequencies(head_dim, rope_theta, scaling, original_block_size, device=device, ramp=ramp)
     angle = torch.arange(n_positions, device=device, dtype=torch.float64)[:, None] * freqs
     return torch.cat((torch.cos(angle), torch.sin(angle)), dim=-1).float()
 
@@ -281,7 +321,13 @@ def rotation_table(config, n_positions, device=None):
     if config.pos_encoding in ("rope", "rope_half"):
         n_rot = hd if config.pos_encoding == "rope" else hd // 2
         return rope_table(
-            n_positions, n_rot, config.rope_theta, config.rope_scaling, config.rope_original_block_size, device
+            n_positions,
+            n_rot,
+            config.rope_theta,
+            config.rope_scaling,
+            config.rope_original_block_size,
+            device,
+            ramp=config.rope_yarn_ramp,
         )
     if config.pos_encoding == "pope":
         return pope_rotation_table(n_positions, hd, config.rope_theta, device=device)

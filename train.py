@@ -80,6 +80,7 @@ pos_encoding = "pope"  # 'rope' | 'pope' | 'none' | 'rope_half' | 'alibi_half' |
 rope_theta = 10000.0
 rope_scaling = 1.0  # YaRN scale s = L'/L for 'rope' (1.0 = off), e.g. 4.0 to fine-tune 1024 -> 4096
 rope_original_block_size = 0  # YaRN's L; 0 in a fine-tune: the checkpoint's block_size
+rope_yarn_ramp = "code"  # YaRN's ramp: 'code' (released code, Hugging Face) | 'paper' (linear in r = L/lambda)
 pope_delta_init = "zero"  # 'zero' | 'uniform'
 pope_magnitude = "softplus"  # 'softplus' | 'relu' | 'identity'
 pope_use_delta = True  # learnable phase bias delta; False: the "no delta" ablation
@@ -332,6 +333,7 @@ def initial_state(cfg, config, run, data, tokenizer):
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
         config.update({k: saved[k] for k in model_args if k in saved and k in config and k != "attn_backend"})
+        config["rope_yarn_ramp"] = model_args["rope_yarn_ramp"]  # 'paper' for a run saved before the setting
         start.checkpoint, start.iter_num = checkpoint, checkpoint["iter_num"]
         start.best_val_loss = checkpoint["best_val_loss"]
         start.prov_earlier = list(checkpoint.get("provenance") or [])

@@ -32,6 +32,7 @@ pos_encoding = 'rope'
 rope_theta = 10000.0
 rope_scaling = 4.0  # YaRN s = L'/L = 4096 / 1024
 rope_original_block_size = 1024  # L: the pretraining context
+rope_yarn_ramp = 'code'  # YaRN's ramp as the released code and Hugging Face have it; 'paper': linear in r
 learning_rate = 6e-5
 min_lr = 6e-5  # = learning_rate: constant after the warmup ("no decay")
 max_iters = 500

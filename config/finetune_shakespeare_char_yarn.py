@@ -16,7 +16,7 @@
 #   python train.py config/finetune_shakespeare_char_yarn.py
 #   python eval_extrapolate.py out-shakespeare-char-rope out-shakespeare-char-pope out-shakespeare-char-yarn \
 #       --dataset=shakespeare_char --lengths=256,512,1024,2048,4096 --max_tokens=65536
-# eval_extrapolate.py reads rope_scaling and rope_original_block_size from the checkpoint (label rope+yarn(s=4)).
+# eval_extrapolate.py reads rope_scaling and rope_original_block_size from the checkpoint (label rope+yarn(s=4,code)).
 # The architecture must equal the checkpoint's: train.py refuses (exit 2) another encoding or shape.
 out_dir = 'out-shakespeare-char-yarn'
 init_from = 'finetune'
@@ -26,6 +26,7 @@ pos_encoding = 'rope'
 rope_theta = 10000.0
 rope_scaling = 4.0  # YaRN s = L'/L = 1024 / 256
 rope_original_block_size = 256  # L: the pretraining context
+rope_yarn_ramp = 'code'  # the released YaRN code's ramp (Hugging Face's); issue 54's runs (d729a25) had 'paper'
 block_size = 1024
 batch_size = 8  # the pretraining's sequences per step
 gradient_accumulation_steps = 1

@@ -67,7 +67,9 @@ def frequencies(config):
     """(n_freq,) float64 angular frequencies in radians per token: RoPE d/2 pairs, PoPE d channels."""
     d = config.n_embd // config.n_head
     if config.pos_encoding == "rope":  # YaRN-scaled when the run uses it
-        return rope_frequencies(d, config.rope_theta, config.rope_scaling, config.rope_original_block_size).numpy()
+        return rope_frequencies(
+            d, config.rope_theta, config.rope_scaling, config.rope_original_block_size, ramp=config.rope_yarn_ramp
+        ).numpy()
     return pope_frequencies(d, config.rope_theta).double().numpy()
 
 

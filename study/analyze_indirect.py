@@ -180,7 +180,12 @@ def attention_logits(q, k, config, delta=None, slopes=None):
     if enc in ("rope", "rope_half"):
         n = d if enc == "rope" else d // 2
         freqs = rope_frequencies(
-            n, config.rope_theta, config.rope_scaling, config.rope_original_block_size, device=q.device
+            n,
+            config.rope_theta,
+            config.rope_scaling,
+            config.rope_original_block_size,
+            device=q.device,
+            ramp=config.rope_yarn_ramp,
         )
         q = torch.cat((_rotate(q[..., :n], pos, freqs), q[..., n:]), dim=-1)
         k = torch.cat((_rotate(k[..., :n], pos, freqs), k[..., n:]), dim=-1)

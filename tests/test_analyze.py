@@ -128,11 +128,12 @@ def _usage(run, monkeypatch):
 
 
 def test_yarn_run_wavelengths_are_the_scaled_ones(tmp_path, monkeypatch):
-    """s = 4, L = 16, head_dim 8: theta_i = 10^-i; r_i = 16 theta_i / (2 pi) = 2.546, 0.2546, ...;
+    """The paper's ramp (rope_yarn_ramp='paper', the run's own, not the default).
+    s = 4, L = 16, head_dim 8: theta_i = 10^-i; r_i = 16 theta_i / (2 pi) = 2.546, 0.2546, ...;
     gamma_i = clamp((r_i - 1) / 31, 0, 1) = 0.049886, 0, 0, 0; theta'_i = (1 - gamma_i) theta_i / 4
     + gamma_i theta_i = 0.287415, 0.025, 0.0025, 0.00025; wavelength 2 pi / theta'_i."""
     run = str(tmp_path / "run-yarn")
-    save_run(run, "rope", rope_scaling=4.0, rope_original_block_size=16)
+    save_run(run, "rope", rope_scaling=4.0, rope_original_block_size=16, rope_yarn_ramp="paper")
     data = _usage(run, monkeypatch)
     theta = 10.0 ** -np.arange(4)
     gamma = np.clip((16 * theta / (2 * math.pi) - 1) / 31, 0, 1)

@@ -190,7 +190,7 @@ def test_yarn_at_eval_time_and_absolute_encodings_left_empty(setup, capsys):
     plain = ee.run([runs[0], *common, "--max_tokens=64"])
     rows = ee.run([runs[0], learned, runs[1], *common, "--max_tokens=64", "--rope_scaling=4"])
     out = capsys.readouterr().out
-    assert [r["label"] for r in rows[::3]] == ["rope+yarn(s=4)", "learned", "pope"]
+    assert [r["label"] for r in rows[::3]] == ["rope+yarn(s=4,code)", "learned", "pope"]
     assert "block_size=32: lengths 64 left empty" in out and "--rope_scaling applies to RoPE only" in out
     for p, y in zip(plain, rows[:3]):  # YaRN's frequencies and temperature change every length
         assert math.isfinite(y["ppl"]) and abs(y["ppl"] - p["ppl"]) > 1e-3 * p["ppl"]
@@ -208,7 +208,7 @@ def test_old_flag_yarn_scale_still_works_with_a_one_line_note(setup, capsys):
     old = ee.run([runs[0], *common, "--max_tokens=64", "--yarn_scale=4"])
     notes = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]
     assert notes == ["note: --yarn_scale is deprecated, use --rope_scaling (same meaning)"]
-    assert [r["label"] for r in old] == ["rope+yarn(s=4)"] * 3 and old == new
+    assert [r["label"] for r in old] == ["rope+yarn(s=4,code)"] * 3 and old == new
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ def test_yarn_ramp_and_frequencies_match_hand_values():
     torch.testing.assert_close(
         yarn_ramp(r), torch.tensor([1.0, 0.173103, 0.0, 0.0], dtype=torch.float64), atol=1e-6, rtol=0
     )
-    got = rope_frequencies(8, 10000.0, scaling=4.0, original_block_size=400)
+    got = rope_frequencies(8, 10000.0, scaling=4.0, original_block_size=400, ramp="paper")
     want = torch.tensor([1.0, 0.0379827, 0.0025, 0.00025], dtype=torch.float64)
     torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-6)
     assert yarn_attention_factor(4.0) == pytest.approx(1.1386294, abs=1e-7)  # 0.1 ln 4 + 1
@@ -112,14 +112,17 @@ def reference_attention(attn, x, freqs=None, mscale=1.0, slopes=None):
     return y @ attn.c_proj.weight.double().T
 
 
-def test_yarn_attention_matches_float64_formula():
+@pytest.mark.parametrize("ramp", ["paper", "code"])
+def test_yarn_attention_matches_float64_formula(ramp):
     """s = 4, L = 8, head_dim 8: theta_i = 10^(-i), r_i = 8 theta_i / 2pi, the ramp and the q, k factor
-    0.1 ln 4 + 1 written out here."""
-    model = tiny("rope", rope_scaling=4.0, rope_original_block_size=8)
+    0.1 ln 4 + 1 written out here. 'paper': clamp((r - 1) / 31); 'code': its pair range is
+    (floor(8 ln(8 / 64pi) / 2 ln 10^4), ceil(8 ln(8 / 2pi) / 2 ln 10^4)) = (floor(-1.40), ceil(0.105)) -> (0, 1),
+    so gamma = 1, 0, 0, 0: the model must read GPTConfig.rope_yarn_ramp."""
+    model = tiny("rope", rope_scaling=4.0, rope_original_block_size=8, rope_yarn_ramp=ramp)
     freqs = []
     for i in range(4):
         th = 10000.0 ** (-2 * i / 8)
-        g = min(max((8 * th / (2 * math.pi) - 1) / 31, 0.0), 1.0)
+        g = min(max((8 * th / (2 * math.pi) - 1) / 31, 0.0), 1.0) if ramp == "paper" else float(i == 0)
         freqs.append((1 - g) * th / 4 + g * th)
     x = torch.randn(2, 30, 32)
     attn = model.transformer.h[0].attn

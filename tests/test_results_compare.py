@@ -124,7 +124,9 @@ def test_the_printed_comparison(tmp_path, capsys):
     assert "pos_encoding = pope (A, n = 3) vs rope (B, n = 3)" in out
     assert "machines: A AMD EPYC (AVX512) x3; B AMD EPYC (AVX512) x3" in out
     loss = next(ln for ln in out.splitlines() if ln.startswith("| test loss"))
-    assert "| 2.0000 ± 1.0000 (3) | 4.0000 ± 1.0000 (3) | +2.0000 [-0.2670, +4.2670] | 0.070 | no |" in loss
+    # Welch, the exact permutation p (pooled 1, 2, 3, 3, 4, 5: B-sum >= 12 or <= 6 in 4 of 20 splits), Mann–Whitney
+    assert "| 2.0000 ± 1.0000 (3) | 4.0000 ± 1.0000 (3) | +2.0000 [-0.2670, +4.2670] | 0.070 |" in loss
+    assert "| 0.070 | 0.200 | 0.121 | no | overlap |" in loss
     assert "| +2.0000 [+2.0000, +2.0000] |" in loss  # paired: every seed moved by exactly 2
     assert "| A: pope | 2 / 3 |" in out and "| B: rope | 0 / 3 |" in out
     assert "Fisher's exact test (two-sided): p = 0.400" in out and "not separated" in out
@@ -318,7 +320,7 @@ def test_compare_csv_columns_are_b_minus_a_with_the_low_end_first_against_scipy(
     ]
     w = stats.ttest_ind(b3, a, equal_var=False).confidence_interval(0.95)
     assert cells[3] == f"{-1.4 / 3:+.4f} [{w.low:+.4f}, {w.high:+.4f}]"
-    assert cells[6] == f"{-1.4 / 3:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]"
+    assert cells[9] == f"{-1.4 / 3:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]"
 
 
 def test_small_p_values_print_with_two_significant_digits_not_as_zero(tmp_path):
@@ -331,8 +333,8 @@ def test_small_p_values_print_with_two_significant_digits_not_as_zero(tmp_path):
     welch_p, paired_p = stats.ttest_ind(b, a, equal_var=False).pvalue, stats.ttest_rel(b, a).pvalue
     assert welch_p < 1e-5 and paired_p < 1e-5
     assert cells[4] == f"{welch_p:.2g}" and float(cells[4]) == pytest.approx(welch_p, rel=0.05)
-    assert cells[5] == "yes"
-    assert cells[7] == f"{paired_p:.2g}" and float(cells[7]) == pytest.approx(paired_p, rel=0.05)
+    assert cells[7] == "yes" and cells[8] == "complete separation"
+    assert cells[10] == f"{paired_p:.2g}" and float(cells[10]) == pytest.approx(paired_p, rel=0.05)
     # at and above 0.001: three decimals, within half a unit of the third
     for p in (0.001, 0.0123, 0.5):
         assert abs(float(results._p(p)) - p) <= 0.0005 and len(results._p(p).split(".")[1]) == 3
@@ -352,7 +354,7 @@ def test_a_metric_with_no_spread_in_either_arm_is_not_called_separated_or_not(tm
     cells = [
         x.strip() for x in next(ln for ln in out.splitlines() if ln.startswith("| test acc")).strip("|").split("|")
     ]
-    assert cells[1] == "100.00 ± 0.00 (3)" and cells[4] == "nan" and cells[5] == "—"
+    assert cells[1] == "100.00 ± 0.00 (3)" and cells[4] == "nan" and cells[7] == "—"
     r = _csv_rows(results.compare_csv(c))["test acc (%)"]
     assert r["a_sd"] == r["b_sd"] == "0.0" and r["p"] == "nan"
     # the loss row beside it is an ordinary test

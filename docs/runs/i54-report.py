@@ -2,7 +2,8 @@
 arms of the registered comparison (RoPE, PoPE, RoPE + YaRN, DroPE), mean ± sd over seeds per length, from the
 runs' copies in docs/runs/. The registered tests are study/results.py's (docs/extrapolation.md, issue 54);
 this prints what results.py does not read: the loss on the last 256 characters per length (eval_extrapolate.py's
-last_loss) and the sliding protocol at 16x (NAME.sliding.csv), and draws the plot. From the repo root:
+last_loss) and the sliding protocol at 16x (NAME.sliding.csv), and draws the plot (log-log: each arm's mean ± sd
+per length and every run as a dot). From the repo root:
 
     python docs/runs/i54-report.py                         # the registered runs: i54-{rope,pope,yarn,drope}-s*
     python docs/runs/i54-report.py --prefix=i54-pilot --png=/tmp/pilot.png   # the pilot
@@ -18,7 +19,7 @@ import statistics as st
 ARMS = [
     ("rope", "RoPE"),
     ("pope", "PoPE (δ at zero)"),
-    ("yarn", "RoPE + YaRN (s = 4, fine-tuned at 4x)"),
+    ("yarn", "RoPE + YaRN (s = 4, 15-step fine-tune at 4x)"),
     ("drope", "DroPE (60-step recalibration)"),
 ]
 
@@ -81,17 +82,19 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
-        for (arm, label), marker in zip(ARMS, "osD^"):
+        fig, ax = plt.subplots(figsize=(6.4, 4.6))
+        for k, ((arm, label), marker) in enumerate(zip(ARMS, "osD^")):
             runs = data[arm]
             if not runs:
                 continue
-            xs, ms, sds = [], [], []
+            xs, ms, sds, dots = [], [], [], []
             for L in lengths:
                 v = [float(r["ppl"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L]
                 if v:
                     xs.append(L), ms.append(st.fmean(v)), sds.append(st.stdev(v) if len(v) > 1 else 0.0)
-            ax.errorbar(xs, ms, yerr=sds, marker=marker, capsize=3, label=f"{label}, n = {len(runs)}")
+                    dots += [(L * 2 ** (0.08 + 0.03 * k), y) for y in v]  # beside the mean, each arm a little apart
+            line = ax.errorbar(xs, ms, yerr=sds, marker=marker, capsize=3, label=f"{label}, n = {len(runs)}")
+            ax.scatter(*zip(*dots), s=9, alpha=0.45, color=line[0].get_color(), linewidths=0, zorder=3)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         from matplotlib.ticker import FormatStrFormatter
@@ -99,9 +102,13 @@ def main():
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
         ax.set_xticks(lengths, [f"{L}\n({L // lengths[0]}x)" for L in lengths])
-        ax.set_xlabel("context (characters; training context 256)")
-        ax.set_ylabel("tiled perplexity, mean ± sd over seeds")
-        ax.set_title("Character-level Shakespeare, 4 x 128: zero-shot extrapolation")
+        ax.set_xlabel("context (characters, log scale; training context 256)")
+        ax.set_ylabel("tiled perplexity (log scale): mean ± sd, dots: runs")
+        ax.set_title(
+            "Character-level Shakespeare, 4 x 128: perplexity against context\n"
+            "RoPE, PoPE as trained at 256; YaRN and DroPE fine-tuned from RoPE",
+            fontsize=10,
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()

@@ -1,0 +1,83 @@
+"""results.py --compare's exact permutation p, Mann–Whitney p and "complete separation" (issue 60): a 3 vs 3
+case enumerated by hand, scipy.stats.permutation_test on larger arms, and the printed table."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from test_results_compare import arms, row
+
+import results
+
+A, B = [1.0, 2.0, 4.0], [3.0, 5.0, 6.0]
+# All C(6, 3) = 20 ways to call three of the pooled 1..6 "B", with the B-sum S; mean(B) − mean(A) = (2 S − 21) / 3.
+# The observed split {3, 5, 6} has S = 14, difference +7/3; |difference| >= 7/3 means S >= 14 or S <= 7.
+SPLITS = {
+    (1, 2, 3): 6, (1, 2, 4): 7, (1, 2, 5): 8, (1, 2, 6): 9, (1, 3, 4): 8,
+    (1, 3, 5): 9, (1, 3, 6): 10, (1, 4, 5): 10, (1, 4, 6): 11, (1, 5, 6): 12,
+    (2, 3, 4): 9, (2, 3, 5): 10, (2, 3, 6): 11, (2, 4, 5): 11, (2, 4, 6): 12,
+    (2, 5, 6): 13, (3, 4, 5): 12, (3, 4, 6): 13, (3, 5, 6): 14, (4, 5, 6): 15,
+}  # fmt: skip
+
+
+def test_three_against_three_enumerated_by_hand():
+    assert len(SPLITS) == math.comb(6, 3) and all(sum(k) == v for k, v in SPLITS.items())
+    extreme = [k for k, s in SPLITS.items() if abs(2 * s - 21) >= 7]
+    assert extreme == [(1, 2, 3), (1, 2, 4), (3, 5, 6), (4, 5, 6)]  # two in each tail
+    assert results.permutation_p(A, B) == pytest.approx(4 / 20, abs=1e-15)
+    assert results.permutation_p(B, A) == pytest.approx(4 / 20, abs=1e-15)  # two-sided: the arms' order is moot
+    # Mann–Whitney: U(B) = pairs with b > a = 2 + 3 + 3 = 8 of 9; exact P(U >= 8) = 2 / 20, two-sided 4 / 20
+    assert results.mann_whitney(A, B) == pytest.approx(0.2, abs=1e-12)
+    assert not results.complete_separation(A, B)
+    assert results.complete_separation([1, 2, 3], [4, 5, 6]) and results.complete_separation([4, 5, 6], [1, 2, 3])
+    assert not results.complete_separation([1, 2, 3], [3, 4, 5])  # a tie at the edge is no separation
+
+
+def test_complete_separation_of_8_against_8_gives_2_over_c_16_8():
+    """The smallest two-sided p with 8 runs per arm: only the observed split and its mirror are as extreme."""
+    a, b = [5.6, 5.8, 6.0, 5.9, 5.7, 6.2, 5.65, 6.05], [21.0, 26.8, 19.0, 20.1, 19.3, 21.9, 19.5, 19.9]
+    assert results.permutation_p(a, b) == pytest.approx(2 / math.comb(16, 8), rel=1e-12)  # 1.554e-4
+    assert 2 / math.comb(16, 8) * 4 == pytest.approx(6.22e-4, abs=1e-6)  # Holm's x4 at the first step
+
+
+@pytest.mark.parametrize("na, nb, seed, ties", [(5, 7, 0, False), (7, 9, 1, False), (6, 6, 2, True), (4, 8, 3, True)])
+def test_against_scipy_permutation_test_exact(na, nb, seed, ties):
+    """scipy enumerates every relabeling (n_resamples=inf, permutation_type='independent'); the statistic
+    |mean(b) − mean(a)| with alternative 'greater' is our two-sided p, also for unequal arms, whose null
+    distribution of the difference is not symmetric (scipy's own 'two-sided' doubles a tail instead)."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.gamma(2.0, size=na), rng.gamma(2.0, size=nb) + 0.7
+    if ties:  # whole numbers: many exact ties among the splits
+        a, b = np.round(3 * a), np.round(3 * b)
+    ref = stats.permutation_test(
+        (a, b),
+        lambda x, y, axis: np.abs(np.mean(y, axis=axis) - np.mean(x, axis=axis)),
+        permutation_type="independent",
+        n_resamples=np.inf,
+        alternative="greater",
+        vectorized=True,
+    )
+    got = results.permutation_p(list(a), list(b))
+    assert got == pytest.approx(ref.pvalue, abs=1e-12) and 0 < got < 1
+    assert results.mann_whitney(list(a), list(b)) == pytest.approx(
+        stats.mannwhitneyu(b, a, alternative="two-sided").pvalue
+    )
+
+
+def test_large_arms_are_not_computed_and_12_against_12_is_quick():
+    assert math.isnan(results.permutation_p(list(range(16)), list(range(20, 35))))  # 31 runs > 30
+    a, b = list(range(12)), [x + 11.5 for x in range(12)]  # one overlap: 11 against 11.5
+    assert results.permutation_p(a, b) < 1e-5  # C(24, 12) = 2,704,156 splits, meet in the middle
+
+
+def test_the_table_prints_both_ps_and_the_separation(tmp_path):
+    c = results.compare(arms(tmp_path, [1.0, 2.0, 4.0], [3.0, 5.0, 6.0]), "pos_encoding")
+    perm, mw, apart = row(c, "test loss")["rank"]
+    assert perm == pytest.approx(0.2) and mw == pytest.approx(0.2) and not apart
+    line = next(ln for ln in results.compare_markdown(c).splitlines() if ln.startswith("| test loss"))
+    cells = [x.strip() for x in line.strip("|").split("|")]
+    assert cells[5:9] == ["0.200", "0.200", "no", "overlap"]
+    csv_rows = results.compare_csv(c).splitlines()
+    assert csv_rows[0].endswith(",perm_p,mannwhitney_p,complete_separation")
+    assert csv_rows[1].endswith(",0.2,0.2,False")
