@@ -377,7 +377,7 @@ def build_model(cfg, run, start):
         _restore_rng(start.checkpoint["rng"], run.rank, run.world_size, run.dev)
     start.checkpoint = None  # free its memory (on the device) before compiling
     if run.compile:
-        model = torch.compile(model)
+        model = compile_model(model, run.ddp)
     if run.ddp:
         # broadcast_buffers=False: the model's buffers are constants every rank builds alike (GPT.rotation, the
         # sinusoidal table, ALiBi's slopes), so no step needs rank 0's copy (DDP's default sends them every forward)
@@ -388,6 +388,33 @@ def build_model(cfg, run, start):
             f"{cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide"
         )
     return model, raw_model, optimizer, scaler
+
+
+def ddp_drops_selective_checkpoint():
+    """True where torch.compile under DDP loses PoPE's selective checkpoint (pytorch issue 178765, fixed by PR
+    179496): Dynamo's DDPOptimizer splits the graph at DDP's bucket boundaries and its propagate_metadata overwrites
+    the checkpoint body's metadata with the partition's, dropping the policy, so every layer's backward reruns the
+    attention kernel and recomputes cos/sin of delta (results stay right; steps are slower). Torch 2.8 to 2.12;
+    decided by the fix itself where the source is readable (the fixed propagate_metadata touches only the split's
+    "partition_names"), else by the version. The device image's torch 2.11 is affected; 2.13 has the fix."""
+    import inspect
+
+    from torch._dynamo.backends import distributed as ddp_backend
+
+    try:
+        return "partition_names" not in inspect.getsource(ddp_backend.propagate_metadata)
+    except (OSError, TypeError, AttributeError):  # no source (a frozen install): by the version
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+        return (2, 8) <= (major, minor) < (2, 13)
+
+
+def compile_model(model, ddp):
+    """torch.compile(model) for training; under DDP where ddp_drops_selective_checkpoint, with Dynamo's DDPOptimizer
+    off (torch._dynamo.config.optimize_ddp = False, a process-wide setting): one graph, whose backward keeps the
+    checkpoint's policy; DDP then all-reduces after the compiled backward instead of overlapping its buckets with it."""
+    if ddp and ddp_drops_selective_checkpoint():
+        torch._dynamo.config.optimize_ddp = False
+    return torch.compile(model)
 
 
 def to_device(x, y, dev):
