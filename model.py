@@ -526,7 +526,11 @@ class GPT(nn.Module):
 
     def ensure_positions(self, n_positions):
         """Make GPT.rotation hold at least n_positions rows (positions 0..n_positions-1), growing it to the next
-        power of two; a no-op for encodings without a table. Called by hidden_states for every forward."""
+        power of two; a no-op for encodings without a table. Called by hidden_states for every forward.
+        A compiled graph that reads the table guards on its shape: a growth after torch.compile (an evaluation of
+        the raw model past its rows, mid-run) recompiles every such graph once, the whole training step included.
+        Grow it ahead, before compiling, to the longest length the run will ask (train.py needs block_size rows,
+        which GPT builds: its evaluations never pass block_size; tests/test_rotation_tables.py)."""
         if self.rotation is not None and n_positions > self.rotation.shape[0]:
             self._grow_rotation(n_positions)
 
