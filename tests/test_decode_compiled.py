@@ -273,7 +273,7 @@ def test_the_step_gets_cuda_graphs_and_static_cache_addresses_on_cuda_only(monke
     class CudaBuffer:
         is_cuda, device = True, torch.device("cuda")
 
-    model = _model(ENCODINGS["rope"])
+    model = _model(ENCODINGS["rope"]).cpu()  # the real cache below is a CPU one, on a GPU machine too
     cache = KVCache(2, 8)
     cache.k, cache.v = [CudaBuffer(), CudaBuffer()], [CudaBuffer(), CudaBuffer()]
     model.compiled_decode_step(cache)
@@ -283,6 +283,6 @@ def test_the_step_gets_cuda_graphs_and_static_cache_addresses_on_cuda_only(monke
     assert len(compiles) == 1 and len(static) == 8
     cpu = KVCache(2, 8)
     with torch.no_grad():
-        model.hidden_states(_prompt(), cpu)
+        model.hidden_states(_prompt().cpu(), cpu)
     model.compiled_decode_step(cpu)
     assert compiles[1:] == [dict(fullgraph=True, dynamic=False, mode=None)] and len(static) == 8
