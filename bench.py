@@ -2,7 +2,7 @@
 
     python bench.py                 # train step + attention micro-benchmark + O(T) memory check + decoding
     python bench.py --only=attn     # one section: step | attn | memory | decode | kernel
-    python bench.py --rounds=10     # more interleaved rounds (default 6, at least 5)
+    python bench.py --rounds=10     # more interleaved rounds (default 6, 15 for the training step; at least 5)
     python bench.py --only=decode --contexts 1024 4096 16384 [--gqa]   # decoding at those contexts
     python bench.py --dtype=float16 # the training step's compute dtype (default auto, as train.py)
 
@@ -62,6 +62,7 @@ def _cuda_peak_mb(fn, device):
 
 
 MIN_ROUNDS = 5
+STEP_ROUNDS = 15  # the training step's rounds by default (--rounds sets every table's)
 
 
 def interleaved(fns, device, rounds, warmup=1):
@@ -131,12 +132,13 @@ def bench_train_step(
     T=1024,
     batch_size=2,
     vocab_size=50304,
-    rounds=6,
+    rounds=STEP_ROUNDS,
     n_kv_head=None,
     dtype="auto",
     compile=None,
     profile=False,
     eval_pass=False,
+    grad_clip=1.0,
 ):
     """One AdamW training step (fwd + bwd + step) of the same GPT with rope and pope, in interleaved rounds, as
     train.py runs it: its compute dtype (train_step_precision) and torch.compile on CUDA (compile=None; True /
@@ -146,7 +148,10 @@ def bench_train_step(
     torch path's (v padded to 2d: the bound of a CPU step). profile=True adds profile_step's breakdown of one
     more step of each. eval_pass=True: then one evaluation forward of each model as train.py runs it (the raw
     model, eager, eval mode, no_grad) and the same rounds again: ms_after_eval (issue 51: PoPE's H200 step went
-    from 41.6 to 48.9 ms after an evaluation). n_kv_head: key/value heads (grouped-query attention), None = n_head."""
+    from 41.6 to 48.9 ms after an evaluation). n_kv_head: key/value heads (grouped-query attention), None = n_head.
+    The step is train.py's: gradients clipped to grad_clip (its default 1.0; 0 skips) after unscaling, then AdamW,
+    then every PoPE delta clamped to [-2 pi, 0]. rounds: 15 by default (STEP_ROUNDS): a step's time varies by a
+    few per cent round to round, and 6 rounds gave ratios whose range was as wide as the effect."""
     steps, models = {}, {}
     name, amp, scaler = train_step_precision(device, dtype)
     compile = str(device).startswith("cuda") if compile is None else compile
@@ -167,13 +172,17 @@ def bench_train_step(
         x = torch.randint(0, vocab_size, (batch_size, T), device=device)
         fwd = torch.compile(model) if compile else model
 
-        def step(model=fwd, opt=opt, x=x):
+        def step(model=fwd, raw=model, opt=opt, x=x):  # train.py's step: clip, AdamW, then delta clamped
             with amp:
                 _, loss = model(x, x)
             scaler.scale(loss).backward()
+            if grad_clip:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(raw.parameters(), grad_clip)
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
+            raw.clamp_pope_delta_()
 
         steps[pe], models[pe] = step, model
     times = interleaved(steps, device, rounds, warmup=2 if compile else 1)
@@ -524,7 +533,12 @@ def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel"])
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
-    p.add_argument("--rounds", type=int, default=6, help=f"interleaved rounds per table (at least {MIN_ROUNDS})")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"interleaved rounds per table (at least {MIN_ROUNDS}; default {STEP_ROUNDS} for the step, 6 elsewhere)",
+    )
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
     p.add_argument("--vocab_size", type=int, default=50304)
     p.add_argument(
@@ -556,6 +570,7 @@ def main(argv):
     )
     a = p.parse_args(argv)
     a.compile = {"auto": None, "on": True, "off": False}[a.compile]
+    step_rounds, a.rounds = a.rounds or STEP_ROUNDS, a.rounds or 6
     if a.rounds < MIN_ROUNDS:
         p.error(f"--rounds must be at least {MIN_ROUNDS}: a ratio needs several interleaved rounds, got {a.rounds}")
     try:
@@ -567,13 +582,14 @@ def main(argv):
         torch.cuda.set_device(a.device)  # kernels and libraries that default to the current device use it too
     print(
         f"device {a.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {a.rounds} rounds"
+        + (f" ({step_rounds} for the training step)" if step_rounds != a.rounds else "")
         + (f", load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}" if hasattr(os, "getloadavg") else "")
     )
     if a.only in (None, "step"):
         shape = STEP_SHAPES["cuda" if a.device.startswith("cuda") else "cpu"]
         kw = dict(
             vocab_size=a.vocab_size,
-            rounds=a.rounds,
+            rounds=step_rounds,
             dtype=a.dtype,
             compile=a.compile,
             profile=a.profile,

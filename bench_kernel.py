@@ -9,8 +9,11 @@
     python bench_kernel.py --ops                  # no GPU: eager ops around the kernels per compiled attention call
 
 Implementations (all causal, raw q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
-    pope_triton  pope_attention(backend='triton'): the Cartesian transform in torch, then pope_kernel.py's
-                 FlashAttention-2 kernels (q/k width 2d, v width d).
+    pope_triton  pope_attention(backend='triton') as the model calls it, eager: the Cartesian transform in torch,
+                 pope_kernel.py's FlashAttention-2 kernels (q/k width 2d, v width d), and the selective checkpoint
+                 that recomputes the transform in the backward: the attention call, not the kernels alone.
+    pope_kernel  the kernels alone: pope_kernel.attention on ready q~ (pre-scaled by sm_scale log2 e), k~ (formed
+                 once, outside the timing), v; their gradients end at q~, k~.
     pope_flex    the same Cartesian q~, k~ (torch), then torch.compile'd flex_attention with a causal block mask.
     rope_sdpa    RoPE rotation (torch ops, cos/sin tables precomputed outside the timing) followed by SDPA
                  pinned to the FlashAttention backend: the usual baseline.
@@ -50,8 +53,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-IMPLS = ("pope_triton", "pope_flex", "rope_sdpa", "rope_fa3", "pope_sdpa")
-DEFAULT_IMPLS = ("pope_triton", "pope_flex", "rope_sdpa", "rope_fa3")
+IMPLS = ("pope_triton", "pope_kernel", "pope_flex", "rope_sdpa", "rope_fa3", "pope_sdpa")
+DEFAULT_IMPLS = ("pope_triton", "pope_kernel", "pope_flex", "rope_sdpa", "rope_fa3")
 
 
 def attention_flops(impl, B, H, T, d, causal=True):
@@ -81,6 +84,8 @@ def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
         return lambda: pope_attention(q, k, v, delta, causal=True, backend="triton")
     if impl == "pope_sdpa":
         return lambda: pope_attention(q, k, v, delta, causal=True, backend="torch")
+    if impl == "pope_kernel":
+        return _kernel_alone(q, k, v, delta)
     if impl == "pope_flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -105,6 +110,26 @@ def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
         return F.scaled_dot_product_attention(qr, kr, v, is_causal=True, **gqa)
 
     return rope
+
+
+def _kernel_alone(q, k, v, delta):
+    """pope_kernel.attention on q~, k~ formed here once (pope._cartesian, as pope_attention_triton forms them) as
+    leaves that require grad: the callable's time is the kernels' (forward; backward with fwd + bwd). Its
+    `extra_leaves` are q~, k~ (their .grad is reset between timed calls like the raw inputs')."""
+    import pope
+    import pope_kernel
+
+    T, d = q.shape[-2], q.shape[-1]
+    rows = pope.pope_rotation_table(T, d, device=q.device)
+    with torch.no_grad():
+        qc = pope._cartesian(q, rows, None, "softplus", pope.LOG2E / math.sqrt(d), q.dtype).requires_grad_()
+        kc = pope._cartesian(k, rows, delta, "softplus", 1.0, q.dtype).requires_grad_()
+
+    def kernel():
+        return pope_kernel.attention(qc, kc, v, causal=True)[0]
+
+    kernel.extra_leaves = (qc, kc)
+    return kernel
 
 
 def _timer(device, warmup, rep):
@@ -212,6 +237,7 @@ def bench_attention_kernels(
                 try:
                     with _flash_impl("FA3" if impl == "rope_fa3" else None):
                         fn = _make_fn(impl, q, k, v, delta, cos, sin, use_flash)
+                        leaves = leaves + list(getattr(fn, "extra_leaves", ()))
                         with torch.no_grad():
                             row["fwd_ms"] = bench(fn)
                         g = torch.randn_like(fn())
@@ -241,35 +267,36 @@ def bench_attention_kernels(
 
 
 def _format_row(r):
-    s = (
-        f"{r['impl']:<12} {r['T']:>6} {r['d']:>4} {r['B']:>3} {r['H']:>3} {r.get('H_kv', r['H']):>4} "
-        f"{r['fwd_ms']:>9.3f} {r['bwd_ms']:>9.3f} "
-        f"{r['fwdbwd_ms']:>10.3f} {r['tflops']:>7.1f}"
-    )
-    return s + (f"  {r['error']}" if "error" in r else "")
+    s = f"{r['impl']:<12} {r['T']:>6} {r['d']:>4} {r['B']:>3} {r['H']:>3} {r.get('H_kv', r['H']):>4} "
+    if "error" in r:  # no numbers: the reason it could not run (FA3's package missing, out of memory, ...)
+        return s + f" {r['error']}"
+    return s + f"{r['fwd_ms']:>9.3f} {r['bwd_ms']:>9.3f} {r['fwdbwd_ms']:>10.3f} {r['tflops']:>7.1f}"
 
 
 def print_table(rows, ratios=True):
-    """Table of the rows, then (ratios=True) fwd+bwd time ratios pope_triton / rope_sdpa, / rope_fa3 and / pope_flex."""
+    """Table of the rows (a row that could not run: its reason, no numbers), then (ratios=True) the fwd+bwd time
+    ratios of pope_triton and of pope_kernel over rope_sdpa, rope_fa3 and pope_flex (rows that ran)."""
     print(
         f"{'impl':<12} {'T':>6} {'d':>4} {'B':>3} {'H':>3} {'H_kv':>4} {'fwd_ms':>9} {'bwd_ms':>9} {'fwdbwd_ms':>10} "
         f"{'TFLOP/s':>7}"
     )
     for r in rows:
         print(_format_row(r))
-    by = {(r["impl"], r["T"], r["d"]): r["fwdbwd_ms"] for r in rows}
-    keys = [(T, d) for (impl, T, d) in by if impl == "pope_triton"]
-    if ratios and keys:
-        print(
-            "\nfwd+bwd time of pope_triton over (goal at T >= 4k: <= 1.5x rope_sdpa, < 1x pope_flex; FLOP ratio 1.5):"
-        )
-        for T, d in keys:
-            parts = [
-                f"{other} {by[('pope_triton', T, d)] / by[(other, T, d)]:.2f}x"
-                for other in ("rope_sdpa", "rope_fa3", "pope_flex")
-                if (other, T, d) in by
-            ]
-            print(f"  T={T:>6} d={d:>4}: " + ", ".join(parts))
+    by = {(r["impl"], r["T"], r["d"]): r["fwdbwd_ms"] for r in rows if "error" not in r}
+    for pope_impl in ("pope_triton", "pope_kernel"):
+        keys = [(T, d) for (impl, T, d) in by if impl == pope_impl]
+        if ratios and keys:
+            print(
+                f"\nfwd+bwd time of {pope_impl} over (goal at T >= 4k: <= 1.5x rope_sdpa, < 1x pope_flex; "
+                "FLOP ratio 1.5):"
+            )
+            for T, d in keys:
+                parts = [
+                    f"{other} {by[(pope_impl, T, d)] / by[(other, T, d)]:.2f}x"
+                    for other in ("rope_sdpa", "rope_fa3", "pope_flex")
+                    if (other, T, d) in by
+                ]
+                print(f"  T={T:>6} d={d:>4}: " + ", ".join(parts))
 
 
 # ---- eager ops around the kernels (no GPU needed) --------------------------------------------------------

@@ -507,6 +507,20 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def _decode_recompile_budget(step):
+    """`step` (a compiled GPT.decode_step) run with Dynamo's recompile_limit raised to DECODE_RECOMPILE_LIMIT for its
+    own calls only: Dynamo counts recompiles per code object, so every GPT's decode_step shares one budget (8 by
+    default) and fullgraph=True fails past it (a batch size, cache size or model is one compile each: bench.py's
+    tables); the process's limit, which training's compiled forward obeys, stays as it was."""
+
+    def run(*args):
+        limit = max(torch._dynamo.config.recompile_limit, DECODE_RECOMPILE_LIMIT)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            return step(*args)
+
+    return run
+
+
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -541,6 +555,15 @@ class GPT(nn.Module):
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
+    def _apply(self, fn, recurse=True):
+        """nn.Module's _apply (to, cuda, half, bfloat16, ...), with GPT.rotation kept float32: a model cast with
+        .to(torch.bfloat16) would round the table's cos/sin to 8 bits (and the Triton decode kernel takes float32
+        only), so a cast table is rebuilt in float32 on its new device."""
+        super()._apply(fn, recurse)
+        if self.rotation is not None and self.rotation.dtype != torch.float32:
+            self.rotation = rotation_table(self.config, self.rotation.shape[0]).to(self.rotation.device)
+        return self
+
     @torch.compiler.disable  # runs eagerly: a compiled forward breaks its graph here only when the table grows
     def _grow_rotation(self, n_positions):
         rows = 1 << (n_positions - 1).bit_length()  # a power of two: a sweep over lengths grows it a few times
@@ -549,7 +572,11 @@ class GPT(nn.Module):
 
     def ensure_positions(self, n_positions):
         """Make GPT.rotation hold at least n_positions rows (positions 0..n_positions-1), growing it to the next
-        power of two; a no-op for encodings without a table. Called by hidden_states for every forward."""
+        power of two; a no-op for encodings without a table. Called by hidden_states for every forward.
+        A compiled graph that reads the table guards on its shape: a growth after torch.compile (an evaluation of
+        the raw model past its rows, mid-run) recompiles every such graph once, the whole training step included.
+        Grow it ahead, before compiling, to the longest length the run will ask (train.py needs block_size rows,
+        which GPT builds: its evaluations never pass block_size; tests/test_rotation_tables.py)."""
         if self.rotation is not None and n_positions > self.rotation.shape[0]:
             self._grow_rotation(n_positions)
 
@@ -680,13 +707,10 @@ class GPT(nn.Module):
         if cuda:
             for buf in (*kv_cache.k, *kv_cache.v):
                 torch._dynamo.mark_static_address(buf)
-        # Dynamo counts recompiles per code object, so every GPT's decode_step shares one budget (8 by default), and
-        # fullgraph=True fails past it: a batch size, cache size or model is one compile each (bench.py's tables)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, DECODE_RECOMPILE_LIMIT)
         steps = self.__dict__.setdefault("_decode_compiled", {})  # per device type: CUDA graphs on CUDA only
         if kv_cache.k[0].device.type not in steps:
-            steps[kv_cache.k[0].device.type] = torch.compile(
-                self.decode_step, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else None
+            steps[kv_cache.k[0].device.type] = _decode_recompile_budget(
+                torch.compile(self.decode_step, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else None)
             )
         return steps[kv_cache.k[0].device.type]
 

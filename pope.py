@@ -476,6 +476,7 @@ def pope_decode_step(
     """
     B, H, _, d = q.shape
     H_kv, L = mu_all.shape[1], mu_all.shape[2]
+    _check_step_table(rotation, L, d)
     G = H // H_kv
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     neg = None if delta is None else -delta.repeat_interleave(G, dim=0)
@@ -488,6 +489,18 @@ def pope_decode_step(
     scores = _rotated_scores(qd.view(B, H_kv, G, 2 * d), mu_all, rotation[:L]).float() * sm_scale
     scores = scores.masked_fill(~seen, float("-inf"))
     return torch.softmax(scores, dim=-1).to(v_all.dtype) @ v_all
+
+
+def _check_step_table(rotation, L, d):
+    """pope_decode_step's table: float32 (pope_rotation_table; the decode kernel reads float32 only, and a 16-bit
+    table rounds cos/sin to 8 or 11 bits) with >= L rows of width 2d. Checked on shapes and dtype only: no sync,
+    nothing a compiled step keeps. Raises ValueError saying which."""
+    if rotation.dtype != torch.float32 or rotation.dim() != 2 or rotation.shape[0] < L or rotation.shape[1] != 2 * d:
+        raise ValueError(
+            f"the decoding step needs a float32 rotation table (pope_rotation_table) of >= {L} rows (the cache's "
+            f"positions) and width {2 * d}, got {tuple(rotation.shape)} {rotation.dtype}; keep GPT.rotation float32 "
+            "(GPT casts keep it) and grow it with GPT.ensure_positions"
+        )
 
 
 def decode_step_backend(q, mu_all, v_all, backend="auto"):

@@ -132,11 +132,7 @@ def main(argv):
     iter_num, best_val_loss, prov_earlier = start.iter_num, start.best_val_loss, start.prov_earlier
     ckpt_path = start.ckpt_path
     peak = cfg.peak_flops or device_peak_flops(run.dev, run.dtype)
-    wandb = None
-    if cfg.wandb_log and run.master and not cfg.eval_only:
-        import wandb
-
-        wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=config)
+    wandb = init_wandb(cfg, run, config)
 
     # --- training loop: eval/checkpoint at the top of iteration iter_num (= steps done so far)
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
@@ -146,11 +142,7 @@ def main(argv):
     while not cfg.eval_only:
         if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters:
             val = evaluate(raw_model, val_batches, run)
-            if not math.isfinite(val["loss"]):
-                raise UserError(
-                    f"val loss is {val['loss']} at iter {iter_num}: training diverged; the last good "
-                    f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters."
-                )
+            check_finite("val loss", val["loss"], f"at iter {iter_num}", ckpt_path)
             rng = _gather_rng(run.ddp, run.world_size, run.dev)
             if run.master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
@@ -174,11 +166,7 @@ def main(argv):
         if iter_num >= cfg.max_iters:
             break
 
-        lr = cfg.learning_rate
-        if cfg.decay_lr:
-            lr = get_lr(iter_num, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, decay_iters)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        lr = set_lr(optimizer, cfg, iter_num, decay_iters)
         for micro_step in range(run.grad_accum):
             x, y = to_device(*data.train_batch(iter_num, micro_step), run.dev)
             if run.ddp:  # all-reduce gradients only on the last micro-step
@@ -202,11 +190,7 @@ def main(argv):
             steps = iter_num - last_log
             lossf = loss_sum / (run.grad_accum * run.world_size * steps)
             loss_acc.zero_()
-            if not math.isfinite(lossf):
-                raise UserError(
-                    f"training loss is {lossf} near iter {iter_num}: training diverged; the last good "
-                    f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters."
-                )
+            check_finite("training loss", lossf, f"near iter {iter_num}", ckpt_path)
             dt = (time.time() - t0) / steps
             t0, tokens_seen, last_log = time.time(), 0, iter_num
             if run.master:
@@ -379,7 +363,7 @@ def build_model(cfg, run, start):
         _restore_rng(start.checkpoint["rng"], run.rank, run.world_size, run.dev)
     start.checkpoint = None  # free its memory (on the device) before compiling
     if run.compile:
-        model = torch.compile(model)
+        model = compile_model(model, run.ddp)
     if run.ddp:
         # broadcast_buffers=False: the model's buffers are constants every rank builds alike (GPT.rotation, the
         # sinusoidal table, ALiBi's slopes), so no step needs rank 0's copy (DDP's default sends them every forward)
@@ -390,6 +374,33 @@ def build_model(cfg, run, start):
             f"{cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide"
         )
     return model, raw_model, optimizer, scaler
+
+
+def ddp_drops_selective_checkpoint():
+    """True where torch.compile under DDP loses PoPE's selective checkpoint (pytorch issue 178765, fixed by PR
+    179496): Dynamo's DDPOptimizer splits the graph at DDP's bucket boundaries and its propagate_metadata overwrites
+    the checkpoint body's metadata with the partition's, dropping the policy, so every layer's backward reruns the
+    attention kernel and recomputes cos/sin of delta (results stay right; steps are slower). Torch 2.8 to 2.12;
+    decided by the fix itself where the source is readable (the fixed propagate_metadata touches only the split's
+    "partition_names"), else by the version. The device image's torch 2.11 is affected; 2.13 has the fix."""
+    import inspect
+
+    from torch._dynamo.backends import distributed as ddp_backend
+
+    try:
+        return "partition_names" not in inspect.getsource(ddp_backend.propagate_metadata)
+    except (OSError, TypeError, AttributeError):  # no source (a frozen install): by the version
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+        return (2, 8) <= (major, minor) < (2, 13)
+
+
+def compile_model(model, ddp):
+    """torch.compile(model) for training; under DDP where ddp_drops_selective_checkpoint, with Dynamo's DDPOptimizer
+    off (torch._dynamo.config.optimize_ddp = False, a process-wide setting): one graph, whose backward keeps the
+    checkpoint's policy; DDP then all-reduces after the compiled backward instead of overlapping its buckets with it."""
+    if ddp and ddp_drops_selective_checkpoint():
+        torch._dynamo.config.optimize_ddp = False
+    return torch.compile(model)
 
 
 def to_device(x, y, dev):
@@ -504,6 +515,36 @@ def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss,
         if data.meta.get("layout") == "stream" and (data.meta.get("tokenizer") or {}).get("kind") in ("char", "gpt2"):
             text_run_summary(metrics, cfg, argv, run.dev)
     return metrics
+
+
+def init_wandb(cfg, run, config):
+    """The wandb module, initialised with the run's config, where wandb_log is on (rank 0, training); else None."""
+    if not (cfg.wandb_log and run.master and not cfg.eval_only):
+        return None
+    import wandb
+
+    wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=config)
+    return wandb
+
+
+def check_finite(what, loss, when, ckpt_path):
+    """Raise UserError (one line) if `loss` (nats) is not finite: training diverged; the checkpoint is untouched."""
+    if not math.isfinite(loss):
+        raise UserError(
+            f"{what} is {loss} {when}: training diverged; the last good "
+            f"checkpoint {ckpt_path} is untouched. Lower learning_rate or raise warmup_iters."
+        )
+
+
+def set_lr(optimizer, cfg, iter_num, decay_iters):
+    """Set every parameter group's learning rate for iteration iter_num (get_lr's schedule where decay_lr, else
+    cfg.learning_rate) and return it."""
+    lr = cfg.learning_rate
+    if cfg.decay_lr:
+        lr = get_lr(iter_num, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, decay_iters)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
 
 
 def get_lr(it, learning_rate, min_lr, warmup_iters, decay_iters):

@@ -179,3 +179,78 @@ def test_train_step_runs_in_the_resolved_dtype(monkeypatch, capsys, dtype, want)
     with pytest.raises(SystemExit) as e:
         bench.main(["--only=step", "--device=cpu", "--dtype=float64"])
     assert e.value.code == 2 and "dtype must be 'auto' or one of" in capsys.readouterr().err
+
+
+# ---- issue 61: --profile's figures against known times -------------------------------------------------------------
+# Ops of known duration: each sleeps inside a dispatcher op, so the profiler sees it as that op's time. The attention
+# op's work is a nested op that is attention too (as SDPA's CPU kernel sits inside aten::scaled_dot_product_attention);
+# the other op's work is a real matmul nested in it.
+
+
+@torch.library.custom_op("benchtestpope::attention", mutates_args=())
+def _slow_attention(x: torch.Tensor) -> torch.Tensor:
+    return _slow_attention_kernel(x)
+
+
+@torch.library.custom_op("benchtestpope::attention_kernel", mutates_args=())
+def _slow_attention_kernel(x: torch.Tensor) -> torch.Tensor:
+    time.sleep(0.020)
+    return x.clone()
+
+
+@torch.library.custom_op("benchtest::matmul", mutates_args=())
+def _slow_matmul(w: torch.Tensor) -> torch.Tensor:
+    time.sleep(0.010)
+    return w @ w
+
+
+def test_profile_figures_are_per_step_and_count_nested_attention_once():
+    """A step of known parts: 30 ms of Python sleep (in no op: idle), an attention op of 20 ms whose time is all in a
+    nested attention op, and a 10 ms op around a real matmul (other). profile_step over 3 steps gives each per step,
+    each counted once: attention 20 ms (not 40: the nested op is inside the outer one), other 10 ms, idle 30 ms, each
+    to within the sleeps' overshoot on a busy machine (+12 ms), and the three add up to the step's wall time."""
+    x, w = torch.randn(8, 8), torch.randn(64, 64)
+
+    def step():
+        time.sleep(0.030)
+        _slow_attention(x)
+        _slow_matmul(w)
+
+    t = time.perf_counter()
+    step()
+    one = (time.perf_counter() - t) * 1e3
+    got = bench.profile_step(step, "cpu", n_steps=3)
+    assert 20 <= got["attention_ms"] < 32 and 10 <= got["other_ms"] < 22 and 30 <= got["idle_ms"] < 42, got
+    assert sum(got.values()) == pytest.approx(one, abs=12), (got, one)
+
+
+def test_the_timed_step_is_train_pys_clipped_and_clamped_with_15_rounds(monkeypatch):
+    """--only=step times train.py's step: the gradients clipped to 1.0 (train.py's grad_clip) after unscaling, then
+    AdamW, then every delta clamped; 15 interleaved rounds by default (6 gave ratios as wide as the effect),
+    --rounds sets it. The step's work is spied (each arm's step runs twice), its time is not measured."""
+    from model import GPT
+
+    clipped, clamped, got = [], [], {}
+    real_clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda p, m: clipped.append(m) or real_clip(p, m))
+    real_clamp = GPT.clamp_pope_delta_
+    monkeypatch.setattr(
+        GPT, "clamp_pope_delta_", lambda self: clamped.append(self.config.pos_encoding) or real_clamp(self)
+    )
+
+    def run_twice(fns, device, rounds, warmup=1):
+        got["rounds"] = rounds
+        for _ in range(2):
+            for f in fns.values():
+                f()
+        return {name: [1.0] * rounds for name in fns}
+
+    monkeypatch.setattr(bench, "interleaved", run_twice)
+    bench.bench_train_step("cpu", n_layer=1, n_embd=32, n_head=2, T=16, batch_size=2, vocab_size=64)
+    assert got["rounds"] == 15 and clipped == [1.0] * 4 and sorted(clamped) == ["pope", "pope", "rope", "rope"]
+    rounds = []
+    monkeypatch.setattr(bench, "bench_train_step", lambda device, **kw: rounds.append(kw["rounds"]) or [{}, {}])
+    monkeypatch.setattr(bench, "print_table", lambda *a: None)
+    bench.main(["--only=step", "--device=cpu", "--profile"])
+    bench.main(["--only=step", "--device=cpu", "--profile", "--rounds=7"])
+    assert rounds == [15, 7]

@@ -45,7 +45,9 @@ def _check(got_loss, want_loss, got, want, tol, what):
 def test_compiled_training_step_equals_eager_and_saves_no_cartesian_tensors(tmp_path, monkeypatch):
     """The GPU default's model (one query head per key/value head, δ, softplus), fp32. Also what the min-cut
     partitioner keeps for the backward: no (B, H, T, 2d) Cartesian q~, k~ (the selective checkpoint recomputes
-    them); and a second compiled step gives every gradient bit for bit, δ's included."""
+    them); and a second compiled step gives δ's gradient bit for bit (no atomics on any device), and every other
+    gradient bit for bit on a CPU; on CUDA the tied wte/lm_head's gradient goes through Inductor's atomic
+    scatter-add, so there the others are compared to the last bits of fp32."""
     import torch._inductor.compile_fx as compile_fx
 
     saved = []
@@ -70,7 +72,12 @@ def test_compiled_training_step_equals_eager_and_saves_no_cartesian_tensors(tmp_
         again = loss_and_grads(model, compiled, x, y)[1]
     err = _check(got_loss, want_loss, got, want, TOL[torch.float32], "compiled GPT")
     delta = "transformer.h.0.attn.pope_delta"  # its gradient: Inductor's reduction over batch and positions, no atomics
-    assert all(torch.equal(again[n], got[n]) for n in got) and got[delta].abs().max() > 0
+    assert torch.equal(again[delta], got[delta]) and got[delta].abs().max() > 0
+    for n in got:  # on CUDA the tied wte/lm_head's gradient is an atomic scatter-add (the embedding's backward)
+        if DEV == "cpu":
+            assert torch.equal(again[n], got[n]), n
+        else:  # summation order varies run to run: equal to the last bits of fp32
+            torch.testing.assert_close(again[n], got[n], rtol=1e-5, atol=1e-7, msg=n)
     B, T, H, d = 2, 32, 2, 16
     shapes = [tuple(t.shape) for t in saved]
     print(f"max relative gradient error {err:.2e}; saved for the backward: {shapes}")

@@ -133,12 +133,24 @@ def test_compiled_decoding_needs_a_prefilled_cache():
         _model(ENCODINGS["rope"]).compiled_decode_step(KVCache(2, 8))
 
 
-def test_building_the_compiled_step_grows_the_table_and_the_recompile_budget():
+def test_building_the_compiled_step_grows_the_table_and_the_recompile_budget_of_the_step_only(monkeypatch):
     """A cache longer than GPT.rotation gets its rows before tracing; and every GPT's decode_step shares Dynamo's
     per-function recompile budget (8), which fullgraph=True turns into an error past the 8th batch size, cache size
-    or model (bench.py's decode tables compile 12): building a step raises it to model.DECODE_RECOMPILE_LIMIT."""
+    or model (bench.py's decode tables compile 12): the step runs with model.DECODE_RECOMPILE_LIMIT, while the
+    process's limit (training's compiled forward obeys it) is the same before, during and after generate(compile=True).
+    torch.compile is spied (the step runs eagerly) to read the limit the step's call sees."""
     import model as model_mod
 
+    seen = []
+
+    def spy_compile(fn, **kw):
+        def step(*args):
+            seen.append(torch._dynamo.config.recompile_limit)
+            return fn(*args)
+
+        return step
+
+    monkeypatch.setattr(torch, "compile", spy_compile)
     model, idx = _model(ENCODINGS["rope"]), _prompt()
     cache = KVCache(2, 200)
     with torch.no_grad():
@@ -148,7 +160,14 @@ def test_building_the_compiled_step_grows_the_table_and_the_recompile_budget():
         assert model.rotation.shape[0] == 64
         model.compiled_decode_step(cache)
         assert model.rotation.shape[0] == 256
-        assert torch._dynamo.config.recompile_limit == model_mod.DECODE_RECOMPILE_LIMIT
+        assert torch._dynamo.config.recompile_limit == 2 and seen == []
+        model.generate(idx, 4, temperature=0, compile=True)
+        assert seen == [model_mod.DECODE_RECOMPILE_LIMIT] * 3  # 3 steps after the prefill's token, each raised
+        assert torch._dynamo.config.recompile_limit == 2  # the process's limit untouched
+    with torch._dynamo.config.patch(recompile_limit=100):  # a higher limit set by the user is kept for the step too
+        seen.clear()
+        model.generate(idx, 2, temperature=0, compile=True)
+        assert seen == [100] and torch._dynamo.config.recompile_limit == 100
 
 
 def test_rope_refuses_a_rotation_table_shorter_than_its_positions():
@@ -241,3 +260,30 @@ def test_the_static_step_takes_the_decode_kernel_up_to_its_row_limit():
     mu, v = torch.ones(1, 1, 32, 16, device=dev), torch.ones(1, 1, 32, 16, device=dev)
     assert decode_step_backend(torch.ones(1, limit, 1, 16, device=dev), mu, v, "triton") == "triton"
     assert decode_step_backend(torch.ones(1, 2 * limit, 1, 16, device=dev), mu, v, "triton") == "torch"
+
+
+def test_the_step_gets_cuda_graphs_and_static_cache_addresses_on_cuda_only(monkeypatch):
+    """Which compile the decoding step gets, by the cache's device: torch.compile(fullgraph=True, dynamic=False)
+    everywhere, mode='reduce-overhead' (CUDA graphs) and every cache buffer marked a static address on CUDA only,
+    one compile per device type. CUDA is faked minimally: the cache's buffers are stand-ins that say is_cuda and
+    device 'cuda'; torch.compile and mark_static_address are spied."""
+    compiles, static = [], []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiles.append(kw) or fn)
+    monkeypatch.setattr(torch._dynamo, "mark_static_address", static.append)
+
+    class CudaBuffer:
+        is_cuda, device = True, torch.device("cuda")
+
+    model = _model(ENCODINGS["rope"]).cpu()  # the real cache below is a CPU one, on a GPU machine too
+    cache = KVCache(2, 8)
+    cache.k, cache.v = [CudaBuffer(), CudaBuffer()], [CudaBuffer(), CudaBuffer()]
+    model.compiled_decode_step(cache)
+    assert compiles == [dict(fullgraph=True, dynamic=False, mode="reduce-overhead")]
+    assert len(static) == 4 and {id(b) for b in static} == {id(b) for b in (*cache.k, *cache.v)}
+    model.compiled_decode_step(cache)  # kept: no second compile for the same device type (its buffers marked again)
+    assert len(compiles) == 1 and len(static) == 8
+    cpu = KVCache(2, 8)
+    with torch.no_grad():
+        model.hidden_states(_prompt().cpu(), cpu)
+    model.compiled_decode_step(cpu)
+    assert compiles[1:] == [dict(fullgraph=True, dynamic=False, mode=None)] and len(static) == 8

@@ -735,3 +735,29 @@ def test_gpt2_the_passkey_prompt_is_sized_from_the_keys_of_every_scored_length_a
         assert ("passkey at 30 left empty" in out) == (need > 30)
     longest = {s: [c for c in ((30, 0), (30, 1), (64, 0), (64, 1)) if cells[(s, *c)] == 31] for s in (22, 19, 11, 12)}
     assert longest == {22: [], 19: [(64, 1)], 11: [(64, 0)], 12: [(30, 1)]}  # the seeds do their job
+
+
+def test_gpt2_bpe_passkey_refusal_takes_the_nearest_keys_distance_and_refuses_at_exactly_block_size(tmp_path, capsys):
+    """GPT-2 BPE spells a 5-digit key in 2 or 3 tokens, so the distance from the key to its answer depends on the key:
+    at --seed=1, length 64, depth 1, the 3 keys drawn ("57511", "12322", "90977") lie 25, 23 and 25 tokens before
+    their answers (answer_distance, checked here). The refusal takes the nearest (23), not the first or the farthest:
+    a context of 24 attends 23 back, so it is scored; a context of exactly 23 attends 22, so it is refused (a distance
+    equal to block_size is out of reach), and alone (--tasks=passkey) that is one line, exit 2."""
+    from checkpoint import load_codec
+
+    encode, _ = load_codec({"tokenizer": {"kind": "gpt2"}})
+    keys = er.passkey_keys("0123456789", 5, 3, 1, 64, 0)
+    assert keys == ["57511", "12322", "90977"]
+    assert [er.answer_distance(encode, k, 64, 1.0) for k in keys] == [25, 23, 25]
+    tok = {"dataset": "owt", "vocab_size": 50257, "pad_id": None, "tokenizer": {"kind": "gpt2"}}
+    args = ["--lengths=64", "--depths=1", "--trials=3", "--seed=1", "--tasks=passkey", "--device=cpu"]
+    capsys.readouterr()
+    run24 = save_run(str(tmp_path / "c24"), tok, 50257, block_size=24)
+    pk, _ = er.run([run24, *args, f"--out_dir={tmp_path / 'o24'}"])
+    assert [(r["length"], r["trials"]) for r in pk] == [(64, 3)] and "refused" not in capsys.readouterr().out
+    run23 = save_run(str(tmp_path / "c23"), tok, 50257, block_size=23)
+    with pytest.raises(SystemExit) as e:
+        er.main([run23, *args, f"--out_dir={tmp_path / 'o23'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert "passkey refused at every length: the key lies at least 23 tokens before its answer, beyond the 22" in err

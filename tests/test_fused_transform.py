@@ -165,18 +165,19 @@ def test_the_triton_path_reads_the_queries_rows_at_their_offset(Tq, Tk, q_offset
     torch.testing.assert_close(got.cpu().double(), want, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("what", ["no_delta", "delta_frozen_v"])
+@pytest.mark.parametrize("what", ["no_delta", "delta_frozen_v", "delta_only"])
 def test_the_triton_path_saves_no_cartesian_tensors_whatever_requires_grad(what):
     """Eager autograd around backend='triton': the selective checkpoint runs whenever any input needs a gradient,
-    so what the forward saves holds no (B, H, T, 2d) q~ or k~, with delta None and with only q, k trainable; the
-    gradients still equal the torch backend's."""
+    so what the forward saves holds no (B, H, T, 2d) q~ or k~, with delta None, with only q, k trainable, and with
+    only delta trainable (a delta-only probe or fine-tune: k~ depends on delta); the gradients still equal the torch
+    backend's."""
     from pope import pope_attention
 
     g = torch.Generator().manual_seed(2)
     B, H, T, d = 1, 2, 32, 16
     q, k, v = (torch.randn(B, H, T, d, generator=g).to(DEV) for _ in range(3))
     delta = None if what == "no_delta" else (-2 * math.pi * torch.rand(H, d, generator=g)).to(DEV)
-    trainable = (q, k, v) if what == "no_delta" else (q, k)
+    trainable = {"no_delta": (q, k, v), "delta_frozen_v": (q, k), "delta_only": (delta,)}[what]
     for t in trainable:
         t.requires_grad_()
     shapes = []

@@ -398,3 +398,28 @@ def test_an_after_command_that_fails_after_writing_its_csv_is_not_done(repo):
     log, _ = lane(repo, q)
     assert not [line for line in log if line.startswith("start")]
     assert [line.split(":")[0] for line in log if line.startswith("after")] == ["after a"]
+
+
+def test_a_record_from_before_after_done_is_done_in_a_fresh_checkout(repo):
+    """Every committed record with an after-command predates "after_done" (its "run" entry has no such key): it
+    counts as done where NAME.extrapolation.csv is beside it, so a fresh checkout without out/ neither trains the
+    run again (redrawing it, and overwriting the record) nor reruns its after-command. Such a record without its
+    CSV is not done: that run is trained. The records are written by hand, as the committed ones are."""
+    runs = repo / "docs" / "runs"
+    old = {"dataset": "stub", "test": {"loss": 1.0}, "run": {"name": "a", "out_dir": "out/a", "cpu_s": 1.0}}
+    for name in ("a", "b"):
+        (runs / f"{name}.json").write_text(json.dumps({**old, "run": {**old["run"], "name": name}}, indent=1))
+    (runs / "a.extrapolation.csv").write_text("length,ppl\n64,3.0\n")
+    before = (runs / "a.json").read_text()
+    after = "mkdir -p out/{0}/extrapolate && echo length,ppl > out/{0}/extrapolate/extrapolation.csv"
+    lines = [(n, f"out/{n}", f"--seed={i + 1}", after.format(n)) for i, n in enumerate("ab")]
+    q = queue(repo, "q.tsv", *lines)
+    log, _ = lane(repo, q)
+    assert [line for line in log if line.startswith(("start", "after"))] == [
+        "start b: python train.py --seed=2 --out_dir=out/b ",
+        f"after b: {after.format('b')}",
+    ]
+    assert calls(repo, "out/a") == [] and not (repo / "out" / "a").exists()
+    assert (runs / "a.json").read_text() == before
+    assert (runs / "a.extrapolation.csv").read_text() == "length,ppl\n64,3.0\n"
+    assert record(repo, "b")["run"]["after_done"] is True

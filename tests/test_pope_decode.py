@@ -461,3 +461,23 @@ def test_decode_rows_that_are_no_power_of_two_are_all_computed(G, Tq):
         )
         err = (got.double() - ref).abs().amax(-1)  # (1, G, Tq): per row
         assert err.max().item() < 1e-4, (n_split, (err >= 1e-4).nonzero().tolist()[:5])
+
+
+@pytest.mark.parametrize("dominant", [3, 147])  # in the first split, and in the last (ragged) one: keys 144..149
+def test_the_split_merge_takes_the_rows_maximum_wherever_it_lies(dominant):
+    """Flash-decoding's merge rescales each split by 2^(lse_split - m), m the row's maximum over the splits. One key
+    is made dominant by 400 base-2 logits (mu 0 elsewhere, so the other 149 keys score 0): with m taken from any
+    split but the one holding it, 2^400 overflows float32 and the row is inf / inf = nan. By hand: o is the dominant
+    key's value to float32 precision, and lse = ln(2^400 + 149) = 400 ln 2 nats (149 * 2^-400 vanishes), for 4
+    splits of 48, 48, 48 and 6 keys and for one split."""
+    B, H, Tk, d = 1, 1, 150, 16
+    rot = pope.pope_rotation_table(Tk, d, device=DEV)
+    mu = torch.zeros(B, H, Tk, d, device=DEV)
+    mu[0, 0, dominant] = 1.0
+    v = torch.randn(B, H, Tk, d, generator=torch.Generator().manual_seed(0)).to(DEV)
+    qd = (400.0 / d) * rot[dominant].view(1, 1, 1, 2 * d)  # score of key s: (400/d) sum_c cos((s - dominant) theta_c)
+    for n_split in (4, 1):
+        o, lse = pk.decode(qd, mu, v, rot, q_offset=Tk - 1, n_split=n_split)
+        assert torch.isfinite(o).all() and torch.isfinite(lse).all(), n_split
+        torch.testing.assert_close(o[0, 0, 0], v[0, 0, dominant], atol=1e-5, rtol=1e-5)
+        assert lse.item() == pytest.approx(400 * math.log(2), rel=1e-5)

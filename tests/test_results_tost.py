@@ -90,3 +90,16 @@ def test_bad_tost_exits_2_with_one_line(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as e:
         results.main([*paths, "--tost=0.05"])
     assert e.value.code == 2 and "--tost applies with --compare=KEY only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("a,b", [([1.0], [3.0, 4.0, 5.0]), ([1.0, 2.0, 3.0], [4.0]), ([2.0], [3.0])])
+def test_tost_with_a_one_run_arm_exits_2_with_one_line(tmp_path, capsys, a, b):
+    """A one-run arm has no spread: Welch's t is undefined (scipy would give nan, and a nan p reads "not shown
+    equivalent" by accident). --solved lets a comparison hold one-run arms (Fisher's test counts runs), so --tost
+    checks its own: either arm with one run, or both, exits 2 with one line; without --tost the same arms compare."""
+    paths = arms(tmp_path, a, b)
+    with pytest.raises(SystemExit) as e:
+        results.main([*paths, "--compare=pos_encoding", "--solved=0.4", "--tost=4"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "--tost needs at least 2 runs per arm" in err, err
+    assert "TOST" not in results.main([*paths, "--compare=pos_encoding", "--solved=0.4"])

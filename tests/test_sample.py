@@ -234,3 +234,54 @@ def test_generate_runs_the_prompt_once_and_one_step_per_token_but_the_last(monke
     with torch.no_grad():
         for t in range(5, out.shape[1]):
             assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
+
+
+# ---- issue 61: --compile reaches generate; an unset --compile resolves on the run's device -------------------------
+
+
+def _spy_generate(monkeypatch):
+    """GPT.generate spied: records each call's `compile` and runs the real (eager) generate."""
+    from model import GPT
+
+    seen, real = [], GPT.generate
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, compile=False):
+        seen.append(compile)
+        return real(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, compile=False)
+
+    monkeypatch.setattr(GPT, "generate", generate)
+    return seen
+
+
+@pytest.mark.parametrize("arg,want", [("--compile=True", True), ("--compile=False", False), (None, False)])
+def test_compile_reaches_generate_through_the_real_main_and_complete(run_dir, monkeypatch, arg, want):
+    """sample.main -> complete -> model.generate(compile=...): --compile=True and False arrive as given; unset on a
+    CPU run is off (cli.resolve_compile: on for CUDA only). complete passes its own `compile` the same way."""
+    import sample as sample_mod
+
+    seen = _spy_generate(monkeypatch)
+    common = [f"--out_dir={run_dir}", f"--start={PROMPT}", "--max_new_tokens=2", "--device=cpu", "--attn_backend=torch"]
+    sample_mod.main(common + ([arg] if arg else []))
+    assert seen == [want]
+    model, state = load_run(run_dir, "best.pt", "cpu", attn_backend="torch")
+    stoi = {c: i for i, c in enumerate(VOCAB)}
+    for flag in (True, False):
+        seen.clear()
+        sample_mod.complete(model, lambda s: [stoi[c] for c in s], str, PROMPT, 2, compile=flag)
+        assert seen == [flag]
+
+
+@pytest.mark.parametrize("arg,want", [(None, True), ("--compile=False", False)])
+def test_an_unset_compile_resolves_on_the_runs_device_not_its_setting(run_dir, monkeypatch, arg, want):
+    """--device=auto on a machine with a GPU: the run's device is 'cuda', so an unset --compile is on (resolved on
+    the device main resolved, not on the text 'auto'); --compile=False stays off. CUDA is faked minimally: torch
+    says it has a GPU, load_run loads on the CPU, and complete (which would put tensors on the GPU) is spied."""
+    import sample as sample_mod
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sample_mod, "load_run", lambda out, ckpt, dev, **kw: load_run(out, ckpt, "cpu", **kw))
+    monkeypatch.setattr(sample_mod, "complete", lambda *a, **kw: calls.append((a[9], kw["compile"])) or ["x"])
+    args = [f"--out_dir={run_dir}", f"--start={PROMPT}", "--device=auto", "--dtype=float32"]
+    sample_mod.main(args + ([arg] if arg else []))
+    assert calls == [("cuda", want)]
