@@ -748,6 +748,7 @@ def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
     if impl == "pope":
         fn = pk.KERNELS[role].fn
         consts = dict(GROUP=1, D_QK=2 * d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=bn)
+        consts.update(DOCS=None, TILES=None, DOC=False, COUNT=False)  # no documents: the kernel as launched without
     else:
         fn = reference_fa_kernels()[role]
         consts = dict(D=d, BLOCK_M=bm, BLOCK_N=bn)
