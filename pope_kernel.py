@@ -1458,6 +1458,53 @@ def document_bounds(document_ids):
     return torch.stack((ids, first, end), dim=1)
 
 
+def visited_tiles(document_ids, Tq, BLOCK_M, BLOCK_N, causal=True, q_offset=0, role="fwd"):
+    """The tiles the kernels visit for one batch row with documents, by formula (the COUNT output must equal it).
+
+    document_ids: Tk ints, non-decreasing (one batch row, e.g. a list); query row i sits at position q_offset + i
+    (q_offset + Tq <= Tk). role 'fwd' or 'dq': a list over query blocks of BLOCK_M rows of the key blocks (BLOCK_N
+    keys) each visits; 'dkdv': a list over key blocks of the query blocks each visits per query head.
+
+    The formula, with s(p) the first key and e(p) the end (one past the last key) of position p's document:
+        query block of rows a..b (positions P_a = q_offset + a, P_b = q_offset + b) visits
+            floor(P_b / BLOCK_N) - floor(s(P_a) / BLOCK_N) + 1           key blocks (causal),
+            ceil(e(P_b) / BLOCK_N) - floor(s(P_a) / BLOCK_N)             (not causal);
+        key block of keys n0..n1 visits the query blocks that meet rows lo..hi - 1,
+            lo = max(n0 - q_offset, 0) (causal; s(n0) - q_offset without), hi = min(Tq, e(n1) - q_offset).
+    Both count the (query block, key block) pairs that hold at least one visible (query, key) pair: the union over
+    documents of each document's causal tile triangle {(I, J): I and J meet the document, and J's first key of it
+    is <= I's last row of it}. Where no block holds rows or keys of two documents (documents of n whole blocks,
+    BLOCK_M = BLOCK_N) the union is disjoint: sum over documents of n (n + 1) / 2 (causal). Hand-worked, 12 keys,
+    BLOCK_M = BLOCK_N = 4, documents [0, 5) and [5, 12): query blocks visit 1 (rows 0-3: keys 0-3), 2 (rows 4-7:
+    s(4) = 0, keys 0-7), 2 (rows 8-11: s(8) = 5, keys 4-11) key blocks, 5 in all, against causal's 6; the two
+    triangles (3 blocks each) share block (1, 1), which holds key 4 of the first document and rows 5-7 of the second.
+    """
+    import bisect
+
+    ids = [int(x) for x in document_ids]
+    Tk = len(ids)
+
+    def first(p):
+        return bisect.bisect_left(ids, ids[p])
+
+    def end(p):
+        return bisect.bisect_right(ids, ids[p])
+
+    out = []
+    if role in ("fwd", "dq"):
+        for a in range(0, Tq, BLOCK_M):
+            pa, pb = q_offset + a, q_offset + min(a + BLOCK_M, Tq) - 1
+            hi_block = pb // BLOCK_N + 1 if causal else -(-end(pb) // BLOCK_N)
+            out.append(hi_block - first(pa) // BLOCK_N)
+        return out
+    for n0 in range(0, Tk, BLOCK_N):
+        n1 = min(n0 + BLOCK_N, Tk) - 1
+        lo = max((n0 if causal else first(n0)) - q_offset, 0)
+        hi = min(Tq, end(n1) - q_offset)
+        out.append(max(-(-hi // BLOCK_M) - lo // BLOCK_M, 0) if hi > lo else 0)
+    return out
+
+
 def document_ids_reason(document_ids, q, k, q_offset):
     """None if document_ids fits the kernels for q (B, H, Tq, .), k (B, H_kv, Tk, .) at q_offset, else a one-line
     reason: document_ids must be a (B, Tk) int32 tensor on q's device and cover the queries (q_offset + Tq <= Tk).
@@ -1529,10 +1576,11 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward_formula(ctx, do, dlse):
-    q, k, v, o, lse, *docs = ctx.saved_tensors
+    q, k, v, o, lse, *docs = ctx.saved_tensors  # read once: a checkpoint's saved tensors unpack once
+    n_docs = len(docs)  # 1 where the forward had a docs argument (None or a table), else 0
     docs = [t for t in docs if t is not None]  # without documents: today's call, argument for argument
     dq, dk, dv = attention_backward(do, q, k, v, o, lse, *ctx.args, *docs)
-    return (dq, dk, dv, None, None) + (None,) * len(ctx.saved_tensors[5:])
+    return (dq, dk, dv, None, None) + (None,) * n_docs
 
 
 attention_forward.register_autograd(_backward_formula, setup_context=_setup_context)
