@@ -13,6 +13,13 @@ j <= q_offset + i (q_offset = Tk - Tq is the bottom-right alignment of decoding 
 Grouped-query attention: K and V may have H_kv heads for H query heads (H a multiple of H_kv);
 query head h reads key/value head h // (H / H_kv).
 
+Documents (block-causal, issue 58): given a (B, Tk) int32 table of non-decreasing document ids, query i sees key j
+only if both have one id (and j <= q_offset + i, causal). The kernels then take document_bounds' per-key table
+(id, first key and end of its document), and each program reads its first and last row's (fwd, dq) or key's (dK/dV)
+entries to visit only the tiles that hold a visible pair (visited_tiles: the formula; docs/kernel.md). Launched
+without it, the kernels are compiled and launched exactly as before (DOCS, TILES and the constexprs DOC, COUNT keep
+their defaults).
+
 Kernels (one program per tile, a 1-D grid over (batch, head, tile)), by their public names:
     KERNELS["fwd"]   a BLOCK_M tile of queries against every visible key block: O, lse
     PRE_KERNEL       Di = rowsum(dO * O) (FlashAttention-2's backward preprocessing)
@@ -26,7 +33,8 @@ the autotuner, which launches each candidate on the live buffers, leaves nothing
 bitwise deterministic for a given set of tiles.
 
 Public API (imports nothing from this repo):
-    attention(q, k, v, *, causal=True, q_offset=0) -> (o, lse), differentiable in q, k, v
+    attention(q, k, v, *, causal=True, q_offset=0, document_ids=None) -> (o, lse), differentiable in q, k, v
+    document_bounds(document_ids), document_ids_reason(...), visited_tiles(...)   documents (block-causal)
     attention_forward, attention_backward   the torch.library custom ops pope::attention_forward and
         pope::attention_backward (fake kernels registered, so torch.compile keeps them in its graph)
     unsupported_reason(q, k, v), device_unsupported_reason(device, dtype, D_QK, D_V), check_limits(...),
@@ -294,7 +302,7 @@ def _autotune(role):
     # cache_results: the timings go to Triton's cache dir, so later processes on this machine reuse the choice
     return triton.autotune(
         _autotune_configs(role),
-        key=["TQ_BUCKET", "TK_BUCKET", "D_QK", "D_V", "CAUSAL", "GROUP"],
+        key=["TQ_BUCKET", "TK_BUCKET", "D_QK", "D_V", "CAUSAL", "GROUP", "DOC"],  # DOC: only where passed (documents)
         prune_configs_by={"early_config_prune": prune_configs(role)},
         cache_results=True,
     )
@@ -1619,7 +1627,7 @@ def unsupported_reason(q, k, v):
     return None
 
 
-def attention(q, k, v, *, causal=True, q_offset=0):
+def attention(q, k, v, *, causal=True, q_offset=0, document_ids=None):
     """Softmax attention of pre-scaled queries: O = softmax(ln 2 * q k^T) v, with the FlashAttention-2 kernels.
 
     Args:
@@ -1628,6 +1636,10 @@ def attention(q, k, v, *, causal=True, q_offset=0):
         v: (B, H_kv, Tk, D_V) values.
         causal: query i (absolute position q_offset + i tokens) sees keys j <= q_offset + i.
         q_offset: tokens, >= 0 (Tk - Tq when decoding with a KV cache).
+        document_ids: None, or (B, Tk) int32 on q's device, non-decreasing along Tk (not checked here): query i
+            has the id document_ids[:, q_offset + i] (q_offset + Tq <= Tk) and sees only keys of its own id (and,
+            causal, j <= q_offset + i): block-causal. Blocks that hold no key of a query block's documents are
+            skipped (document_bounds, visited_tiles; docs/kernel.md).
     Any strides with a contiguous last dim (others are copied). CUDA tensors, or CPU tensors when the
     interpreter was chosen at import (INTERPRETING).
 
@@ -1641,7 +1653,8 @@ def attention(q, k, v, *, causal=True, q_offset=0):
     tiles in another process (then dq, dk differ in the last bits); POPE_TRITON_CONFIG pins them.
 
     Raises:
-        ValueError: unsupported shapes or dtypes (unsupported_reason), q_offset < 0, CPU tensors without
+        ValueError: unsupported shapes or dtypes (unsupported_reason), q_offset < 0, document_ids of the wrong
+            shape, dtype or device (document_ids_reason), CPU tensors without
             the interpreter, tensors on different devices, a GPU whose shared memory no tile fits
             (device_unsupported_reason), or the limits of check_limits.
     """
@@ -1662,7 +1675,12 @@ def attention(q, k, v, *, causal=True, q_offset=0):
     if reason is not None:
         raise ValueError(reason)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    return attention_forward(q, k, v, bool(causal), int(q_offset))
+    if document_ids is None:
+        return attention_forward(q, k, v, bool(causal), int(q_offset))
+    reason = document_ids_reason(document_ids, q, k, q_offset)
+    if reason is not None:
+        raise ValueError(reason)
+    return attention_forward(q, k, v, bool(causal), int(q_offset), document_bounds(document_ids))
 
 
 # ---- decoding: a few queries over a long cache of magnitudes (flash-decoding) --------------------------
