@@ -875,6 +875,8 @@ def decode_bytes_per_token(d, n_kv_head, n_layer, elem_bytes=2, block_n=64):
     )
 
 
+# the document arguments as a launch without documents leaves them (pope_kernel's defaults): constexprs, no code
+NO_DOCUMENTS = dict(DOCS=None, TILES=None, DOC=False, COUNT=False)
 _POINTERS = ("Q", "K", "V", "O", "LSE", "DO", "DI", "DK", "DV", "DQ")
 _FP32_ARGS = ("LSE", "DI")
 _RUNTIME_INTS = ("H", "H_KV", "Tq", "Tk", "T", "q_offset", "TQ_BUCKET", "TK_BUCKET")  # not multiples of 16
@@ -899,7 +901,7 @@ def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
     if impl == "pope":
         fn = pk.KERNELS[role].fn
         consts = dict(GROUP=1, D_QK=2 * d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=bn)
-        consts.update(DOCS=None, TILES=None, DOC=False, COUNT=False)  # no documents: the kernel as launched without
+        consts.update(NO_DOCUMENTS)
     else:
         fn = reference_fa_kernels()[role]
         consts = dict(D=d, BLOCK_M=bm, BLOCK_N=bn)
