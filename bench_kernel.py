@@ -882,10 +882,11 @@ _FP32_ARGS = ("LSE", "DI")
 _RUNTIME_INTS = ("H", "H_KV", "Tq", "Tk", "T", "q_offset", "TQ_BUCKET", "TK_BUCKET")  # not multiples of 16
 
 
-def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
+def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope", documents=False):
     """Compile one kernel (causal) for sm_<arch> with the ptxas Triton picks for it; no GPU needed.
 
-    role: 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); d: head dim.
+    role: 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); d: head dim; documents: the
+    block-causal build (DOC, a document table), else the build launched without documents.
     impl 'pope': pope_kernel's kernel with D_QK = 2d, D_V = d; 'fa': reference_fa_kernels (width d).
     dtype 'bf16' | 'fp16' | 'fp32'. Options as at a launch (num_warps, num_stages, pope_kernel.COMPILE_OPTIONS),
     for the reference kernels too. Pointers and strides are marked 16-divisible, as the JIT specialises
@@ -902,6 +903,9 @@ def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
         fn = pk.KERNELS[role].fn
         consts = dict(GROUP=1, D_QK=2 * d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=bn)
         consts.update(NO_DOCUMENTS)
+        if documents:  # the block-causal build: DOCS an int32 table (pope_kernel.document_bounds)
+            consts.update(DOC=True)
+            del consts["DOCS"]
     else:
         fn = reference_fa_kernels()[role]
         consts = dict(D=d, BLOCK_M=bm, BLOCK_N=bn)
@@ -911,6 +915,9 @@ def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
             sig[name] = "constexpr"
         elif name in _POINTERS:
             sig[name] = "*fp32" if name in _FP32_ARGS else f"*{dtype}"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name == "DOCS":
+            sig[name] = "*i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "i32"
