@@ -702,7 +702,7 @@ def pope_attention_triton(
     (pope_kernel.document_bounds, 3 int32 per key) is formed once per call, outside the checkpointed region, and
     kept for the backward. position_ids: None (positions 0..Tk-1, query rows from q_offset), or (B, Tk) int64
     positions per key (query row i: position_ids[:, q_offset + i]), each below max(q_offset + Tq, Tk) unless
-    `rotation` has more rows (e.g. positions restarting at each document). Raises ValueError (one line) for
+    `rotation` has more rows (positions that restart at each document always are). Raises ValueError (one line) for
     document_ids or position_ids of the wrong shape, dtype or device.
     """
     rope_theta = _rope_theta(rope_theta, theta)
