@@ -313,29 +313,30 @@ def doc_tile_report(doc_len, seq_lens=(4096, 16384), d=64, run_kernels=True):
     return rows
 
 
-def bench_documents(doc_len, seq_lens=(4096, 16384), d=64, dtype=torch.bfloat16, batch=None, n_head=None, rep=100):
+def bench_documents(
+    doc_len, seq_lens=(4096, 16384), d=64, dtype=torch.bfloat16, batch=None, n_head=None, rep=100, device="cuda"
+):
     """CUDA: block_causal (documents of exponential lengths, mean doc_len, positions restarting per document) against
     causal, forward and forward + backward (do_bench medians, ms), for pope_triton (pope_attention_triton with
     document_ids / position_ids), pope_flex and rope_flex (flex_attention with a document BlockMask, the same Cartesian
     q~, k~ or RoPE-rotated q, k). B = 32768 // T, H = 768 // d by default. Prints a table, returns its rows."""
-    import triton.testing
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     import pope
 
-    flex = torch.compile(flex_attention)
+    flex, bench = torch.compile(flex_attention), _timer(torch.device(device), 25, rep)
     rows = []
     for T in seq_lens:
         B, H = batch or max(1, 32768 // T), n_head or max(1, 768 // d)
         gen = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(B, H, T, d, generator=gen).to("cuda", dtype).requires_grad_() for _ in range(3))
-        delta = (-2 * math.pi * torch.rand(H, d, generator=gen)).cuda().requires_grad_()
-        ids, pos = document_ids(B, T, doc_len, device="cuda")
-        rot = pope.pope_rotation_table(T, d, device="cuda")
-        inv = 10000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
+        q, k, v = (torch.randn(B, H, T, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
+        delta = (-2 * math.pi * torch.rand(H, d, generator=gen)).to(device).requires_grad_()
+        ids, pos = document_ids(B, T, doc_len, device=device)
+        rot = pope.pope_rotation_table(T, d, device=device)
+        inv = 10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
         for mask in ("causal", "block_causal"):
             docs = mask == "block_causal"
-            p = pos if docs else torch.arange(T, device="cuda").expand(B, T)
+            p = pos if docs else torch.arange(T, device=device).expand(B, T)
             rows_qk = rot[p].unsqueeze(1)  # (B, 1, T, 2d)
             ang = p[:, None, :, None].float() * inv
             cos, sin = torch.cat((ang, ang), -1).cos().to(dtype), torch.cat((ang, ang), -1).sin().to(dtype)
@@ -343,7 +344,9 @@ def bench_documents(doc_len, seq_lens=(4096, 16384), d=64, dtype=torch.bfloat16,
             def doc_mask(b, h, i, j, ids=ids):
                 return (i >= j) & (ids[b, i] == ids[b, j])
 
-            bm = create_block_mask(doc_mask if docs else (lambda b, h, i, j: i >= j), B if docs else None, None, T, T)
+            bm = create_block_mask(
+                doc_mask if docs else (lambda b, h, i, j: i >= j), B if docs else None, None, T, T, device=device
+            )
             kw = dict(document_ids=ids, position_ids=pos) if docs else {}
             fns = {
                 "pope_triton": lambda kw=kw: pope.pope_attention_triton(q, k, v, delta, **kw),
@@ -359,18 +362,18 @@ def bench_documents(doc_len, seq_lens=(4096, 16384), d=64, dtype=torch.bfloat16,
                 ),
             }
             for impl, fn in fns.items():
-                row = dict(impl=impl, T=T, B=B, H=H, mask=mask)
-                try:
+                row = dict(impl=impl, T=T, B=B, H=H, mask=mask, fwd_ms=float("nan"), fwdbwd_ms=float("nan"))
+                try:  # keep sweeping past a failing case (out of memory, no flex backward on a CPU)
                     with torch.no_grad():
-                        row["fwd_ms"] = triton.testing.do_bench(fn, rep=rep)
+                        row["fwd_ms"] = bench(fn)
                     g = torch.randn_like(fn())
-                    row["fwdbwd_ms"] = triton.testing.do_bench(
-                        lambda: fn().backward(g), rep=rep, grad_to_none=[q, k, v, delta]
-                    )
-                except Exception as e:  # noqa: BLE001 - keep sweeping
-                    row.update(fwd_ms=float("nan"), fwdbwd_ms=float("nan"), error=f"{type(e).__name__}: {str(e)[:120]}")
+                    row["fwdbwd_ms"] = bench(lambda: fn().backward(g), grad_to_none=[q, k, v, delta])
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
                 rows.append(row)
-    print(f"documents: exponential lengths of mean {doc_len} tokens; d = {d}, {dtype}; ms (do_bench medians)")
+    print(f"documents: exponential lengths of mean {doc_len} tokens; d = {d}, {dtype}; ms ({device}: _timer)")
     print("| impl | T | B x H | causal fwd | block fwd | ratio | causal fwd+bwd | block fwd+bwd | ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     by = {(r["impl"], r["T"], r["mask"]): r for r in rows}
