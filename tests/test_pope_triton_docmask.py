@@ -260,3 +260,19 @@ def test_bad_document_or_position_ids_raise_one_line(ids, pos, match):
     with pytest.raises(ValueError, match=match) as e:
         pope.pope_attention_triton(*leaves, document_ids=ids, position_ids=pos)
     assert "\n" not in str(e.value)
+
+
+@interpreter_only
+def test_bench_doc_len_report_counts_the_training_tiles(capsys):
+    """bench_kernel.py --doc_len on a CPU: seeded exponential lengths that sum to T, and at the training tiles
+    (128 x 64 fwd, 32 x 128 dK/dV, 128 x 32 dq) each kernel's COUNT equals the formula, below causal's count."""
+    import bench_kernel as bk
+
+    lens = bk.document_lengths(512, 64, seed=3)
+    assert sum(lens) == 512 and min(lens) >= 1 and lens == bk.document_lengths(512, 64, seed=3) and len(lens) > 3
+    rows = bk.doc_tile_report(64, seq_lens=(512,), d=16)
+    assert [r["kernel"] for r in rows] == ["fwd", "dkdv", "dq"]
+    for r in rows:
+        assert r["visited"] == r["allowed"] < r["causal"], r
+    assert [r["tile"] for r in rows] == [pk.CONFIGS[role][64][0][:2] for role in ("fwd", "dkdv", "dq")]
+    assert "| 512 |" in capsys.readouterr().out
