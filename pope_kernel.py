@@ -1515,7 +1515,8 @@ def visited_tiles(document_ids, Tq, BLOCK_M, BLOCK_N, causal=True, q_offset=0, r
 
 def document_ids_reason(document_ids, q, k, q_offset):
     """None if document_ids fits the kernels for q (B, H, Tq, .), k (B, H_kv, Tk, .) at q_offset, else a one-line
-    reason: document_ids must be a (B, Tk) int32 tensor on q's device and cover the queries (q_offset + Tq <= Tk).
+    reason: document_ids must be a (B, Tk) int32 tensor on q's device and cover the queries (q_offset + Tq <= Tk),
+    and 3 Tk < 2^31 (int32 offsets into the document table).
     Whether the ids are non-decreasing is not checked here (a host sync): pope.pope_attention checks it."""
     B, Tq, Tk = q.shape[0], q.shape[2], k.shape[2]
     if not isinstance(document_ids, torch.Tensor) or document_ids.shape != (B, Tk):
@@ -1527,6 +1528,8 @@ def document_ids_reason(document_ids, q, k, q_offset):
         return f"document_ids must be on q's device {q.device}, got {document_ids.device}"
     if q_offset + Tq > Tk:
         return f"with document_ids the queries need ids: q_offset + Tq = {q_offset + Tq} must be <= Tk = {Tk}"
+    if 3 * Tk >= 2**31:  # the kernels index the (3, Tk) row of document_bounds' table in int32
+        return f"with document_ids Tk = {Tk} keys must be < 2^31 / 3 (int32 offsets into the document table)"
     return None
 
 

@@ -276,3 +276,14 @@ def test_bench_doc_len_report_counts_the_training_tiles(capsys):
         assert r["visited"] == r["allowed"] < r["causal"], r
     assert [r["tile"] for r in rows] == [pk.CONFIGS[role][64][0][:2] for role in ("fwd", "dkdv", "dq")]
     assert "| 512 |" in capsys.readouterr().out
+
+
+def test_document_table_offsets_stay_int32():
+    """The kernels index a batch row's (3, Tk) document table in int32: Tk >= 2^31 / 3 keys is refused in one line
+    (meta tensors: no memory), one key fewer is accepted."""
+    Tk = 2**31 // 3 + 1
+    q = torch.empty(1, 1, 1, 16, device="meta")
+    k = torch.empty(1, 1, Tk, 16, device="meta")
+    ids = torch.empty(1, Tk, dtype=torch.int32, device="meta")
+    assert "2^31 / 3" in pk.document_ids_reason(ids, q, k, 0)
+    assert pk.document_ids_reason(ids[:, :-1], q, k[:, :, :-1], 0) is None
