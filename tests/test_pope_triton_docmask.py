@@ -287,3 +287,26 @@ def test_document_table_offsets_stay_int32():
     ids = torch.empty(1, Tk, dtype=torch.int32, device="meta")
     assert "2^31 / 3" in pk.document_ids_reason(ids, q, k, 0)
     assert pk.document_ids_reason(ids[:, :-1], q, k[:, :, :-1], 0) is None
+
+
+def test_kernel_entry_point_takes_document_ids():
+    """pope_kernel.attention(..., document_ids=) on pre-scaled q~, k~ (GQA, q_offset 6) equals softmax(ln 2 q k^T)
+    under the dense block-causal mask, forward and dq, dk, dv (float64 torch); wrong ids raise one line."""
+    g = torch.Generator().manual_seed(10)
+    ids = _ids([6, 1, 17, 16]).to(DEV)[None].repeat(2, 1)
+    q = torch.randn(2, 4, 34, 32, generator=g).to(DEV).requires_grad_()
+    k, v = (torch.randn(2, 2, 40, w, generator=g).to(DEV).requires_grad_() for w in (32, 16))
+    o, lse = pk.attention(q, k, v, q_offset=6, document_ids=ids.int())
+    rows = torch.arange(34, device=DEV) + 6
+    visible = (ids[:, rows, None] == ids[:, None, :]) & (torch.arange(40, device=DEV) <= rows[:, None])
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = (q64 @ k64.repeat_interleave(2, 1).transpose(-1, -2)) * 0.6931471805599453
+    s = s.masked_fill(~visible[:, None], float("-inf"))
+    ref = torch.softmax(s, -1) @ v64.repeat_interleave(2, 1)
+    torch.testing.assert_close(o.double(), ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), rtol=0, atol=1e-5)
+    do = torch.randn(o.shape, generator=g).to(DEV)
+    for got, want in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(ref, (q64, k64, v64), do.double())):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="must be int32"):
+        pk.attention(q, k, v, q_offset=6, document_ids=ids.long())
