@@ -7,6 +7,8 @@
     python bench_kernel.py --spills [--arch 120]  # no GPU: registers / spills of every autotune candidate
     python bench_kernel.py --decode-sass          # no GPU: the decode kernel for sm_80..120 vs a RoPE decode kernel
     python bench_kernel.py --ops                  # no GPU: eager ops around the kernels per compiled attention call
+    python bench_kernel.py --doc_len=512          # packed documents (block_causal) vs causal at T = 4k, 16k, d = 64:
+                                                  # CUDA times them; a CPU counts the tiles each kernel visits
 
 Implementations (all causal, raw q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
     pope_triton  pope_attention(backend='triton'): the Cartesian transform in torch, then pope_kernel.py's
