@@ -7,6 +7,8 @@
     python bench_kernel.py --spills [--arch 120]  # no GPU: registers / spills of every autotune candidate
     python bench_kernel.py --decode-sass          # no GPU: the decode kernel for sm_80..120 vs a RoPE decode kernel
     python bench_kernel.py --ops                  # no GPU: eager ops around the kernels per compiled attention call
+    python bench_kernel.py --doc_len=512          # packed documents (block_causal) vs causal at T = 4k, 16k, d = 64:
+                                                  # CUDA times them; a CPU counts the tiles each kernel visits
 
 Implementations (all causal, raw q/k/v of shape (B, H, T, d), fwd + bwd through autograd):
     pope_triton  pope_attention(backend='triton') as the model calls it, eager: the Cartesian transform in torch,
@@ -263,6 +265,160 @@ def bench_attention_kernels(
                 rows.append(row)
                 if verbose:
                     print(_format_row(row), flush=True)
+    return rows
+
+
+def document_lengths(T, mean, seed=0):
+    """Document lengths (tokens, each >= 1) drawn from a seeded exponential of mean `mean` tokens, the last one cut so
+    that they sum to T: one packed row of T tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    lens, total = [], 0
+    while total < T:
+        n = max(1, math.ceil(torch.empty(()).exponential_(1.0 / mean, generator=gen).item()))
+        lens.append(min(n, T - total))
+        total += lens[-1]
+    return lens
+
+
+def document_ids(B, T, mean, seed=0, device="cpu"):
+    """(B, T) int32 document ids of B packed rows (row b: document_lengths(T, mean, seed + b)) and (B, T) int64
+    positions restarting at 0 in each document."""
+    ids = torch.stack(
+        [
+            torch.cat(
+                [torch.full((n,), i, dtype=torch.int32) for i, n in enumerate(document_lengths(T, mean, seed + b))]
+            )
+            for b in range(B)
+        ]
+    )
+    pos = torch.arange(T) - torch.searchsorted(ids, ids)
+    return ids.to(device), pos.to(device)
+
+
+def doc_tile_report(doc_len, seq_lens=(4096, 16384), d=64, run_kernels=True):
+    """CPU, no timing: per T and kernel (fwd, dkdv, dq at their training tiles, CONFIGS[role][64][0]), the tiles the
+    causal kernel visits, the tiles the documents allow (pope_kernel.visited_tiles, the formula) and, run_kernels, the
+    tiles the block-causal kernel visits (its COUNT output, one batch row and head in the Triton interpreter, which
+    must be set before pope_kernel is imported). Prints a table, returns its rows."""
+    import pope_kernel as pk
+
+    rows = []
+    print(f"documents: exponential lengths of mean {doc_len} tokens (seed 0); tiles (BLOCK_M, BLOCK_N) d = {d}")
+    print("| T | documents | kernel | tile | causal | block_causal: formula | kernel COUNT | block / causal |")
+    print("|---|---|---|---|---|---|---|---|")
+    for T in seq_lens:
+        ids, _ = document_ids(1, T, doc_len)
+        n_docs = int(ids[0, -1]) + 1
+        counts = {}
+        if run_kernels:
+            saved = {role: pk.KERNELS[role].configs for role in pk.KERNELS}
+            try:
+                for role in pk.KERNELS:
+                    pk.KERNELS[role].configs = [pk.tile_config(*pk.CONFIGS[role][64][0])]
+                gen = torch.Generator().manual_seed(0)
+                q, k = (torch.randn(1, 1, T, 2 * d, generator=gen) for _ in range(2))
+                v = torch.randn(1, 1, T, d, generator=gen)
+                bufs = {role: torch.zeros(T, dtype=torch.int32) for role in pk.KERNELS}  # >= the programs
+                docs = pk.document_bounds(ids)
+                o, lse = pk._forward(q, k, v, True, 0, docs, bufs)
+                pk._backward(torch.ones_like(o), q, k, v, o, lse, True, 0, docs, bufs)
+                counts = {role: int(b.sum()) for role, b in bufs.items()}
+            finally:
+                for role, cfgs in saved.items():
+                    pk.KERNELS[role].configs = cfgs
+        for role in ("fwd", "dkdv", "dq"):
+            bm, bn = pk.CONFIGS[role][64][0][:2]
+            allowed = sum(pk.visited_tiles(ids[0].tolist(), T, bm, bn, role=role))
+            causal = sum(pk.visited_tiles([0] * T, T, bm, bn, role=role))
+            row = dict(T=T, documents=n_docs, kernel=role, tile=(bm, bn), causal=causal, allowed=allowed)
+            row["visited"] = counts.get(role)
+            rows.append(row)
+            print(
+                f"| {T} | {n_docs} | {role} | {bm} x {bn} | {causal} | {allowed} | {row['visited']} | "
+                f"{allowed / causal:.3f} |",
+                flush=True,
+            )
+    return rows
+
+
+def bench_documents(
+    doc_len, seq_lens=(4096, 16384), d=64, dtype=torch.bfloat16, batch=None, n_head=None, rep=100, device="cuda"
+):
+    """CUDA: block_causal (documents of exponential lengths, mean doc_len, positions restarting per document) against
+    causal, forward and forward + backward (do_bench medians, ms), for pope_triton (pope_attention_triton with
+    document_ids / position_ids), pope_flex and rope_flex (flex_attention with a document BlockMask, the same Cartesian
+    q~, k~ or RoPE-rotated q, k). B = 32768 // T, H = 768 // d by default. Prints a table, returns its rows."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    import pope
+
+    flex, bench = torch.compile(flex_attention), _timer(torch.device(device), 25, rep)
+    rows = []
+    for T in seq_lens:
+        B, H = batch or max(1, 32768 // T), n_head or max(1, 768 // d)
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, H, T, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
+        delta = (-2 * math.pi * torch.rand(H, d, generator=gen)).to(device).requires_grad_()
+        ids, pos = document_ids(B, T, doc_len, device=device)
+        rot = pope.pope_rotation_table(T, d, device=device)
+        inv = 10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+        for mask in ("causal", "block_causal"):
+            docs = mask == "block_causal"
+            p = pos if docs else torch.arange(T, device=device).expand(B, T)
+            rows_qk = rot[p].unsqueeze(1)  # (B, 1, T, 2d)
+            ang = p[:, None, :, None].float() * inv
+            cos, sin = torch.cat((ang, ang), -1).cos().to(dtype), torch.cat((ang, ang), -1).sin().to(dtype)
+
+            def doc_mask(b, h, i, j, ids=ids):
+                return (i >= j) & (ids[b, i] == ids[b, j])
+
+            bm = create_block_mask(
+                doc_mask if docs else (lambda b, h, i, j: i >= j), B if docs else None, None, T, T, device=device
+            )
+            kw = dict(document_ids=ids, position_ids=pos) if docs else {}
+            fns = {
+                "pope_triton": lambda kw=kw: pope.pope_attention_triton(q, k, v, delta, **kw),
+                "pope_flex": lambda bm=bm, r=rows_qk: flex(
+                    pope._cartesian(q, r, None, "softplus", 1.0, dtype),
+                    pope._cartesian(k, r, delta, "softplus", 1.0, dtype),
+                    v,
+                    block_mask=bm,
+                    scale=1.0 / math.sqrt(d),
+                ),
+                "rope_flex": lambda bm=bm, c=cos, s=sin: flex(
+                    _apply_rope(q, c, s), _apply_rope(k, c, s), v, block_mask=bm
+                ),
+            }
+            for impl, fn in fns.items():
+                row = dict(impl=impl, T=T, B=B, H=H, mask=mask, fwd_ms=float("nan"), fwdbwd_ms=float("nan"))
+                try:  # keep sweeping past a failing case (out of memory, no flex backward on a CPU)
+                    with torch.no_grad():
+                        row["fwd_ms"] = bench(fn)
+                    g = torch.randn_like(fn())
+                    row["fwdbwd_ms"] = bench(lambda: fn().backward(g), grad_to_none=[q, k, v, delta])
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+                rows.append(row)
+    print(f"documents: exponential lengths of mean {doc_len} tokens; d = {d}, {dtype}; ms ({device}: _timer)")
+    print("| impl | T | B x H | causal fwd | block fwd | ratio | causal fwd+bwd | block fwd+bwd | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    by = {(r["impl"], r["T"], r["mask"]): r for r in rows}
+    for (impl, T, mask), r in by.items():
+        if mask != "causal":
+            continue
+        blk = by[(impl, T, "block_causal")]
+        print(
+            f"| {impl} | {T} | {r['B']} x {r['H']} | {r['fwd_ms']:.3f} | {blk['fwd_ms']:.3f} | "
+            f"{blk['fwd_ms'] / r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | {blk['fwdbwd_ms']:.3f} | "
+            f"{blk['fwdbwd_ms'] / r['fwdbwd_ms']:.3f} |"
+            + (f" {blk.get('error') or r.get('error')}" if "error" in blk or "error" in r else "")
+        )
+    for T in seq_lens:
+        for mask in ("causal", "block_causal"):
+            pt, rf = by[("pope_triton", T, mask)], by[("rope_flex", T, mask)]
+            print(f"PoPE (triton) / RoPE (flex), T = {T}, {mask}: fwd+bwd {pt['fwdbwd_ms'] / rf['fwdbwd_ms']:.2f}")
     return rows
 
 
@@ -751,15 +907,18 @@ def decode_bytes_per_token(d, n_kv_head, n_layer, elem_bytes=2, block_n=64):
     )
 
 
+# the document arguments as a launch without documents leaves them (pope_kernel's defaults): constexprs, no code
+NO_DOCUMENTS = dict(DOCS=None, TILES=None, DOC=False, COUNT=False)
 _POINTERS = ("Q", "K", "V", "O", "LSE", "DO", "DI", "DK", "DV", "DQ")
 _FP32_ARGS = ("LSE", "DI")
 _RUNTIME_INTS = ("H", "H_KV", "Tq", "Tk", "T", "q_offset", "TQ_BUCKET", "TK_BUCKET")  # not multiples of 16
 
 
-def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
+def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope", documents=False):
     """Compile one kernel (causal) for sm_<arch> with the ptxas Triton picks for it; no GPU needed.
 
-    role: 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); d: head dim.
+    role: 'fwd' | 'dkdv' | 'dq'; config (BLOCK_M, BLOCK_N, num_warps, num_stages); d: head dim; documents: the
+    block-causal build (DOC, a document table), else the build launched without documents.
     impl 'pope': pope_kernel's kernel with D_QK = 2d, D_V = d; 'fa': reference_fa_kernels (width d).
     dtype 'bf16' | 'fp16' | 'fp32'. Options as at a launch (num_warps, num_stages, pope_kernel.COMPILE_OPTIONS),
     for the reference kernels too. Pointers and strides are marked 16-divisible, as the JIT specialises
@@ -775,6 +934,10 @@ def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
     if impl == "pope":
         fn = pk.KERNELS[role].fn
         consts = dict(GROUP=1, D_QK=2 * d, D_V=d, CAUSAL=True, DOT_PREC="tf32", BLOCK_M=bm, BLOCK_N=bn)
+        consts.update(NO_DOCUMENTS)
+        if documents:  # the block-causal build: DOCS an int32 table (pope_kernel.document_bounds)
+            consts.update(DOC=True)
+            del consts["DOCS"]
     else:
         fn = reference_fa_kernels()[role]
         consts = dict(D=d, BLOCK_M=bm, BLOCK_N=bn)
@@ -784,6 +947,9 @@ def compile_kernel(role, config, d, arch, dtype="bf16", impl="pope"):
             sig[name] = "constexpr"
         elif name in _POINTERS:
             sig[name] = "*fp32" if name in _FP32_ARGS else f"*{dtype}"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name == "DOCS":
+            sig[name] = "*i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "i32"
@@ -1007,7 +1173,22 @@ def main(argv=None):
         help="no GPU needed: the decode kernel compiled for sm_80, "
         "86, 89, 90, 100, 120: shared memory, spills, loop instructions next to a RoPE decode kernel",
     )
+    p.add_argument(
+        "--doc_len",
+        type=int,
+        default=None,
+        help="block_causal vs causal with documents of this mean length (exponential, seeded) at T = 4096, 16384, "
+        "d = 64: CUDA times fwd and fwd+bwd; a CPU reports the tiles each kernel visits against the formula",
+    )
     args = p.parse_args(argv)
+    if args.doc_len is not None:
+        seq_lens = args.seq_lens if "--seq-lens" in (argv or sys.argv) else (4096, 16384)
+        if torch.cuda.is_available():
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+            print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+            return bench_documents(args.doc_len, seq_lens, 64, dtype, args.batch, args.n_head)
+        os.environ["TRITON_INTERPRET"] = "1"  # before pope_kernel is imported: the kernels' COUNT in the interpreter
+        return doc_tile_report(args.doc_len, seq_lens)
     if args.ops:
         if not torch.cuda.is_available():
             os.environ["TRITON_INTERPRET"] = "1"  # before pope / pope_kernel are imported

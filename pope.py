@@ -143,7 +143,7 @@ def _cartesian(x, rows, delta=None, magnitude="softplus", scale=1.0, dtype=None)
         mu = pope_magnitude(x.to(ct), magnitude)
         if scale != 1.0:
             mu = mu * scale
-        cos, sin = rows[:, :d].to(ct), rows[:, d:].to(ct)
+        cos, sin = rows[..., :d].to(ct), rows[..., d:].to(ct)
         if delta is not None:
             cd, sd = torch.cos(delta.to(ct)).unsqueeze(-2), torch.sin(delta.to(ct)).unsqueeze(-2)  # (H, 1, d)
             cos, sin = cos * cd - sin * sd, sin * cd + cos * sd
@@ -652,10 +652,34 @@ def _recompute_all_but_attention():
     return create_selective_checkpoint_contexts(policy)
 
 
-def _triton_region(q, k, v, delta, rows_q, rows_k, causal, q_offset, magnitude, scale, dtype):
+def _triton_region(q, k, v, delta, rows_q, rows_k, causal, q_offset, magnitude, scale, dtype, docs=None, pos=None):
+    if pos is not None:  # position_ids (B, Tk): each token's table row, (B, 1, T, 2d), recomputed in the backward
+        rows_q = rows_q[pos[:, q_offset : q_offset + q.shape[2]]].unsqueeze(1)
+        rows_k = rows_k[pos].unsqueeze(1)
     qc = _cartesian(q, rows_q, None, magnitude, scale, dtype)
     kc = _cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
-    return pope_kernel.attention_forward(qc, kc, v.to(dtype), causal, q_offset)[0]
+    extra = () if docs is None else (docs,)  # without documents: today's call, argument for argument
+    return pope_kernel.attention_forward(qc, kc, v.to(dtype), causal, q_offset, *extra)[0]
+
+
+def _triton_documents(q, k, q_offset, document_ids, position_ids):
+    """document_ids and position_ids checked for the Triton path -> the kernels' document table
+    (pope_kernel.document_bounds) or None. Raises ValueError in one line for a wrong shape, dtype or device."""
+    if position_ids is not None:
+        B, Tk = q.shape[0], k.shape[2]
+        if not isinstance(position_ids, torch.Tensor) or position_ids.shape != (B, Tk):
+            raise ValueError(f"position_ids must be (B, Tk) = ({B}, {Tk}) int64 positions, one per key")
+        if position_ids.dtype != torch.int64 or position_ids.device != q.device:
+            raise ValueError(
+                f"position_ids must be int64 on q's device {q.device}, "
+                f"got {position_ids.dtype} on {position_ids.device}"
+            )
+    if document_ids is None:
+        return None
+    reason = pope_kernel.document_ids_reason(document_ids, q, k, q_offset)
+    if reason is not None:
+        raise ValueError(reason)
+    return pope_kernel.document_bounds(document_ids)
 
 
 def pope_attention_triton(
@@ -671,6 +695,8 @@ def pope_attention_triton(
     magnitude="softplus",
     rotation=None,
     theta=None,
+    document_ids=None,
+    position_ids=None,
 ):
     """PoPE attention through pope_kernel's FlashAttention-2 kernels (pope_attention(..., backend='triton')).
 
@@ -681,6 +707,16 @@ def pope_attention_triton(
     q~, k~ (a selective checkpoint). Supported: d, dv in TRITON_HEAD_DIMS; float16 / bfloat16 / float32
     (backend='auto' sends fp32 to the torch path); any Tq, Tk >= 1; CUDA tensors, or CPU under
     TRITON_INTERPRET=1. Determinism and limits: pope_kernel.attention.
+
+    document_ids: None, or (B, Tk) int32 on q's device, non-decreasing along Tk (pope_attention checks that; here
+    a host sync per call would be too dear): query row i has the id document_ids[:, q_offset + i] (so q_offset + Tq
+    <= Tk) and sees key s iff the ids are equal and (causal) s <= q_offset + i: block-causal. The kernels skip every
+    tile that holds no key of a query tile's documents (docs/kernel.md); the document table they read
+    (pope_kernel.document_bounds, 3 int32 per key) is formed once per call, outside the checkpointed region, and
+    kept for the backward. position_ids: None (positions 0..Tk-1, query rows from q_offset), or (B, Tk) int64
+    positions per key (query row i: position_ids[:, q_offset + i]), each below max(q_offset + Tq, Tk) unless
+    `rotation` has more rows (positions that restart at each document always are). Raises ValueError (one line) for
+    document_ids or position_ids of the wrong shape, dtype or device.
     """
     rope_theta = _rope_theta(rope_theta, theta)
     _check(q, k, v, delta, q_offset, magnitude)
@@ -691,19 +727,11 @@ def pope_attention_triton(
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     rotation = _rotation_rows(rotation, max(q_offset + Tq, Tk), d, rope_theta, q.device)
     pope_kernel.check_limits(q.shape[0], q.shape[1], Tq, Tk, q_offset, (v.stride(2),))
-    args = (
-        q,
-        k,
-        v,
-        delta,
-        rotation[q_offset : q_offset + Tq],
-        rotation[:Tk],
-        bool(causal),
-        int(q_offset),
-        magnitude,
-        sm_scale * LOG2E,
-        compute_dtype(q, v),
-    )
+    docs = _triton_documents(q, k, q_offset, document_ids, position_ids)
+    rows = (rotation[q_offset : q_offset + Tq], rotation[:Tk]) if position_ids is None else (rotation, rotation)
+    args = (q, k, v, delta, *rows, bool(causal), int(q_offset), magnitude, sm_scale * LOG2E, compute_dtype(q, v))
+    if docs is not None or position_ids is not None:
+        args = args + (docs, position_ids)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, delta)):
         from torch.utils.checkpoint import checkpoint
 

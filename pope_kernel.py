@@ -13,6 +13,13 @@ j <= q_offset + i (q_offset = Tk - Tq is the bottom-right alignment of decoding 
 Grouped-query attention: K and V may have H_kv heads for H query heads (H a multiple of H_kv);
 query head h reads key/value head h // (H / H_kv).
 
+Documents (block-causal, issue 58): given a (B, Tk) int32 table of non-decreasing document ids, query i sees key j
+only if both have one id (and j <= q_offset + i, causal). The kernels then take document_bounds' per-key table
+(id, first key and end of its document), and each program reads its first and last row's (fwd, dq) or key's (dK/dV)
+entries to visit only the tiles that hold a visible pair (visited_tiles: the formula; docs/kernel.md). Launched
+without it, the kernels are compiled and launched exactly as before (DOCS, TILES and the constexprs DOC, COUNT keep
+their defaults).
+
 Kernels (one program per tile, a 1-D grid over (batch, head, tile)), by their public names:
     KERNELS["fwd"]   a BLOCK_M tile of queries against every visible key block: O, lse
     PRE_KERNEL       Di = rowsum(dO * O) (FlashAttention-2's backward preprocessing)
@@ -26,7 +33,8 @@ the autotuner, which launches each candidate on the live buffers, leaves nothing
 bitwise deterministic for a given set of tiles.
 
 Public API (imports nothing from this repo):
-    attention(q, k, v, *, causal=True, q_offset=0) -> (o, lse), differentiable in q, k, v
+    attention(q, k, v, *, causal=True, q_offset=0, document_ids=None) -> (o, lse), differentiable in q, k, v
+    document_bounds(document_ids), document_ids_reason(...), visited_tiles(...)   documents (block-causal)
     attention_forward, attention_backward   the torch.library custom ops pope::attention_forward and
         pope::attention_backward (fake kernels registered, so torch.compile keeps them in its graph)
     unsupported_reason(q, k, v), device_unsupported_reason(device, dtype, D_QK, D_V), check_limits(...),
@@ -294,7 +302,7 @@ def _autotune(role):
     # cache_results: the timings go to Triton's cache dir, so later processes on this machine reuse the choice
     return triton.autotune(
         _autotune_configs(role),
-        key=["TQ_BUCKET", "TK_BUCKET", "D_QK", "D_V", "CAUSAL", "GROUP"],
+        key=["TQ_BUCKET", "TK_BUCKET", "D_QK", "D_V", "CAUSAL", "GROUP", "DOC"],  # DOC: only where passed (documents)
         prune_configs_by={"early_config_prune": prune_configs(role)},
         cache_results=True,
     )
@@ -343,8 +351,12 @@ def _fwd_inner(
     MASKED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    doc_row=None,
+    doc_q=None,
+    DOC: tl.constexpr = False,
 ):
-    """Online softmax over key blocks [lo, hi). MASKED: the causal diagonal and/or the key boundary."""
+    """Online softmax over key blocks [lo, hi). MASKED: the causal diagonal and/or the key boundary, and with DOC
+    the document mask (doc_q: the rows' document ids; doc_row: the batch row's (3, Tk) document table)."""
     k_ptrs = k_base + (tl.cast(lo, tl.int64) * stride_kn) + (offs_n0[:, None] * stride_kn + offs_qk[None, :])
     v_ptrs = v_base + (tl.cast(lo, tl.int64) * stride_vn) + (offs_n0[:, None] * stride_vn + offs_v[None, :])
     for start_n in range(lo, hi, BLOCK_N):
@@ -361,10 +373,16 @@ def _fwd_inner(
             ok = key_ok[None, :]
             if CAUSAL:
                 ok = ok & (offs_n[None, :] <= (offs_m + q_offset)[:, None])
+            if DOC:
+                doc_k = tl.load(doc_row + offs_n, mask=key_ok, other=-2)
+                ok = ok & (doc_q[:, None] == doc_k[None, :])
             s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_use = m_new
+        if DOC:  # a row whose document starts later has seen no key yet: exp2(-inf - -inf) would be NaN
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
@@ -384,6 +402,35 @@ def _key_range(Tk, q_offset, m0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C
         hi = Tk
         n_full = (Tk // BLOCK_N) * BLOCK_N
     return n_full, hi
+
+
+@triton.jit
+def _doc_key_range(doc_row, Tq, Tk, q_offset, m0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """With documents: the key blocks a query block starting at row m0 visits, (lo, u, n_full, hi): [lo, u) and
+    [n_full, hi) need the mask, [u, n_full) none. doc_row: the batch row's (3, Tk) table [document id, first key of
+    the document, its end] (document_bounds). The keys visible to rows p0..p1 (positions q_offset + m0 .. the block's
+    last row) are first(p0)..p1 (causal; ..end(p1) without): ids are non-decreasing, so the block's documents are
+    contiguous and every key in that range is visible to some row; blocks outside it hold no key of its documents.
+    [u, n_full) needs no mask where the block is one document: keys from its first to the diagonal (causal)."""
+    p0 = q_offset + m0
+    p1 = q_offset + tl.minimum(m0 + BLOCK_M, Tq) - 1
+    first = tl.load(doc_row + Tk + p0)
+    single = tl.load(doc_row + p0) == tl.load(doc_row + p1)
+    lo = (first // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        hi = p1 + 1
+        n_full = ((p0 + 1) // BLOCK_N) * BLOCK_N
+    else:
+        hi = tl.load(doc_row + 2 * Tk + p1)
+        n_full = (hi // BLOCK_N) * BLOCK_N
+    u = tl.where(single, tl.minimum(((first + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, n_full), n_full)
+    return lo, u, n_full, hi
+
+
+@triton.jit
+def _trips(lo, hi, STEP: tl.constexpr):
+    """Iterations of range(lo, hi, STEP): the tiles a loop visits (the kernels' COUNT output)."""
+    return (tl.maximum(hi - lo, 0) + STEP - 1) // STEP
 
 
 @_autotune("fwd")
@@ -419,6 +466,10 @@ def _fwd_kernel(
     DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOCS=None,
+    TILES=None,
+    DOC: tl.constexpr = False,
+    COUNT: tl.constexpr = False,
 ):
     pid_m, b, h, bh = _split_pid(tl.cdiv(Tq, BLOCK_M), H)
     h_kv = h // GROUP
@@ -442,51 +493,136 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, D_V], 0.0, tl.float32)
-    n_full, hi = _key_range(Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_vn,
-        0,
-        n_full,
-        offs_m,
-        q_offset,
-        Tk,
-        offs_n0,
-        offs_qk,
-        offs_v,
-        CAUSAL,
-        False,
-        BLOCK_N,
-        DOT_PREC,
-    )
-    acc, l_i, m_i = _fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_vn,
-        n_full,
-        hi,
-        offs_m,
-        q_offset,
-        Tk,
-        offs_n0,
-        offs_qk,
-        offs_v,
-        CAUSAL,
-        True,
-        BLOCK_N,
-        DOT_PREC,
-    )
+    if DOC:  # key blocks outside the query block's documents are skipped (_doc_key_range)
+        doc_row = DOCS + b * (3 * Tk)
+        doc_q = tl.load(doc_row + q_offset + offs_m, mask=row_ok, other=-1)
+        lo, u, n_full, hi = _doc_key_range(doc_row, Tq, Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
+        acc, l_i, m_i = _fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            u,
+            n_full,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            False,
+            BLOCK_N,
+            DOT_PREC,
+        )
+        acc, l_i, m_i = _fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            lo,
+            u,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            True,
+            BLOCK_N,
+            DOT_PREC,
+            doc_row,
+            doc_q,
+            True,
+        )
+        acc, l_i, m_i = _fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            n_full,
+            hi,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            True,
+            BLOCK_N,
+            DOT_PREC,
+            doc_row,
+            doc_q,
+            True,
+        )
+        n_tiles = _trips(lo, u, BLOCK_N) + _trips(u, n_full, BLOCK_N) + _trips(n_full, hi, BLOCK_N)
+    else:
+        n_full, hi = _key_range(Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
+        acc, l_i, m_i = _fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            0,
+            n_full,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            False,
+            BLOCK_N,
+            DOT_PREC,
+        )
+        acc, l_i, m_i = _fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            n_full,
+            hi,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            True,
+            BLOCK_N,
+            DOT_PREC,
+        )
+        n_tiles = _trips(0, n_full, BLOCK_N) + _trips(n_full, hi, BLOCK_N)
+    if COUNT:  # tests and bench_kernel.py: the key blocks this program visited
+        tl.store(TILES + tl.program_id(0), n_tiles)
+    if DOC:  # a row that saw no key (impossible with document ids, which let a row see itself): o = 0, lse = -inf
+        seen = l_i > 0.0
+        l_i = tl.where(seen, l_i, 1.0)
+        m_i = tl.where(seen, m_i, float("-inf"))
     out = acc / l_i[:, None]
     tl.store(
         O
@@ -554,8 +690,12 @@ def _dkdv_inner(
     MASKED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    doc_row=None,
+    doc_k=None,
+    DOC: tl.constexpr = False,
 ):
-    """Accumulate dK, dV (scaled: see _dkdv_kernel) of one key tile over query blocks [lo, hi) of one head."""
+    """Accumulate dK, dV (scaled: see _dkdv_kernel) of one key tile over query blocks [lo, hi) of one head. DOC (with
+    MASKED): the document mask too, doc_k the keys' document ids, doc_row the batch row's document table."""
     q_ptrs = q_base + tl.cast(lo, tl.int64) * stride_qm + (offs_m0[:, None] * stride_qm + offs_qk[None, :])
     do_ptrs = do_base + tl.cast(lo, tl.int64) * stride_dom + (offs_m0[:, None] * stride_dom + offs_v[None, :])
     for start_m in range(lo, hi, BLOCK_M):
@@ -577,6 +717,9 @@ def _dkdv_inner(
             ok = row_ok[None, :]
             if CAUSAL:
                 ok = ok & (offs_n[:, None] <= (offs_m + q_offset)[None, :])
+            if DOC:
+                doc_q = tl.load(doc_row + q_offset + offs_m, mask=row_ok, other=-1)
+                ok = ok & (doc_k[:, None] == doc_q[None, :])
             p_t = tl.where(ok, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PREC)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
@@ -585,6 +728,29 @@ def _dkdv_inner(
         q_ptrs += BLOCK_M * stride_qm
         do_ptrs += BLOCK_M * stride_dom
     return dk, dv
+
+
+@triton.jit
+def _doc_query_range(doc_row, Tq, Tk, q_offset, n0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """With documents: the query blocks the dK/dV program of the key block starting at n0 visits, (lo, mid, full_hi,
+    q_hi): [lo, min(mid, q_hi)) and [max(mid, full_hi), q_hi) need the mask, [mid, full_hi) none. The queries that see
+    any key n0..n1 of the block are at positions n0 (causal; the first key of n0's document without) up to the end of
+    n1's document, all of them the block's documents; unmasked are the blocks of rows that lie in the key block's one
+    document and (causal) past its last key."""
+    n1 = tl.minimum(n0 + BLOCK_N, Tk) - 1
+    single = tl.load(doc_row + n0) == tl.load(doc_row + n1)
+    end0 = tl.load(doc_row + 2 * Tk + n0)
+    q_hi = tl.minimum(Tq, tl.load(doc_row + 2 * Tk + n1) - q_offset)
+    if CAUSAL:
+        q_first = n0
+        u_first = n0 + BLOCK_N - 1
+    else:
+        q_first = tl.load(doc_row + Tk + n0)
+        u_first = q_first
+    lo = (tl.maximum(q_first - q_offset, 0) // BLOCK_M) * BLOCK_M
+    mid = ((tl.maximum(u_first - q_offset, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    full_hi = tl.minimum((tl.maximum(end0 - q_offset, 0) // BLOCK_M) * BLOCK_M, (Tq // BLOCK_M) * BLOCK_M)
+    return lo, tl.where(single, mid, lo), tl.where(single, full_hi, lo), q_hi
 
 
 @_autotune("dkdv")
@@ -629,6 +795,10 @@ def _dkdv_kernel(
     DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOCS=None,
+    TILES=None,
+    DOC: tl.constexpr = False,
+    COUNT: tl.constexpr = False,
 ):
     pid_n, b, h_kv, _ = _split_pid(tl.cdiv(Tk, BLOCK_N), H_KV)
     n0 = pid_n * BLOCK_N
@@ -663,13 +833,24 @@ def _dkdv_kernel(
 
     # query blocks: [lo, mid) straddle the causal diagonal (masked), [mid, full_hi) are unmasked,
     # [max(mid, full_hi), Tq) hold the query boundary (masked). Queries before lo see none of these keys.
-    if CAUSAL:
-        lo = (tl.maximum(n0 - q_offset, 0) // BLOCK_M) * BLOCK_M
-        mid = ((tl.maximum(n0 + BLOCK_N - 1 - q_offset, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    if DOC:  # query blocks outside the key block's documents are skipped (_doc_query_range)
+        doc_row = DOCS + b * (3 * Tk)
+        doc_k = tl.load(doc_row + offs_n, mask=key_ok, other=-2)
+        lo, mid, full_hi, q_hi = _doc_query_range(doc_row, Tq, Tk, q_offset, n0, BLOCK_M, BLOCK_N, CAUSAL)
     else:
-        lo = 0
-        mid = 0
-    full_hi = (Tq // BLOCK_M) * BLOCK_M
+        doc_row = DOCS
+        doc_k = DOCS
+        if CAUSAL:
+            lo = (tl.maximum(n0 - q_offset, 0) // BLOCK_M) * BLOCK_M
+            mid = ((tl.maximum(n0 + BLOCK_N - 1 - q_offset, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+        else:
+            lo = 0
+            mid = 0
+        full_hi = (Tq // BLOCK_M) * BLOCK_M
+        q_hi = Tq
+    if COUNT:  # tests and bench_kernel.py: the query blocks this program visits per query head
+        n_tiles = _trips(mid, full_hi, BLOCK_M) + _trips(lo, tl.minimum(mid, q_hi), BLOCK_M)
+        tl.store(TILES + tl.program_id(0), n_tiles + _trips(tl.maximum(mid, full_hi), q_hi, BLOCK_M))
     for g in range(GROUP):  # the query heads that share this key/value head, summed in this program
         h = h_kv * GROUP + g
         bh = b * (H_KV * GROUP) + h
@@ -713,7 +894,7 @@ def _dkdv_kernel(
             stride_qm,
             stride_dom,
             lo,
-            tl.minimum(mid, Tq),
+            tl.minimum(mid, q_hi),
             Tq,
             q_offset,
             offs_n,
@@ -724,6 +905,9 @@ def _dkdv_kernel(
             True,
             BLOCK_M,
             DOT_PREC,
+            doc_row,
+            doc_k,
+            DOC,
         )
         dk, dv = _dkdv_inner(
             dk,
@@ -737,7 +921,7 @@ def _dkdv_kernel(
             stride_qm,
             stride_dom,
             tl.maximum(mid, full_hi),
-            Tq,
+            q_hi,
             Tq,
             q_offset,
             offs_n,
@@ -748,6 +932,9 @@ def _dkdv_kernel(
             True,
             BLOCK_M,
             DOT_PREC,
+            doc_row,
+            doc_k,
+            DOC,
         )
     # the scores were base-2 logits s = z / ln 2 (z in nats): dL/ds = ln 2 * dL/dz
     tl.store(
@@ -789,8 +976,11 @@ def _dq_inner(
     MASKED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    doc_row=None,
+    doc_q=None,
+    DOC: tl.constexpr = False,
 ):
-    """Accumulate dQ (scaled: see _dq_kernel) of one query tile over key blocks [lo, hi)."""
+    """Accumulate dQ (scaled: see _dq_kernel) of one query tile over key blocks [lo, hi); DOC as _fwd_inner."""
     k_ptrs = k_base + (tl.cast(lo, tl.int64) * stride_kn) + (offs_n0[:, None] * stride_kn + offs_qk[None, :])
     v_ptrs = v_base + (tl.cast(lo, tl.int64) * stride_vn) + (offs_n0[:, None] * stride_vn + offs_v[None, :])
     for start_n in range(lo, hi, BLOCK_N):
@@ -808,6 +998,9 @@ def _dq_inner(
             ok = key_ok[None, :]
             if CAUSAL:
                 ok = ok & (offs_n[None, :] <= (offs_m + q_offset)[:, None])
+            if DOC:
+                doc_k = tl.load(doc_row + offs_n, mask=key_ok, other=-2)
+                ok = ok & (doc_q[:, None] == doc_k[None, :])
             p = tl.where(ok, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         ds = p * (dp - di[:, None])
@@ -855,6 +1048,10 @@ def _dq_kernel(
     DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOCS=None,
+    TILES=None,
+    DOC: tl.constexpr = False,
+    COUNT: tl.constexpr = False,
 ):
     pid_m, b, h, bh = _split_pid(tl.cdiv(Tq, BLOCK_M), H)
     h_kv = h // GROUP
@@ -885,53 +1082,137 @@ def _dq_kernel(
     v_base = V + b * stride_vb + h_kv * stride_vh
 
     dq = tl.full([BLOCK_M, D_QK], 0.0, tl.float32)
-    n_full, hi = _key_range(Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        di,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_vn,
-        0,
-        n_full,
-        offs_m,
-        q_offset,
-        Tk,
-        offs_n0,
-        offs_qk,
-        offs_v,
-        CAUSAL,
-        False,
-        BLOCK_N,
-        DOT_PREC,
-    )
-    dq = _dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        di,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_vn,
-        n_full,
-        hi,
-        offs_m,
-        q_offset,
-        Tk,
-        offs_n0,
-        offs_qk,
-        offs_v,
-        CAUSAL,
-        True,
-        BLOCK_N,
-        DOT_PREC,
-    )
+    if DOC:  # the forward's key blocks (_doc_key_range)
+        doc_row = DOCS + b * (3 * Tk)
+        doc_q = tl.load(doc_row + q_offset + offs_m, mask=row_ok, other=-1)
+        lo, u, n_full, hi = _doc_key_range(doc_row, Tq, Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
+        dq = _dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            di,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            u,
+            n_full,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            False,
+            BLOCK_N,
+            DOT_PREC,
+        )
+        dq = _dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            di,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            lo,
+            u,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            True,
+            BLOCK_N,
+            DOT_PREC,
+            doc_row,
+            doc_q,
+            True,
+        )
+        dq = _dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            di,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            n_full,
+            hi,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            True,
+            BLOCK_N,
+            DOT_PREC,
+            doc_row,
+            doc_q,
+            True,
+        )
+        n_tiles = _trips(lo, u, BLOCK_N) + _trips(u, n_full, BLOCK_N) + _trips(n_full, hi, BLOCK_N)
+    else:
+        n_full, hi = _key_range(Tk, q_offset, m0, BLOCK_M, BLOCK_N, CAUSAL)
+        dq = _dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            di,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            0,
+            n_full,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            False,
+            BLOCK_N,
+            DOT_PREC,
+        )
+        dq = _dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            di,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_vn,
+            n_full,
+            hi,
+            offs_m,
+            q_offset,
+            Tk,
+            offs_n0,
+            offs_qk,
+            offs_v,
+            CAUSAL,
+            True,
+            BLOCK_N,
+            DOT_PREC,
+        )
+        n_tiles = _trips(0, n_full, BLOCK_N) + _trips(n_full, hi, BLOCK_N)
+    if COUNT:  # tests and bench_kernel.py: the key blocks this program visited
+        tl.store(TILES + tl.program_id(0), n_tiles)
     tl.store(
         DQ
         + (b * stride_dqb + h * stride_dqh + m0.to(tl.int64) * stride_dqm)
@@ -1075,7 +1356,18 @@ def _unit_rows(*tensors):
     return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 
-def _forward(q, k, v, causal, q_offset):
+def _doc_args(docs, tiles):
+    """The launch's extra keyword arguments for a document table (document_bounds) and a COUNT buffer: none without
+    them, so a launch without documents is today's, argument for argument."""
+    extra = {}
+    if docs is not None:
+        extra.update(DOCS=docs, DOC=True)
+    if tiles is not None:
+        extra.update(TILES=tiles, COUNT=True)
+    return extra
+
+
+def _forward(q, k, v, causal, q_offset, docs=None, tiles=None):
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     q, k, v = _unit_rows(q, k, v)
@@ -1099,12 +1391,13 @@ def _forward(q, k, v, causal, q_offset):
             pow2_bucket(Tq),
             pow2_bucket(Tk),
             **_meta(q, k, v, causal),
+            **_doc_args(docs, (tiles or {}).get("fwd")),
             **COMPILE_OPTIONS,
         )
     return o, lse
 
 
-def _backward(do, q, k, v, o, lse, causal, q_offset):
+def _backward(do, q, k, v, o, lse, causal, q_offset, docs=None, tiles=None):
     B, H, Tq, _ = q.shape
     H_kv, Tk = k.shape[1], k.shape[2]
     q, k, v, o, do = _unit_rows(q, k, v, o, do.to(v.dtype))
@@ -1136,6 +1429,7 @@ def _backward(do, q, k, v, o, lse, causal, q_offset):
             q_offset,
             *buckets,
             **meta,
+            **_doc_args(docs, (tiles or {}).get("dkdv")),
             **COMPILE_OPTIONS,
         )
         _dq_kernel[lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,)](
@@ -1153,9 +1447,90 @@ def _backward(do, q, k, v, o, lse, causal, q_offset):
             q_offset,
             *buckets,
             **meta,
+            **_doc_args(docs, (tiles or {}).get("dq")),
             **COMPILE_OPTIONS,
         )
     return dq, dk, dv
+
+
+def document_bounds(document_ids):
+    """The kernels' document table: document_ids (B, Tk) int32, non-decreasing along Tk -> (B, 3, Tk) int32, per key
+    s its document id, the first key of its document and the end of its document (one past its last key).
+
+    Computed per call in PyTorch (two batched searchsorted, no host sync; Inductor fuses or runs them as one op each).
+    It does not depend on the tiles, which the autotuner picks after it: each program reads the entries of its own
+    first and last row (fwd, dq) or key (dK/dV) and gets the range of tiles to visit (docs/kernel.md)."""
+    ids = document_ids.contiguous()
+    first = torch.searchsorted(ids, ids, out_int32=True)
+    end = torch.searchsorted(ids, ids, right=True, out_int32=True)
+    return torch.stack((ids, first, end), dim=1)
+
+
+def visited_tiles(document_ids, Tq, BLOCK_M, BLOCK_N, causal=True, q_offset=0, role="fwd"):
+    """The tiles the kernels visit for one batch row with documents, by formula (the COUNT output must equal it).
+
+    document_ids: Tk ints, non-decreasing (one batch row, e.g. a list); query row i sits at position q_offset + i
+    (q_offset + Tq <= Tk). role 'fwd' or 'dq': a list over query blocks of BLOCK_M rows of the key blocks (BLOCK_N
+    keys) each visits; 'dkdv': a list over key blocks of the query blocks each visits per query head.
+
+    The formula, with s(p) the first key and e(p) the end (one past the last key) of position p's document:
+        query block of rows a..b (positions P_a = q_offset + a, P_b = q_offset + b) visits
+            floor(P_b / BLOCK_N) - floor(s(P_a) / BLOCK_N) + 1           key blocks (causal),
+            ceil(e(P_b) / BLOCK_N) - floor(s(P_a) / BLOCK_N)             (not causal);
+        key block of keys n0..n1 visits the query blocks that meet rows lo..hi - 1,
+            lo = max(n0 - q_offset, 0) (causal; s(n0) - q_offset without), hi = min(Tq, e(n1) - q_offset).
+    Both count the (query block, key block) pairs that hold at least one visible (query, key) pair: the union over
+    documents of each document's causal tile triangle {(I, J): I and J meet the document, and J's first key of it
+    is <= I's last row of it}. Where no block holds rows or keys of two documents (documents of n whole blocks,
+    BLOCK_M = BLOCK_N) the union is disjoint: sum over documents of n (n + 1) / 2 (causal). Hand-worked, 12 keys,
+    BLOCK_M = BLOCK_N = 4, documents [0, 5) and [5, 12): query blocks visit 1 (rows 0-3: keys 0-3), 2 (rows 4-7:
+    s(4) = 0, keys 0-7), 2 (rows 8-11: s(8) = 5, keys 4-11) key blocks, 5 in all, against causal's 6; the two
+    triangles (3 blocks each) share block (1, 1), which holds key 4 of the first document and rows 5-7 of the second.
+    """
+    import bisect
+
+    ids = [int(x) for x in document_ids]
+    Tk = len(ids)
+
+    def first(p):
+        return bisect.bisect_left(ids, ids[p])
+
+    def end(p):
+        return bisect.bisect_right(ids, ids[p])
+
+    out = []
+    if role in ("fwd", "dq"):
+        for a in range(0, Tq, BLOCK_M):
+            pa, pb = q_offset + a, q_offset + min(a + BLOCK_M, Tq) - 1
+            hi_block = pb // BLOCK_N + 1 if causal else -(-end(pb) // BLOCK_N)
+            out.append(hi_block - first(pa) // BLOCK_N)
+        return out
+    for n0 in range(0, Tk, BLOCK_N):
+        n1 = min(n0 + BLOCK_N, Tk) - 1
+        lo = max((n0 if causal else first(n0)) - q_offset, 0)
+        hi = min(Tq, end(n1) - q_offset)
+        out.append(max(-(-hi // BLOCK_M) - lo // BLOCK_M, 0) if hi > lo else 0)
+    return out
+
+
+def document_ids_reason(document_ids, q, k, q_offset):
+    """None if document_ids fits the kernels for q (B, H, Tq, .), k (B, H_kv, Tk, .) at q_offset, else a one-line
+    reason: document_ids must be a (B, Tk) int32 tensor on q's device and cover the queries (q_offset + Tq <= Tk),
+    and 3 Tk < 2^31 (int32 offsets into the document table).
+    Whether the ids are non-decreasing is not checked here (a host sync): pope.pope_attention checks it."""
+    B, Tq, Tk = q.shape[0], q.shape[2], k.shape[2]
+    if not isinstance(document_ids, torch.Tensor) or document_ids.shape != (B, Tk):
+        shape = tuple(document_ids.shape) if isinstance(document_ids, torch.Tensor) else type(document_ids).__name__
+        return f"document_ids must be (B, Tk) = ({B}, {Tk}) (one id per key), got {shape}"
+    if document_ids.dtype != torch.int32:
+        return f"document_ids must be int32, got {document_ids.dtype}; pass document_ids.int()"
+    if document_ids.device != q.device:
+        return f"document_ids must be on q's device {q.device}, got {document_ids.device}"
+    if q_offset + Tq > Tk:
+        return f"with document_ids the queries need ids: q_offset + Tq = {q_offset + Tq} must be <= Tk = {Tk}"
+    if 3 * Tk >= 2**31:  # the kernels index the (3, Tk) row of document_bounds' table in int32
+        return f"with document_ids Tk = {Tk} keys must be < 2^31 / 3 (int32 offsets into the document table)"
+    return None
 
 
 # ---- torch.library custom ops (torch.compile keeps each as one graph node) ----------------------------
@@ -1163,16 +1538,17 @@ def _backward(do, q, k, v, o, lse, causal, q_offset):
 
 @torch.library.custom_op("pope::attention_forward", mutates_args=())
 def attention_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, q_offset: int
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, q_offset: int, docs: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward kernel on checked inputs (see attention) -> (o (B, H, Tq, D_V), lse (B, H, Tq) float32, nats).
+    docs: None, or the (B, 3, Tk) int32 document table of document_bounds (the block-causal mask).
 
     Layout contract (module docstring): any input strides; o and lse are contiguous."""
-    return _forward(q, k, v, causal, q_offset)
+    return _forward(q, k, v, causal, q_offset, docs)
 
 
 @attention_forward.register_fake
-def _(q, k, v, causal, q_offset):
+def _(q, k, v, causal, q_offset, docs=None):
     B, H, Tq, _ = q.shape
     return q.new_empty((B, H, Tq, v.shape[-1]), dtype=v.dtype), q.new_empty((B, H, Tq), dtype=torch.float32)
 
@@ -1187,31 +1563,35 @@ def attention_backward(
     lse: torch.Tensor,
     causal: bool,
     q_offset: int,
+    docs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward kernels: dO and the forward's (o, lse) -> (dq, dk, dv) of attention_forward's o.
+    """The backward kernels: dO and the forward's (o, lse) -> (dq, dk, dv) of attention_forward's o (docs: the
+    forward's document table or None).
 
     Layout contract (module docstring): any input strides; dq, dk, dv are contiguous (never q's, k's, v's
     strides)."""
-    return _backward(do, q, k, v, o, lse, causal, q_offset)
+    return _backward(do, q, k, v, o, lse, causal, q_offset, docs)
 
 
 @attention_backward.register_fake
-def _(do, q, k, v, o, lse, causal, q_offset):
+def _(do, q, k, v, o, lse, causal, q_offset, docs=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the real op's
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, q_offset = inputs
+    q, k, v, causal, q_offset, *docs = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.save_for_backward(q, k, v, o, lse, *docs)
     ctx.args = (causal, q_offset)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward_formula(ctx, do, dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_backward(do, q, k, v, o, lse, *ctx.args)
-    return dq, dk, dv, None, None
+    q, k, v, o, lse, *docs = ctx.saved_tensors  # read once: a checkpoint's saved tensors unpack once
+    n_docs = len(docs)  # 1 where the forward had a docs argument (None or a table), else 0
+    docs = [t for t in docs if t is not None]  # without documents: today's call, argument for argument
+    dq, dk, dv = attention_backward(do, q, k, v, o, lse, *ctx.args, *docs)
+    return (dq, dk, dv, None, None) + (None,) * n_docs
 
 
 attention_forward.register_autograd(_backward_formula, setup_context=_setup_context)
@@ -1250,7 +1630,7 @@ def unsupported_reason(q, k, v):
     return None
 
 
-def attention(q, k, v, *, causal=True, q_offset=0):
+def attention(q, k, v, *, causal=True, q_offset=0, document_ids=None):
     """Softmax attention of pre-scaled queries: O = softmax(ln 2 * q k^T) v, with the FlashAttention-2 kernels.
 
     Args:
@@ -1259,6 +1639,10 @@ def attention(q, k, v, *, causal=True, q_offset=0):
         v: (B, H_kv, Tk, D_V) values.
         causal: query i (absolute position q_offset + i tokens) sees keys j <= q_offset + i.
         q_offset: tokens, >= 0 (Tk - Tq when decoding with a KV cache).
+        document_ids: None, or (B, Tk) int32 on q's device, non-decreasing along Tk (not checked here): query i
+            has the id document_ids[:, q_offset + i] (q_offset + Tq <= Tk) and sees only keys of its own id (and,
+            causal, j <= q_offset + i): block-causal. Blocks that hold no key of a query block's documents are
+            skipped (document_bounds, visited_tiles; docs/kernel.md).
     Any strides with a contiguous last dim (others are copied). CUDA tensors, or CPU tensors when the
     interpreter was chosen at import (INTERPRETING).
 
@@ -1272,7 +1656,8 @@ def attention(q, k, v, *, causal=True, q_offset=0):
     tiles in another process (then dq, dk differ in the last bits); POPE_TRITON_CONFIG pins them.
 
     Raises:
-        ValueError: unsupported shapes or dtypes (unsupported_reason), q_offset < 0, CPU tensors without
+        ValueError: unsupported shapes or dtypes (unsupported_reason), q_offset < 0, document_ids of the wrong
+            shape, dtype or device (document_ids_reason), CPU tensors without
             the interpreter, tensors on different devices, a GPU whose shared memory no tile fits
             (device_unsupported_reason), or the limits of check_limits.
     """
@@ -1293,7 +1678,12 @@ def attention(q, k, v, *, causal=True, q_offset=0):
     if reason is not None:
         raise ValueError(reason)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    return attention_forward(q, k, v, bool(causal), int(q_offset))
+    if document_ids is None:
+        return attention_forward(q, k, v, bool(causal), int(q_offset))
+    reason = document_ids_reason(document_ids, q, k, q_offset)
+    if reason is not None:
+        raise ValueError(reason)
+    return attention_forward(q, k, v, bool(causal), int(q_offset), document_bounds(document_ids))
 
 
 # ---- decoding: a few queries over a long cache of magnitudes (flash-decoding) --------------------------

@@ -733,6 +733,7 @@ import bench_kernel as bk, pope_kernel as pk
 for role, d, cfg, arch, dtype, prec in {cases!r}:
     fn = pk.KERNELS[role].fn
     consts = dict(GROUP=1, D_QK=2 * d, D_V=d, CAUSAL=True, DOT_PREC=prec, BLOCK_M=cfg[0], BLOCK_N=cfg[1])
+    consts.update(bk.NO_DOCUMENTS)
     sig, attrs = {{}}, {{}}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
