@@ -23,7 +23,10 @@ mu_q mu_k cos((s - t) theta + delta), the same score. So the KV cache stores mu_
 for both backends and rotates it at attention time (pope_key_magnitude, pope_attention_decode).
 
 Public API
-    pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend, rotation)
+    pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend, rotation,
+                   document_ids, position_ids, mask)   packed documents: block-causal mask, positions per token
+    document_mask(document_ids, Tq, q_offset, causal, flex), masked_attention(q, k, v, mask, sm_scale, score_mod),
+    check_document_ids(...), triton_takes_documents()
     pope_attention_decode(q, mu_k, v, delta, *, rotation, ...)   decoding over cached key magnitudes
     pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen)  one token over a static cache (compiled decoding)
     pope_key_magnitude(k, magnitude)       the key form the KV cache stores (mu_k, d wide)

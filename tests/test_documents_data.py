@@ -158,6 +158,15 @@ def test_block_causal_with_a_triton_kernel_without_document_masking_exits_2(monk
     assert train.document_settings(dict(train.DEFAULTS))["reset_position_ids"] is False
 
 
+def test_batches_carry_document_and_position_ids_to_the_model():
+    x = torch.zeros(1, 4, dtype=torch.long)
+    ids = torch.tensor([[0, 0, 1, 1]], dtype=torch.int32)
+    assert train.batch_to_device((x, x), "cpu", True)[2] == {}
+    kw = train.batch_to_device((x, x, ids), "cpu", True)[2]
+    assert kw["document_ids"] is ids and kw["position_ids"].tolist() == [[0, 1, 0, 1]]
+    assert train.batch_to_device((x, x, ids), "cpu", False)[2]["position_ids"] is None
+
+
 def test_block_causal_ddp_step_equals_one_process_and_is_recorded(tmp_path):
     """Two gloo processes (torchrun) equal one process under block_causal: the same losses and metrics;
     metrics.json and the checkpoint's config record attn_mask_type and the resolved reset_position_ids."""
