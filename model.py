@@ -233,7 +233,8 @@ class Documents(NamedTuple):
 
     ids: (B, T) int32 non-decreasing document ids (block_causal). positions: (B, T) int64 position of each
     token, or None for 0..T-1. mask: document_mask(ids): a boolean (B, 1, T, T) tensor (SDPA) or, on CUDA, a
-    FlexAttention BlockMask (tiles without a visible pair skipped), for every encoding's attention."""
+    FlexAttention BlockMask (tiles without a visible pair skipped), for every encoding's attention; None for
+    PoPE with attn_backend='triton' (the kernel masks from the ids)."""
 
     ids: torch.Tensor
     positions: torch.Tensor | None
@@ -590,7 +591,8 @@ class GPT(nn.Module):
         if document_ids is None:
             document_ids = torch.zeros(B, T, dtype=torch.int32, device=idx.device)
         check_document_ids(document_ids, position_ids, B, T, idx.device)
-        return Documents(document_ids, position_ids, document_mask(document_ids))
+        kernel = self.config.pos_encoding == "pope" and self.config.attn_backend == "triton"  # reads the ids itself
+        return Documents(document_ids, position_ids, None if kernel else document_mask(document_ids))
 
     def _absolute_rows(self, positions):
         """The absolute encoding's rows (B, T, n_embd) for positions (B, T) int64 (< block_size: not checked

@@ -181,6 +181,23 @@ def test_triton_backend_packed_documents_match_torch():
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
+@triton_documents
+def test_gpt_on_the_triton_backend_packed_documents_match_the_torch_path():
+    """The model hands the kernel the ids and positions (no mask built for it): logits and δ's gradient as the
+    torch path's, which equal each document alone (above); fp32, the interpreter on CPU."""
+    m = gpt("pope", n_layer=1).float()
+    torch.manual_seed(6)
+    idx, (ids, pos) = torch.randint(0, V, (3, T)), document_ids()
+    out = {}
+    for backend in ("torch", "triton"):
+        m.config.attn_backend = backend  # one GPTConfig, shared by every layer
+        logits, _ = m(idx, document_ids=ids, position_ids=pos)
+        (delta,) = torch.autograd.grad(logits.square().sum(), [m.transformer.h[0].attn.pope_delta])
+        out[backend] = logits.detach(), delta
+    torch.testing.assert_close(out["triton"][0], out["torch"][0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out["triton"][1], out["torch"][1], atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize(
     "make, match",
     [
