@@ -270,7 +270,7 @@ def _flex_attention(device):
     if device.type != "cuda":
         return flex_attention
     if "cuda" not in _FLEX:
-        _FLEX["cuda"] = torch.compile(flex_attention, dynamic=False)
+        _FLEX["cuda"] = torch.compile(flex_attention)  # as torchtitan; shapes go dynamic after the first change
     return _FLEX["cuda"]
 
 
