@@ -85,7 +85,7 @@ class Dataset:
         if documents and "documents" not in self.meta and rank == 0:
             print(
                 f"warning: {data_dir} records no document boundaries (prepared before they were): block_causal "
-                "treats each split as one document; prepare it again to mask between documents",
+                "treats each split as one document; delete the folder and prepare it again to mask between documents",
                 file=sys.stderr,
             )
         if self.layout == "rows" and block_size is not None:
