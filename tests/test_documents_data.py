@@ -191,9 +191,7 @@ def test_block_causal_ddp_step_equals_one_process_and_is_recorded(tmp_path):
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    subprocess.run(
-        [sys.executable, "train.py", *common, f"--out_dir={one}"], cwd=REPO, env=env, check=True, timeout=300
-    )
+    train.main([*common, f"--out_dir={one}"])  # one process: this one
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
     p = subprocess.Popen(
         [*cmd, *common, f"--out_dir={two}"],
