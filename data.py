@@ -4,10 +4,16 @@ Sampling is stateless: the global batch of iteration `it` is drawn from numpy's 
 with (seed, it), and DDP rank r takes its own slice of it. So the data position of a run is just its
 iteration number (resume is exact), and N ranks with gradient accumulation A/N see the same global
 batch as one process with accumulation A.
+
+Packed documents (train.py's attn_mask_type='block_causal', issue 58): a Dataset opened with documents=True
+serves (x, y, document_ids) batches, document_ids (B, T) int32 numbering the documents of each row from 0
+(window_document_ids: from the offsets meta.json declares under "documents"; prepare/common.py's format).
+A dataset prepared without them is one document per split, with a one-line warning.
 """
 
 import json
 import os
+import sys
 
 import numpy as np
 import torch
@@ -46,8 +52,9 @@ class Dataset:
         rank=0,
         world_size=1,
         prepare_hint=None,
+        documents=False,
     ):
-        self.dir = data_dir
+        self.dir, self.documents = data_dir, documents
         self.batch_size, self.block_size, self.grad_accum = batch_size, block_size, grad_accum
         self.seed, self.rank, self.world_size = seed, rank, world_size
         path = os.path.join(data_dir, "meta.json")
@@ -74,7 +81,13 @@ class Dataset:
         self.loss_sep = self.meta.get("loss_sep") if self.loss == "after_sep" else None
         self.pad_id = self.meta.get("pad_id")
         self.vocab_size = self.meta["vocab_size"]
-        self._arrays = {}
+        self._arrays, self._offsets = {}, {}
+        if documents and "documents" not in self.meta and rank == 0:
+            print(
+                f"warning: {data_dir} records no document boundaries (prepared before they were): block_causal "
+                "treats each split as one document; delete the folder and prepare it again to mask between documents",
+                file=sys.stderr,
+            )
         if self.layout == "rows" and block_size is not None:
             row_len = self.meta["splits"][next(iter(self.meta["splits"]))]["shape"][1]
             if row_len - 1 > block_size:
@@ -93,6 +106,26 @@ class Dataset:
                 os.path.join(self.dir, s["file"]), dtype=self.meta["dtype"], mode="r", shape=tuple(s["shape"])
             )
         return self._arrays[split]
+
+    def offsets(self, split):
+        """The split's document offsets (int64, n_docs + 1, from 0 to the split's length; meta.json "documents"):
+        document i is tokens off[i]:off[i + 1] of a stream, rows off[i]:off[i + 1] of a rows split. A split
+        without them: [0, length], one document."""
+        if split not in self._offsets:
+            docs = self.meta.get("documents", {}).get(split)
+            n = self.meta["splits"][split]["shape"][0]
+            if docs is None:
+                self._offsets[split] = np.array([0, n], dtype=np.int64)
+            else:
+                self._offsets[split] = np.fromfile(os.path.join(self.dir, docs["file"]), dtype=docs["dtype"]).astype(
+                    np.int64
+                )
+        return self._offsets[split]
+
+    def _rows_batch(self, rows):
+        """rows_to_xy, plus (documents=True) document ids: 0 everywhere, since a row never holds two documents."""
+        x, y = self.rows_to_xy(rows)
+        return (x, y, torch.zeros(x.shape, dtype=torch.int32)) if self.documents else (x, y)
 
     def rows_to_xy(self, rows):
         """Rows of a "rows" dataset, (B, W) token ids -> (x, y) int64 (B, w), w <= W - 1: inputs and
@@ -118,19 +151,25 @@ class Dataset:
         width = max(int(real.max()) - 1, 1)  # drop columns that are padding in every row
         return x[:, :width].contiguous(), y[:, :width].contiguous()
 
-    def _windows_to_xy(self, arr, starts):
-        w = np.stack([arr[i : i + self.block_size + 1] for i in starts]).astype(np.int64)
+    def _windows_to_xy(self, arr, starts, split, length=None):
+        """(x, y) of the windows of `length` (default block_size) predictions starting at `starts`, plus their
+        document ids with documents=True."""
+        length = self.block_size if length is None else length
+        w = np.stack([arr[i : i + length + 1] for i in starts]).astype(np.int64)
         w = torch.from_numpy(w)
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        if not self.documents:
+            return x, y
+        return x, y, window_document_ids(self.offsets(split), np.asarray(starts), length)
 
     def random_batch(self, split, rng):
         """(x, y) int64 CPU tensors (batch_size, <= block_size) drawn with `rng` (np.random.Generator)."""
         arr, batch_size, block_size = self.array(split), self.batch_size, self.block_size
         if self.layout == "rows":
-            return self.rows_to_xy(arr[np.sort(rng.integers(0, len(arr), batch_size))])
+            return self._rows_batch(arr[np.sort(rng.integers(0, len(arr), batch_size))])
         if len(arr) < block_size + 1:
             raise ValueError(f"split {split!r} has {len(arr)} tokens, fewer than block_size + 1 = {block_size + 1}")
-        return self._windows_to_xy(arr, rng.integers(0, len(arr) - block_size, batch_size))
+        return self._windows_to_xy(arr, rng.integers(0, len(arr) - block_size, batch_size), split)
 
     def train_batch(self, it, micro_step):
         """Micro-batch `micro_step` (0 .. grad_accum - 1) of this rank at iteration `it` (stateless, see
@@ -147,11 +186,11 @@ class Dataset:
         chunk = micro_step * self.world_size + self.rank
         if self.layout == "rows":
             idx = rng.integers(0, len(arr), n_chunks * batch_size).reshape(n_chunks, batch_size)[chunk]
-            return self.rows_to_xy(arr[np.sort(idx)])
+            return self._rows_batch(arr[np.sort(idx)])
         if len(arr) < block_size + 1:
             raise ValueError(f"split 'train' has {len(arr)} tokens, fewer than block_size + 1 = {block_size + 1}")
         starts = rng.integers(0, len(arr) - block_size, n_chunks * batch_size).reshape(n_chunks, batch_size)
-        return self._windows_to_xy(arr, starts[chunk])
+        return self._windows_to_xy(arr, starts[chunk], "train")
 
     def fixed_batches(self, split, n_batches):
         """This rank's share (batches rank, rank + world_size, ...) of n_batches random batches of
@@ -172,17 +211,36 @@ class Dataset:
             starts = range(0, len(arr), batch_size)
             for b, s in enumerate(starts):
                 if b % self.world_size == self.rank:
-                    yield self.rows_to_xy(np.asarray(arr[s : s + batch_size]))
+                    yield self._rows_batch(np.asarray(arr[s : s + batch_size]))
             return
         n_windows = (len(arr) - 1) // block_size
         tail = (len(arr) - 1) - n_windows * block_size
         starts = [i * block_size for i in range(n_windows)]
         for b, s in enumerate(range(0, len(starts), batch_size)):
             if b % self.world_size == self.rank:
-                yield self._windows_to_xy(arr, starts[s : s + batch_size])
+                yield self._windows_to_xy(arr, starts[s : s + batch_size], split)
         if tail and self.rank == 0:  # the last < block_size predictions
-            w = torch.from_numpy(np.asarray(arr[-tail - 1 :]).astype(np.int64))[None]
-            yield w[:, :-1].contiguous(), w[:, 1:].contiguous()
+            yield self._windows_to_xy(arr, [len(arr) - tail - 1], split, tail)
+
+
+def window_document_ids(offsets, starts, length):
+    """Document ids of windows of a token stream: offsets (n_docs + 1,) int64 document starts (the last = the
+    stream's length), starts (B,) window starts, length T -> (B, T) int32, row b numbering the documents of
+    tokens starts[b] .. starts[b] + T - 1 from 0: non-decreasing, 0 at the first token. One np.searchsorted
+    over the B x T token indices (no loop over tokens)."""
+    tokens = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)
+    doc = np.searchsorted(offsets, tokens, side="right") - 1
+    return torch.from_numpy((doc - doc[:, :1]).astype(np.int32))
+
+
+def positions_in_documents(document_ids):
+    """(B, T) document ids (non-decreasing) -> (B, T) int64 positions restarting at 0 at each document's first
+    token (train.py's reset_position_ids). Vectorised on the ids' device: a running max of document starts."""
+    B, T = document_ids.shape
+    idx = torch.arange(T, device=document_ids.device).expand(B, T)
+    new = torch.ones_like(document_ids, dtype=torch.bool)
+    new[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return idx - torch.where(new, idx, 0).cummax(dim=1).values
 
 
 def _script_and_flags(name):

@@ -35,13 +35,17 @@ import inspect
 import math
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from pope import (
+    check_document_ids,
     decode_step_backend,
+    document_mask,
+    masked_attention,
     pope_attention,
     pope_attention_decode,
     pope_decode_step,
@@ -207,10 +211,11 @@ def rope_table(n_positions, head_dim, rope_theta=10000.0, scaling=1.0, original_
 
 def rope_rotate(x, table):
     """Rotate channel pairs (c, c + d/2) of x (B, H, T, d) by the rows of `table` (T, d) float32 [cos | sin]
-    (rope_table's rows for x's positions). Computed in float32 even under bf16 autocast; x's dtype out."""
+    (rope_table's rows for x's positions), or per-token rows (B, 1, T, d) (position_ids). Computed in float32
+    even under bf16 autocast; x's dtype out."""
     h = x.shape[-1] // 2
     with torch.autocast(device_type=x.device.type, enabled=False):
-        cos, sin = table[:, :h], table[:, h:]
+        cos, sin = table[..., :h], table[..., h:]
         x1, x2 = x.float().chunk(2, dim=-1)
         out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.to(x.dtype)
@@ -261,6 +266,19 @@ def sinusoidal_embedding(n_positions, n_embd):
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
     angle = pos * 10000.0 ** (-torch.arange(0, n_embd, 2, dtype=torch.float64) / n_embd)  # radians
     return torch.stack((torch.sin(angle), torch.cos(angle)), dim=-1).reshape(n_positions, n_embd).float()
+
+
+class Documents(NamedTuple):
+    """Packed documents of a batch, shared by every layer (GPT.hidden_states builds it once per forward).
+
+    ids: (B, T) int32 non-decreasing document ids (block_causal). positions: (B, T) int64 position of each
+    token, or None for 0..T-1. mask: document_mask(ids): a boolean (B, 1, T, T) tensor (SDPA) or, on CUDA, a
+    FlexAttention BlockMask (tiles without a visible pair skipped), for every encoding's attention; None for
+    PoPE with attn_backend='triton' (the kernel masks from the ids)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor | None
+    mask: object
 
 
 class KVCache:
@@ -374,9 +392,11 @@ class CausalSelfAttention(nn.Module):
             slopes[: config.n_head // 2] = alibi_slopes(config.n_head // 2).float()
             self.register_buffer("alibi_slopes", slopes, persistent=False)
 
-    def forward(self, x, rotation=None, kv_cache=None):
+    def forward(self, x, rotation=None, kv_cache=None, documents=None):
         """x (B, T, n_embd) -> (B, T, n_embd). rotation: the encoding's rotation_table with at least q_offset + T
-        rows (GPT passes its buffer GPT.rotation); None builds one for this call."""
+        rows (GPT passes its buffer GPT.rotation); None builds one for this call. documents: a Documents (packed
+        documents: a token attends only to earlier tokens of its own document, at documents.positions), or None
+        (causal); not with kv_cache."""
         B, T, C = x.shape
         q, k, v = split_heads(self.c_attn(x), self.n_head, self.n_kv_head)
         q_offset = kv_cache.q_offset if kv_cache is not None else 0
@@ -385,7 +405,9 @@ class CausalSelfAttention(nn.Module):
             rotation = rotation_table(cfg, q_offset + T, x.device)
         if cfg.pos_encoding in ("rope", "rope_half"):
             rows = rotation[q_offset : q_offset + T]
-            if rows.shape[0] != T:
+            if documents is not None and documents.positions is not None:
+                rows = rotation[documents.positions].unsqueeze(1)  # (B, 1, T, n_rot): each token's own position
+            elif rows.shape[0] != T:
                 raise ValueError(
                     f"the rotation table has {rotation.shape[0]} rows; positions up to {q_offset + T - 1} "
                     "need more (GPT.ensure_positions)"
@@ -403,17 +425,35 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None and cfg.pos_encoding != "pope":
             k, v = kv_cache.update(self.layer_idx, k, v)
         if cfg.pos_encoding == "pope":
-            y = self._pope(q, k, v, kv_cache, q_offset, rotation)
+            y = self._pope(q, k, v, kv_cache, q_offset, rotation, documents)
+        elif cfg.pos_encoding == "alibi_half" and documents is not None:
+            y = self._alibi_documents(q, k, v, documents.mask)
         elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
             bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=q_offset)  # (n_head, T, Tk): per query head
             # 4-D (1, n_head, T, Tk): SDPA's fused CPU kernel takes it (and grouped heads); a 3-D mask sends it
             # to the math path, which also copies k and v over each group
             k, v, gqa = sdpa_gqa(q, k, v, masked=True)  # on CUDA: k, v expanded (no O(T^2) math kernel)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).unsqueeze(0), **gqa)
-        else:
-            y = sdpa_attention(q, k, v, causal=True, q_offset=q_offset)  # grouped heads: sdpa_gqa
+        else:  # grouped heads: sdpa_gqa; packed documents: their mask (SDPA, or flex on CUDA)
+            mask = None if documents is None else documents.mask
+            y = sdpa_attention(q, k, v, causal=True, q_offset=q_offset, mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def _alibi_documents(self, q, k, v, mask):
+        """ALiBi under a document mask: the bias -slope_h (i - j) on the pairs the mask allows. Distances are
+        token indices, equal to position differences inside a document whether positions restart or not."""
+        T = q.shape[-2]
+        if isinstance(mask, torch.Tensor):  # (B, n_head, T, T) float bias, -inf where the mask forbids
+            bias = alibi_bias(self.alibi_slopes, T, T).unsqueeze(0).masked_fill(~mask, float("-inf"))
+            k, v, gqa = sdpa_gqa(q, k, v, masked=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), **gqa)
+        slopes = self.alibi_slopes
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_idx - kv_idx)
+
+        return masked_attention(q, k, v, mask, score_mod=score_mod)
 
     def decode(self, x, rotation, kv_cache, pos):
         """One new token per row, x (B, 1, n_embd) at position `pos` (0-d int64 tensor: the tokens already cached),
@@ -457,7 +497,7 @@ class CausalSelfAttention(nn.Module):
         y = y.reshape(B, self.n_head, 1, -1).transpose(1, 2).reshape(B, 1, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def _pope(self, q, k, v, kv_cache, q_offset, rotation):
+    def _pope(self, q, k, v, kv_cache, q_offset, rotation, documents=None):
         """PoPE attention of queries at positions q_offset..; with a KV cache, the new keys' magnitudes are
         appended (pope_key_magnitude) and the queries attend over the cache (pope_attention_decode, delta in
         the queries). A prompt into an empty cache attends over its own raw keys, as the full forward."""
@@ -470,6 +510,8 @@ class CausalSelfAttention(nn.Module):
             backend=cfg.attn_backend,
             rotation=rotation,
         )
+        if documents is not None:
+            kw.update(document_ids=documents.ids, position_ids=documents.positions, mask=documents.mask)
         if kv_cache is None:
             return pope_attention(q, k, v, self.pope_delta, **kw)
         mu = pope_key_magnitude(k, cfg.pope_magnitude)
@@ -498,8 +540,8 @@ class Block(nn.Module):
         self.ln_2 = nn.RMSNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, rotation, kv_cache=None):
-        x = x + self.attn(self.ln_1(x), rotation, kv_cache)
+    def forward(self, x, rotation, kv_cache=None, documents=None):
+        x = x + self.attn(self.ln_1(x), rotation, kv_cache, documents)
         return x + self.mlp(self.ln_2(x))
 
     def decode(self, x, rotation, kv_cache, pos):
@@ -584,11 +626,15 @@ class GPT(nn.Module):
         """Number of parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def hidden_states(self, idx, kv_cache=None):
+    def hidden_states(self, idx, kv_cache=None, document_ids=None, position_ids=None):
         """idx (B, T) token ids -> (B, T, n_embd) final hidden states (after ln_f, before lm_head).
-        kv_cache: a KVCache; idx continues its tokens, at positions kv_cache.q_offset.., and is appended."""
+        kv_cache: a KVCache; idx continues its tokens, at positions kv_cache.q_offset.., and is appended.
+        document_ids, position_ids: packed documents, as forward."""
+        documents = self._documents(idx, kv_cache, document_ids, position_ids)
         x = self.transformer.wte(idx)
-        if self.config.pos_encoding in ABSOLUTE_ENCODINGS:
+        if documents is not None and documents.positions is not None and self.config.pos_encoding in ABSOLUTE_ENCODINGS:
+            x = x + self._absolute_rows(documents.positions)
+        elif self.config.pos_encoding in ABSOLUTE_ENCODINGS:
             q_offset, T = (kv_cache.q_offset if kv_cache is not None else 0), idx.shape[1]
             if q_offset + T > self.config.block_size:
                 raise ValueError(
@@ -602,10 +648,36 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         self.ensure_positions((kv_cache.q_offset if kv_cache is not None else 0) + idx.shape[1])
         for block in self.transformer.h:
-            x = block(x, self.rotation, kv_cache)
+            x = block(x, self.rotation, kv_cache, documents)
         if kv_cache is not None:
             kv_cache.q_offset += idx.shape[1]
         return self.transformer.ln_f(x)
+
+    def _documents(self, idx, kv_cache, document_ids, position_ids):
+        """The Documents every layer shares (its mask built once per forward), or None for plain causal attention.
+        position_ids without document_ids: one document per row at those positions."""
+        if document_ids is None and position_ids is None:
+            return None
+        if kv_cache is not None:
+            raise ValueError("document_ids / position_ids are for training and evaluation; decoding takes one document")
+        B, T = idx.shape
+        if document_ids is None:
+            document_ids = torch.zeros(B, T, dtype=torch.int32, device=idx.device)
+        check_document_ids(document_ids, position_ids, B, T, idx.device)
+        kernel = self.config.pos_encoding == "pope" and self.config.attn_backend == "triton"  # reads the ids itself
+        return Documents(document_ids, position_ids, None if kernel else document_mask(document_ids))
+
+    def _absolute_rows(self, positions):
+        """The absolute encoding's rows (B, T, n_embd) for positions (B, T) int64 (< block_size: not checked
+        under torch.compile; eager raises ValueError past the table)."""
+        if not torch.compiler.is_compiling() and int(positions.max()) >= self.config.block_size:
+            raise ValueError(
+                f"pos_encoding={self.config.pos_encoding!r} is absolute: it has positions 0.."
+                f"{self.config.block_size - 1} (block_size) only, asked for up to {int(positions.max())}"
+            )
+        if self.config.pos_encoding == "learned":
+            return self.transformer.wpe(positions)
+        return self.wpe_sinusoidal[positions]
 
     def decode_step(self, idx, kv_cache, pos):
         """Logits (B, vocab_size) float32 of one new token per row, idx (B, 1), at position `pos` (a 0-d int64
@@ -624,14 +696,19 @@ class GPT(nn.Module):
             x = block.decode(x, self.rotation, kv_cache, pos)
         return self.lm_head(self.transformer.ln_f(x))[:, -1].float()
 
-    def forward(self, idx, targets=None, kv_cache=None):
+    def forward(self, idx, targets=None, kv_cache=None, document_ids=None, position_ids=None):
         """idx (B, T) int64 token ids -> (logits (B, T, vocab_size), loss or None).
 
         targets (B, T) int64; positions whose target is -1 are ignored, so a dataset can put the loss
         on the final token only. loss is the mean cross-entropy in nats over the other positions.
         kv_cache: a KVCache; idx then continues the cached tokens (positions start at kv_cache.q_offset).
+        document_ids: (B, T) int32, non-decreasing: packed documents (train.py's attn_mask_type='block_causal'):
+            a token attends only to earlier tokens of its own document, for every encoding (ALiBi's bias on the
+            allowed pairs). position_ids: (B, T) int64 token positions (None: 0..T-1), e.g. restarting at 0 in
+            each document (reset_position_ids): absolute encodings read those rows, RoPE/PoPE rotate by them.
+            Both are for training and evaluation (no kv_cache); ValueError for bad shapes, dtypes, devices or ids.
         """
-        logits = self.lm_head(self.hidden_states(idx, kv_cache))
+        logits = self.lm_head(self.hidden_states(idx, kv_cache, document_ids, position_ids))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)

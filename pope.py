@@ -23,7 +23,10 @@ mu_q mu_k cos((s - t) theta + delta), the same score. So the KV cache stores mu_
 for both backends and rotates it at attention time (pope_key_magnitude, pope_attention_decode).
 
 Public API
-    pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend, rotation)
+    pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend, rotation,
+                   document_ids, position_ids, mask)   packed documents: block-causal mask, positions per token
+    document_mask(document_ids, Tq, q_offset, causal, flex), masked_attention(q, k, v, mask, sm_scale, score_mod),
+    check_document_ids(...), triton_takes_documents()
     pope_attention_decode(q, mu_k, v, delta, *, rotation, ...)   decoding over cached key magnitudes
     pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen)  one token over a static cache (compiled decoding)
     pope_key_magnitude(k, magnitude)       the key form the KV cache stores (mu_k, d wide)
@@ -133,7 +136,8 @@ def polar_to_cartesian(x, positions, freqs, delta=None, magnitude="softplus", dt
 
 def _cartesian(x, rows, delta=None, magnitude="softplus", scale=1.0, dtype=None):
     """Raw x (B, H, T, d) and the rotation table's rows for its positions (T, 2d) float32 [cos(s theta) |
-    sin(s theta)] (pope_rotation_table) -> (B, H, T, 2d) scale * mu [cos(phi), sin(phi)] in `dtype` (default
+    sin(s theta)] (pope_rotation_table), or per-token rows (B, 1, T, 2d) broadcast over heads (position_ids:
+    rotation[position_ids].unsqueeze(1)) -> (B, H, T, 2d) scale * mu [cos(phi), sin(phi)] in `dtype` (default
     x's), mu = magnitude(x), phi = s theta_c + delta_c: delta (H, d) radians (or None) enters by angle addition,
     cos(a + b) = cos a cos b - sin a sin b, so the only trigonometry is cos/sin of delta's H * d entries.
     Computed in float32 (float64 for float64 x) under any autocast; O(T d), pointwise: torch.compile fuses it."""
@@ -219,6 +223,97 @@ def causal_mask(Tq, Tk, q_offset, device=None):
     return j <= i + q_offset
 
 
+def document_mask(document_ids, Tq=None, q_offset=0, *, causal=True, flex=None):
+    """The block-causal mask of packed documents (torchtitan's attn_mask_type='block_causal').
+
+    document_ids: (B, Tk) int32, non-decreasing along Tk: the document of each key; query i sits at position
+    q_offset + i and takes the id document_ids[:, q_offset + i]. Query i sees key j iff both ids are equal and
+    (causal) j <= q_offset + i. Tq: queries (default Tk - q_offset). flex: True gives a FlexAttention BlockMask
+    (B, 1, Tq, Tk) whose mask_mod is that predicate, so flex_attention skips every tile without a visible pair;
+    False a boolean (B, 1, Tq, Tk) tensor, True where attention is allowed (SDPA's attn_mask); None (default):
+    a BlockMask on CUDA, the boolean tensor elsewhere. Build it once per step and pass it to every layer
+    (GPT.forward does); masked_attention runs either. Every query sees itself, so no row is fully masked.
+    """
+    B, Tk = document_ids.shape
+    Tq = Tk - q_offset if Tq is None else Tq
+    if flex if flex is not None else document_ids.is_cuda:
+        return _document_block_mask(document_ids, Tq, q_offset, causal)
+    qd = document_ids[:, q_offset : q_offset + Tq]
+    allowed = qd[:, None, :, None] == document_ids[:, None, None, :]
+    if causal:
+        allowed = allowed & causal_mask(Tq, Tk, q_offset, device=document_ids.device)
+    return allowed
+
+
+@torch.compiler.disable  # built eagerly once per step, then an input of the compiled graph (torchtitan's pattern)
+def _document_block_mask(document_ids, Tq, q_offset, causal):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, Tk = document_ids.shape
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = document_ids[b, q_idx + q_offset] == document_ids[b, kv_idx]
+        return same & (kv_idx <= q_idx + q_offset) if causal else same
+
+    compiled = document_ids.is_cuda  # the mask built by a compiled kernel: no (B, Tq, Tk) tensor in memory
+    return create_block_mask(mask_mod, B, None, Tq, Tk, device=document_ids.device, _compile=compiled)
+
+
+_FLEX = {}
+
+
+def _flex_attention(device):
+    """flex_attention, compiled on CUDA (its fused kernels; inlined when the caller is compiled already), eager
+    elsewhere (the unfused reference: correct, O(Tq Tk) memory; used on CPU only when asked for, e.g. tests)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if "cuda" not in _FLEX:
+        _FLEX["cuda"] = torch.compile(flex_attention)  # as torchtitan; shapes go dynamic after the first change
+    return _FLEX["cuda"]
+
+
+def masked_attention(q, k, v, mask, *, sm_scale=None, score_mod=None):
+    """Softmax attention under a document_mask: q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv)
+    -> (B, H, Tq, dv). mask: document_mask's boolean (B, 1, Tq, Tk) tensor (F.scaled_dot_product_attention,
+    grouped heads through sdpa_gqa) or its BlockMask (flex_attention with enable_gqa, tiles skipped). score_mod:
+    flex_attention's score_mod (BlockMask only; for the boolean mask give SDPA a float bias instead).
+    sm_scale defaults to 1/sqrt(dk)."""
+    if isinstance(mask, torch.Tensor):
+        if score_mod is not None:
+            raise ValueError("score_mod needs a BlockMask (flex); with a boolean mask pass a float bias to SDPA")
+        k, v, gqa = sdpa_gqa(q, k, v, masked=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=sm_scale, **gqa)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return _flex_attention(q.device)(
+            q, k, v, score_mod=score_mod, block_mask=mask, scale=sm_scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+
+
+def check_document_ids(document_ids, position_ids, B, Tk, device):
+    """Validate pope_attention's document_ids ((B, Tk) int32, non-decreasing along Tk, on `device`) and
+    position_ids ((B, Tk) int64 on `device`); None passes. Raises ValueError with one line. The non-decreasing
+    test reads the ids (a host sync), so it runs in eager mode only, not while torch.compile traces."""
+    for name, t, dtype in (("document_ids", document_ids, torch.int32), ("position_ids", position_ids, torch.int64)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (B, Tk) or t.dtype != dtype:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a (B, Tk) = {(B, Tk)} {dtype} tensor (one per key), got {got}")
+        if t.device != device:
+            raise ValueError(f"{name} must be on the device of q, k, v ({device}), got {t.device}")
+    if (
+        document_ids is not None
+        and Tk > 1
+        and document_ids.device.type != "meta"
+        and not torch.compiler.is_compiling()
+        and bool((document_ids[:, 1:] < document_ids[:, :-1]).any())
+    ):
+        raise ValueError("document_ids must be non-decreasing along each row (a document is one contiguous run)")
+
+
 def sdpa_gqa(q, k, v, masked):
     """Grouped-query attention for F.scaled_dot_product_attention -> (k, v, kwargs): k, v as given with
     {"enable_gqa": True}, or repeated to the query heads with {}.
@@ -274,7 +369,7 @@ def _flash_sdpa_device(device, head_dim, training):
     return not (training and no_192_224_training and 192 < head_dim <= 224)
 
 
-def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0):
+def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0, mask=None):
     """Softmax attention through F.scaled_dot_product_attention with PoPE's position convention.
 
     q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv) -> (B, H, Tq, dv); H a multiple of H_kv
@@ -283,7 +378,11 @@ def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0):
     is ordinary training; q_offset = Tk - Tq is decoding with a KV cache (bottom-right alignment).
     sm_scale defaults to 1/sqrt(dk). The common cases (Tq = Tk and q_offset = 0, or non-causal) keep
     SDPA's O(T) fused kernels; any other q_offset materialises a (Tq, Tk) boolean mask, small when decoding.
+    mask: a document_mask (boolean tensor or BlockMask) built for these queries; it replaces the causal
+    mask (masked_attention).
     """
+    if mask is not None:
+        return masked_attention(q, k, v, mask, sm_scale=sm_scale)
     Tq, Tk = q.shape[-2], k.shape[-2]
     if not causal or (Tq == 1 and q_offset >= Tk - 1):  # a single new token sees every cached key
         k, v, gqa = sdpa_gqa(q, k, v, masked=False)
@@ -297,7 +396,7 @@ def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0):
     )
 
 
-def _check(q, k, v, delta, q_offset, magnitude):
+def _check(q, k, v, delta, q_offset, magnitude, document_ids=None, position_ids=None):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (B, H, T, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     (B, H, _, d), (Bk, H_kv, Tk, dk), (Bv, Hv, Tv, _) = q.shape, k.shape, v.shape
@@ -314,6 +413,28 @@ def _check(q, k, v, delta, q_offset, magnitude):
         raise ValueError(f"q_offset must be >= 0 (absolute position of the first query), got {q_offset}")
     if magnitude not in MAGNITUDES:
         raise ValueError(f"magnitude must be one of {MAGNITUDES}, got {magnitude!r}")
+    if document_ids is not None or position_ids is not None:
+        if q_offset + q.shape[2] > Tk:
+            raise ValueError(
+                f"with document_ids or position_ids the queries must be keys too: q_offset + Tq = "
+                f"{q_offset + q.shape[2]} > Tk = {Tk}"
+            )
+        check_document_ids(document_ids, position_ids, B, Tk, q.device)
+
+
+def triton_takes_documents():
+    """True if the Triton backend (pope_attention_triton) accepts document_ids and position_ids."""
+    import inspect
+
+    return "document_ids" in inspect.signature(pope_attention_triton).parameters
+
+
+def _position_rows(rotation, position_ids, q_offset, Tq, Tk):
+    """Rotation rows for the queries and keys: the table's rows q_offset.. and 0.. ((Tq, 2d), (Tk, 2d)), or with
+    position_ids (B, Tk) int64 the rows of each token's own position, (B, 1, Tq, 2d) and (B, 1, Tk, 2d)."""
+    if position_ids is None:
+        return rotation[q_offset : q_offset + Tq], rotation[:Tk]
+    return rotation[position_ids[:, q_offset : q_offset + Tq]].unsqueeze(1), rotation[position_ids].unsqueeze(1)
 
 
 def pope_attention(
@@ -330,6 +451,9 @@ def pope_attention(
     backend="auto",
     rotation=None,
     theta=None,
+    document_ids=None,
+    position_ids=None,
+    mask=None,
 ):
     """PoPE softmax attention (paper, Method section, the score equation).
 
@@ -351,6 +475,12 @@ def pope_attention(
             under TRITON_INTERPRET=1, slow, for tests). 'torch': the Cartesian forms and SDPA.
         rotation: (>= max(q_offset + Tq, Tk), 2d) float32 pope_rotation_table, the phases s theta_c of
             positions 0.. (GPT.rotation); None builds one for this call (cos/sin of T * d phases in float64).
+        document_ids: (B, Tk) int32, non-decreasing: packed documents (block_causal). Query i (at
+            q_offset + i, which must be < Tk) sees only keys j <= q_offset + i with the same id. None: one document.
+        position_ids: (B, Tk) int64 absolute position of each key (e.g. restarting at 0 in each document); query
+            i's is position_ids[:, q_offset + i]; the rotation table must hold max + 1 rows. None: 0..Tk-1.
+        mask: the torch path's document_mask(document_ids, Tq, q_offset, causal=causal), built once and shared
+            by every layer; None builds it here from document_ids. The Triton backend reads document_ids only.
 
     Returns:
         (B, H, Tq, dv) in v's dtype (in the autocast dtype under autocast, for both backends),
@@ -361,8 +491,11 @@ def pope_attention(
         the kernel does not support (see pope_attention_triton).
     """
     rope_theta = _rope_theta(rope_theta, theta)
-    _check(q, k, v, delta, q_offset, magnitude)
-    backend = pope_backend(q, k, v, backend)
+    _check(q, k, v, delta, q_offset, magnitude, document_ids, position_ids)
+    documents = document_ids is not None or position_ids is not None
+    auto, backend = backend == "auto", pope_backend(q, k, v, backend)
+    if auto and backend == "triton" and documents and not triton_takes_documents():
+        backend = "torch"  # a kernel without document masking: 'auto' falls back to the torch path
     if backend == "triton":
         return pope_attention_triton(
             q,
@@ -375,6 +508,7 @@ def pope_attention(
             q_offset=q_offset,
             magnitude=magnitude,
             rotation=rotation,
+            **(dict(document_ids=document_ids, position_ids=position_ids) if documents else {}),
         )
     if backend != "torch":
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
@@ -382,10 +516,15 @@ def pope_attention(
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     rotation = _rotation_rows(rotation, max(q_offset + Tq, Tk), d, rope_theta, q.device)
     dtype = compute_dtype(q, v)
-    qc = _cartesian(q, rotation[q_offset : q_offset + Tq], None, magnitude, 1.0, dtype)
-    kc = _cartesian(k, rotation[:Tk], delta, magnitude, 1.0, dtype)
+    rows_q, rows_k = _position_rows(rotation, position_ids, q_offset, Tq, Tk)
+    qc = _cartesian(q, rows_q, None, magnitude, 1.0, dtype)
+    kc = _cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
+    if mask is None and document_ids is not None:
+        mask = document_mask(document_ids, Tq, q_offset, causal=causal)
+    if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask: flex takes v of width d
+        return masked_attention(qc, kc, v.to(dtype), mask, sm_scale=sm_scale)
     v_pad = F.pad(v.to(dtype), (0, 2 * d - dv)) if dv < 2 * d else v.to(dtype)
-    return sdpa_attention(qc, kc, v_pad, causal=causal, sm_scale=sm_scale, q_offset=q_offset)[..., :dv]
+    return sdpa_attention(qc, kc, v_pad, causal=causal, sm_scale=sm_scale, q_offset=q_offset, mask=mask)[..., :dv]
 
 
 def pope_attention_decode(

@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import pope
 from checkpoint import load_checkpoint, load_finetune_checkpoint, save_checkpoint, tokenizer_to_checkpoint
 from cli import (
     UserError,
@@ -43,7 +44,7 @@ from cli import (
     resolve_dtype,
 )
 from configurator import configure
-from data import Dataset
+from data import Dataset, positions_in_documents
 from model import GPT, RENAMED_FIELDS, GPTConfig, device_peak_flops
 from provenance import provenance
 
@@ -85,6 +86,8 @@ pope_delta_init = "zero"  # 'zero' | 'uniform'
 pope_magnitude = "softplus"  # 'softplus' | 'relu' | 'identity'
 pope_use_delta = True  # learnable phase bias delta; False: the "no delta" ablation
 attn_backend = "auto"  # PoPE attention: 'auto' (Triton on CUDA) | 'triton' | 'torch'
+attn_mask_type = "causal"  # 'causal' | 'block_causal': a token attends only to its own document (docs/usage.md)
+reset_position_ids = None  # positions restart at 0 in each document; None: True under block_causal, else False
 # AdamW with linear warmup then cosine decay to min_lr
 learning_rate = 1e-3
 max_iters = 3000  # 3000 x 8 x 256 characters: ~1.3 epochs
@@ -115,7 +118,7 @@ PROMPT = "Ham.\n"  # the end-of-run sample of a text run: a speaker's cue, as th
 def main(argv):
     """Train (or with eval_only, evaluate) with the settings DEFAULTS, then a config file, then --key=value
     in argv; returns the final metrics (also written to out_dir/metrics.json)."""
-    config = configure(DEFAULTS, argv, renamed=RENAMED_FIELDS)
+    config = document_settings(configure(DEFAULTS, argv, renamed=RENAMED_FIELDS))
     cfg = SimpleNamespace(**config)
     t_start = time.time()
     run = setup_processes(cfg)
@@ -141,7 +144,7 @@ def main(argv):
     last_log = iter_num  # loss_acc sums the steps since: fewer than log_interval after a resume off the grid
     while not cfg.eval_only:
         if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters:
-            val = evaluate(raw_model, val_batches, run)
+            val = evaluate(raw_model, val_batches, run, cfg.reset_position_ids)
             check_finite("val loss", val["loss"], f"at iter {iter_num}", ckpt_path)
             rng = _gather_rng(run.ddp, run.world_size, run.dev)
             if run.master:
@@ -168,11 +171,11 @@ def main(argv):
 
         lr = set_lr(optimizer, cfg, iter_num, decay_iters)
         for micro_step in range(run.grad_accum):
-            x, y = to_device(*data.train_batch(iter_num, micro_step), run.dev)
+            x, y, docs = batch_to_device(data.train_batch(iter_num, micro_step), run.dev, cfg.reset_position_ids)
             if run.ddp:  # all-reduce gradients only on the last micro-step
                 model.require_backward_grad_sync = micro_step == run.grad_accum - 1
             with run.ctx:
-                _, loss = model(x, y)
+                _, loss = model(x, y, **docs)
             loss_acc += loss.detach()
             tokens_seen += x.numel()
             scaler.scale(loss / run.grad_accum).backward()
@@ -220,6 +223,40 @@ def main(argv):
         dist.barrier()
         dist.destroy_process_group()
     return metrics
+
+
+MASK_TYPES = ("causal", "block_causal")
+
+
+def document_settings(config):
+    """config with attn_mask_type checked and reset_position_ids resolved (None: True under block_causal, else
+    False), so metrics.json and checkpoints record the values the run used. Raises UserError (exit 2, one
+    line) for an unknown value, and for block_causal with attn_backend='triton' where the Triton kernel has no
+    document masking (pope.triton_takes_documents; 'auto' then runs the torch path, 'torch' always can)."""
+    mask, reset = config["attn_mask_type"], config["reset_position_ids"]
+    if mask not in MASK_TYPES:
+        raise UserError(f"attn_mask_type must be one of {MASK_TYPES}, got {mask!r}")
+    if reset is None:
+        reset = mask == "block_causal"
+    if not isinstance(reset, bool):
+        raise UserError(f"reset_position_ids must be True, False or None (True under block_causal), got {reset!r}")
+    if mask == "block_causal" and config["pos_encoding"] == "pope" and config["attn_backend"] == "triton":
+        if not pope.triton_takes_documents():
+            raise UserError(
+                "attn_mask_type='block_causal' needs document masking, which this Triton PoPE kernel lacks: "
+                "use attn_backend='torch' or 'auto'"
+            )
+    return {**config, "reset_position_ids": reset}
+
+
+def batch_to_device(batch, dev, reset_position_ids=False):
+    """A batch (x, y) or (x, y, document_ids) on dev -> (x, y, the model's document keywords: {} or
+    document_ids, plus position_ids restarting at 0 in each document when reset_position_ids)."""
+    x, y = to_device(batch[0], batch[1], dev)
+    if len(batch) == 2:
+        return x, y, {}
+    ids = batch[2].to(dev, non_blocking=True)
+    return x, y, {"document_ids": ids, "position_ids": positions_in_documents(ids) if reset_position_ids else None}
 
 
 def setup_processes(cfg):
@@ -281,6 +318,7 @@ def open_data(cfg, run, data_dir, block_size):
             seed=cfg.seed,
             rank=run.rank,
             world_size=run.world_size,
+            documents=block_size is not None and cfg.attn_mask_type == "block_causal",
         )
         if block_size is None:
             return data, None
@@ -411,15 +449,16 @@ def to_device(x, y, dev):
 
 
 @torch.no_grad()
-def evaluate(raw_model, batches, run):
+def evaluate(raw_model, batches, run, reset_position_ids=False):
     """Token-weighted mean loss (nats), perplexity and accuracy over the targets != -1 of `batches`
-    (already sharded by rank), summed across processes -> {"loss", "ppl", "acc", "targets"}."""
+    (already sharded by rank), summed across processes -> {"loss", "ppl", "acc", "targets"}. Batches with
+    document ids (block_causal) are evaluated under the document mask (batch_to_device)."""
     raw_model.eval()
     tot = torch.zeros(3, dtype=torch.float64, device=run.dev)  # loss sum, correct, count
-    for x, y in batches:
-        x, y = to_device(x, y, run.dev)
+    for batch in batches:
+        x, y, docs = batch_to_device(batch, run.dev, reset_position_ids)
         with run.ctx:
-            logits, _ = raw_model(x)
+            logits, _ = raw_model(x, **docs)
         mask = y != -1
         logits, y = logits[mask].float(), y[mask]
         tot += torch.stack(
@@ -501,7 +540,7 @@ def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss,
         metrics["provenance_earlier"] = prov_earlier  # the processes before the last resume, oldest first
     for split in ("val", "test"):
         if data.has_split(split):
-            metrics[split] = evaluate(raw_model, data.full_split_batches(split), run)
+            metrics[split] = evaluate(raw_model, data.full_split_batches(split), run, cfg.reset_position_ids)
     if run.master:
         atomic_write_json(os.path.join(cfg.out_dir, "metrics.json"), metrics)
         for split in ("val", "test"):

@@ -20,7 +20,12 @@ meta.json keys (format 1):
                  in a row, given as loss_sep = {"id": s, "every": k} (indirect indexing with several
                  queries per row: each query's target follows its third ',')
     tokenizer    {"kind": "char" | "gpt2" | ..., plus what decoding needs, e.g. "itos"}
-Prepare scripts may add keys (bos_id, eos_id, documents, notes, ...); readers ignore unknown keys.
+    documents    {split: {"file": "<split>.docs.bin", "dtype": "int64", "n_docs": n, "unit": "tokens" | "rows",
+                 "meaning": ...}}: where the split's documents start (write_documents). The file holds n + 1
+                 int64 offsets, 0 first and the split's length (tokens of a stream, rows of a rows split)
+                 last: document i is [off[i], off[i + 1]). A rows split never puts two documents in one row.
+                 Optional: a dataset without it is one document per split (data.py; train.py's block_causal).
+Prepare scripts may add keys (bos_id, eos_id, notes, ...); readers ignore unknown keys.
 
 Every split holds at least one row (one token for streams): write_meta refuses an empty split
 with EmptySplitError naming the script's fix, because training on it would fail much later.
@@ -140,13 +145,55 @@ def write_meta(out_dir, meta, empty_fix=EMPTY_FIX):
             raise ValueError(f"meta.json needs key {key!r}")
     check_nonempty({name: int(np.prod(s["shape"])) for name, s in meta["splits"].items()}, empty_fix, out_dir)
     _check_files(out_dir, meta)
+    _check_documents(out_dir, meta)
     atomic_write_json(os.path.join(out_dir, "meta.json"), meta)
     return meta
 
 
-def write_rows_dataset(out_dir, splits, empty_fix=EMPTY_FIX, **meta):
+def document_offsets(lengths):
+    """Document lengths (n,) -> int64 offsets (n + 1,): 0, then their running sum. Zero lengths are dropped."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(lengths[lengths > 0])]).astype(np.int64)
+
+
+def write_documents(out_dir, offsets, unit="tokens", meaning=None):
+    """Write each split's document offsets {split: int64 (n_docs + 1,)} to out_dir/<split>.docs.bin (atomically)
+    and return meta.json's "documents" entry (module docstring). Raises ValueError unless each starts at 0 and
+    rises strictly (no empty document); write_meta checks the last offset against the split's length."""
+    entries = {}
+    for split, off in offsets.items():
+        off = np.asarray(off, dtype=np.int64)
+        if off.ndim == 1 and len(off) == 1:  # an empty split: write_meta refuses it, naming the fix
+            continue
+        if off.ndim != 1 or len(off) < 2 or off[0] != 0 or np.any(np.diff(off) <= 0):
+            raise ValueError(f"split {split!r}: document offsets must start at 0 and rise strictly, got {off[:8]}...")
+        with BinWriter(os.path.join(out_dir, f"{split}.docs.bin"), np.int64) as w:
+            w.write(off)
+        entries[split] = {
+            "file": f"{split}.docs.bin",
+            "dtype": "int64",
+            "n_docs": len(off) - 1,
+            "unit": unit,
+            "meaning": meaning or f"document i = {unit} off[i]:off[i+1] of {split}",
+        }
+    return entries
+
+
+def _check_documents(out_dir, meta):
+    for name, d in meta.get("documents", {}).items():
+        path = os.path.join(out_dir, d["file"])
+        if name not in meta["splits"] or not os.path.exists(path) or os.path.getsize(path) != 8 * (d["n_docs"] + 1):
+            raise ValueError(f"documents of split {name!r}: {path} is missing or not n_docs + 1 int64 offsets")
+        last, length = int(np.fromfile(path, dtype=np.int64)[-1]), meta["splits"][name]["shape"][0]
+        if last != length:
+            raise ValueError(f"documents of split {name!r} end at {last}, the split has {length}")
+
+
+def write_rows_dataset(out_dir, splits, empty_fix=EMPTY_FIX, documents=None, documents_meaning=None, **meta):
     """Write in-memory 2-D splits {name: (n_rows, row_len) int array} plus meta.json (rows layout).
     `meta` must give dataset, vocab_size, pad_id, loss, tokenizer; dtype is chosen from vocab_size.
+    documents: {name: rows of each document, in order} (e.g. a piece cut into several windows), recorded as
+    row offsets (write_documents, unit 'rows', explained by documents_meaning); None: one document per row.
     Raises EmptySplitError naming `empty_fix`, before writing anything, if a split has no rows."""
     check_nonempty({name: len(arr) for name, arr in splits.items()}, empty_fix, out_dir)
     dtype = meta.pop("dtype", None) or smallest_dtype(meta["vocab_size"])
@@ -159,6 +206,11 @@ def write_rows_dataset(out_dir, splits, empty_fix=EMPTY_FIX, **meta):
             w.write(arr)
         real = int((arr != meta["pad_id"]).sum()) if meta.get("pad_id") is not None else int(arr.size)
         entries[name] = {"file": f"{name}.bin", "shape": list(arr.shape), "tokens": real}
+    if documents is None:
+        documents, documents_meaning = {n: np.ones(len(a), np.int64) for n, a in splits.items()}, "one per row"
+    meta["documents"] = write_documents(
+        out_dir, {n: document_offsets(rows) for n, rows in documents.items()}, "rows", documents_meaning
+    )
     return write_meta(out_dir, {**meta, "dtype": dtype, "layout": "rows", "splits": entries})
 
 

@@ -64,7 +64,18 @@ from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, arg_parser, check_nonempty, download, is_complete, run_cli, summarize, write_meta
+from prepare.common import (
+    BinWriter,
+    arg_parser,
+    check_nonempty,
+    document_offsets,
+    download,
+    is_complete,
+    run_cli,
+    summarize,
+    write_documents,
+    write_meta,
+)
 
 URL = (
     "https://ftp.ncbi.nlm.nih.gov/genomes/all/GCF/000/001/405/GCF_000001405.40_GRCh38.p14/"
@@ -209,7 +220,7 @@ def split_of(header, k, mode):
 
 
 def _work(item):
-    split, block = item
+    split, block = item[:2]
     return (split, len(block), *block_rows(block))
 
 
@@ -279,7 +290,7 @@ def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, 
                 continue
             if k == 0:
                 records[s] += 1
-            yield s, block
+            yield s, block, header, k
 
     with (
         BinWriter(os.path.join(out_dir, "train.bin"), np.uint16) as wtr,
@@ -289,12 +300,20 @@ def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, 
         tqdm(unit="bp", unit_scale=True, desc="genome") as bar,
     ):
         writers = {"train": wtr, "val": wva, "test": wte}
+        doc_rows = {s: [] for s in names}  # rows of each document: a run of consecutive blocks of one record
+        last = dict.fromkeys(names)  # (header, k) of the split's last block with rows
         it = jobs()
         while True:
             batch = list(itertools.islice(it, 4 * nproc))  # bounded: a few blocks in flight
             if not batch:
                 break
-            for s, n_bp, rows, n_tok, n_drop in pool.map(_work, batch):
+            for (_, _, header, k), (s, n_bp, rows, n_tok, n_drop) in zip(batch, pool.map(_work, batch)):
+                if len(rows):
+                    if last[s] == (header, k - 1):
+                        doc_rows[s][-1] += len(rows)
+                    else:
+                        doc_rows[s].append(len(rows))
+                    last[s] = (header, k)
                 writers[s].write(rows)
                 rows_n[s] += len(rows)
                 toks[s] += n_tok
@@ -319,6 +338,13 @@ def prepare(out_dir=None, input=None, split=None, block_bp=None, num_proc=None, 
             "pad_id": PAD_ID,
             "loss": "all",
             "cls_id": CLS_ID,
+            "documents": write_documents(
+                out_dir,
+                {s: document_offsets(n) for s, n in doc_rows.items()},
+                "rows",
+                "one document per record (contig), or per run of its consecutive blocks in the split: rows "
+                "off[i]:off[i+1]",
+            ),
             "splits": {
                 s: {"file": f"{s}.bin", "shape": [rows_n[s], ROW_LEN], "tokens": toks[s] + rows_n[s]} for s in names
             },

@@ -190,10 +190,8 @@ def prepare(out_dir=None, input=None, source="json", max_len=2048, seed=1337, nu
         }
     else:
         raise ValueError(f"source must be 'json' or 'music21', got {source!r}")
-    splits = {
-        name: np.concatenate([piece_rows(p, max_len) for p in ps]) if ps else np.zeros((0, max_len), np.uint8)
-        for name, ps in pieces.items()
-    }
+    rows = {name: [piece_rows(p, max_len) for p in ps] for name, ps in pieces.items()}
+    splits = {name: np.concatenate(r) if r else np.zeros((0, max_len), np.uint8) for name, r in rows.items()}
     seconds = time.time() - t0
     n_tok = int(sum((s != PAD_ID).sum() for s in splits.values()))
     write_rows_dataset(
@@ -201,6 +199,8 @@ def prepare(out_dir=None, input=None, source="json", max_len=2048, seed=1337, nu
         splits,
         empty_fix="use the full Jsb16thSeparated.json (--source json), or more music21 chorales "
         "(the 229/76/77 proportions need about 7 kept pieces)",
+        documents={name: [len(x) for x in r] for name, r in rows.items()},
+        documents_meaning="one document per piece: its windows, rows off[i]:off[i+1]",
         dataset="jsb",
         vocab_size=VOCAB_SIZE,
         pad_id=PAD_ID,

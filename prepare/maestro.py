@@ -47,7 +47,17 @@ from tqdm import tqdm
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cli import atomic_write_json
-from prepare.common import BinWriter, arg_parser, download, is_complete, run_cli, summarize, write_meta
+from prepare.common import (
+    BinWriter,
+    arg_parser,
+    document_offsets,
+    download,
+    is_complete,
+    run_cli,
+    summarize,
+    write_documents,
+    write_meta,
+)
 
 URL = "https://storage.googleapis.com/magentadata/datasets/maestro/v3.0.0/maestro-v3.0.0-midi.zip"
 VOCAB_SIZE = 328
@@ -234,6 +244,7 @@ def prepare(
     not_in_csv = sorted(os.path.relpath(p, root) for p in ok if p not in where)  # 'official' only
     files = {s: [p for p in sorted(where) if where[p] == s] for s in ("train", "val", "test")}
     rows_n, real, dropped_k = dict.fromkeys(files, 0), dict.fromkeys(files, 0), 0
+    doc_rows = {s: [] for s in files}  # rows of each piece (each transposition of a piece its own document)
     atomic_write_json(os.path.join(out_dir, "tokenizer.json"), tok.to_dict())  # what tok.save writes, atomically
     for s, todo in files.items():
         with BinWriter(os.path.join(out_dir, f"{s}.bin"), np.uint16) as w:
@@ -246,6 +257,7 @@ def prepare(
                     rows = windows(t, max_len, pad)
                     w.write(rows)
                     rows_n[s] += len(rows)
+                    doc_rows[s].append(len(rows))
                     real[s] += int((rows != pad).sum())
     seconds = time.time() - t0
     n_tok = sum(real.values())
@@ -262,6 +274,12 @@ def prepare(
             "eos_id": tok["EOS_None"],
             "mask_id": tok["MASK_None"],
             "splits": {s: {"file": f"{s}.bin", "shape": [rows_n[s], max_len], "tokens": real[s]} for s in files},
+            "documents": write_documents(
+                out_dir,
+                {s: document_offsets(n) for s, n in doc_rows.items()},
+                "rows",
+                "one document per piece (and transposition): its windows, rows off[i]:off[i+1]",
+            ),
             "tokenizer": {
                 "kind": "miditok",
                 "class": "REMI",

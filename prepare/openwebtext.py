@@ -11,8 +11,9 @@ datasets' save_to_disk (its 'train' split); .parquet or .jsonl/.json files with 
 mix of these in one folder.
 
 Output data/openwebtext/{train,val}.bin (uint16, layout 'stream'): every document is followed by the
-end-of-text id 50256. Split as nanoGPT: the validation documents are the first ceil(0.0005 * n_docs)
-of np.random.default_rng(2357).permutation(n_docs), the documents that datasets'
+end-of-text id 50256; {train,val}.docs.bin: where each document starts (meta.json "documents", for
+train.py's attn_mask_type='block_causal'). Split as nanoGPT: the validation documents are the first
+ceil(0.0005 * n_docs) of np.random.default_rng(2357).permutation(n_docs), the documents that datasets'
 train_test_split(test_size=0.0005, seed=2357) puts in its test split (4,007 of 8,013,769 documents,
 about 4.4M tokens); train is all the others in their original order (training takes random crops, so
 order is irrelevant; nanoGPT's train is shuffled, same documents). OpenWebText has no test split and
@@ -28,7 +29,16 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, arg_parser, is_complete, run_cli, summarize, write_meta
+from prepare.common import (
+    BinWriter,
+    arg_parser,
+    document_offsets,
+    is_complete,
+    run_cli,
+    summarize,
+    write_documents,
+    write_meta,
+)
 from prepare.gpt2_bpe import N_VOCAB, encode_chunks, gpt2_tokenizer_meta, load_documents, range_chunks
 
 HF_NAME = "Skylion007/openwebtext"
@@ -105,12 +115,15 @@ def prepare(
         "val": [val[i : i + chunk_docs] for i in range(0, len(val), chunk_docs)],
         "train": train_chunks(n_docs, is_val, chunk_docs),
     }
-    entries = {}
+    entries, lengths = {}, {}
     for name in ("val", "train"):
+        lengths[name] = []
         with BinWriter(os.path.join(out_dir, f"{name}.bin"), np.uint16) as w:
-            for ids, _ in encode_chunks(ds, plan[name], num_proc, desc=f"encoding {name}"):
+            for ids, doc_lengths in encode_chunks(ds, plan[name], num_proc, desc=f"encoding {name}"):
                 w.write(ids)
+                lengths[name].append(doc_lengths)
         entries[name] = {"file": f"{name}.bin", "shape": [w.count], "tokens": w.count}
+    offsets = {k: document_offsets(np.concatenate(v) if v else []) for k, v in lengths.items()}
     write_meta(
         out_dir,
         {
@@ -119,6 +132,9 @@ def prepare(
             "dtype": "uint16",
             "layout": "stream",
             "splits": {k: entries[k] for k in SPLITS},
+            "documents": write_documents(
+                out_dir, offsets, "tokens", "document i = tokens off[i]:off[i+1], its text then EOT"
+            ),
             "pad_id": None,
             "loss": "all",
             "tokenizer": tokenizer,

@@ -24,7 +24,16 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare.common import BinWriter, arg_parser, is_complete, run_cli, summarize, write_meta
+from prepare.common import (
+    BinWriter,
+    arg_parser,
+    document_offsets,
+    is_complete,
+    run_cli,
+    summarize,
+    write_documents,
+    write_meta,
+)
 from prepare.gpt2_bpe import N_VOCAB, encode_chunks, gpt2_tokenizer_meta, load_documents, range_chunks
 
 HF_NAME = "emozilla/pg19-test"
@@ -85,9 +94,9 @@ def prepare(out_dir="data/pg19", input=None, num_proc=None, hf_name=HF_NAME):
             lengths.extend(doc_lengths.tolist())
     if not lengths:
         raise ValueError(f"no books found in {input or hf_name}")
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    with BinWriter(os.path.join(out_dir, DOCS_FILE), np.int64) as d:
-        d.write(offsets)
+    documents = write_documents(
+        out_dir, {"test": document_offsets(lengths)}, "tokens", "book i = test.bin[off[i]:off[i+1]], ending with EOT"
+    )
     write_meta(
         out_dir,
         {
@@ -100,14 +109,7 @@ def prepare(out_dir="data/pg19", input=None, num_proc=None, hf_name=HF_NAME):
             "loss": "all",
             "tokenizer": tokenizer,
             "source": os.path.abspath(input) if input else f"hf:{hf_name}",
-            "documents": {
-                "test": {
-                    "file": DOCS_FILE,
-                    "dtype": "int64",
-                    "n_docs": len(lengths),
-                    "meaning": "book i = test.bin[off[i]:off[i+1]], ending with EOT",
-                }
-            },
+            "documents": documents,
         },
         "give --input a folder holding non-empty .txt books",
     )

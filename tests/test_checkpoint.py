@@ -299,7 +299,8 @@ def test_metrics_json_holds_the_runs_settings_and_its_whole_wall_time(tmp_path, 
         "seed": 7,
         "out_dir": out,
     }
-    assert on_disk["config"] == m["config"] == {**train.DEFAULTS, **given}
+    resolved = {"reset_position_ids": False}  # None resolves to False under attn_mask_type='causal'
+    assert on_disk["config"] == m["config"] == {**train.DEFAULTS, **given, **resolved}
     with open(os.path.join(out, "log.jsonl")) as f:
         steps_s = sum(r["ms_per_iter"] * 2 / 1000 for r in map(json.loads, f) if "loss" in r)  # log_interval 2
     assert steps_s >= 4 and on_disk["wall_time_s"] > steps_s

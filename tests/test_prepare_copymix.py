@@ -32,6 +32,7 @@ def test_prepare_keeps_val_test_and_the_tokenizer(tmp_path):
         assert (
             open(os.path.join(src, f"{split}.bin"), "rb").read() == open(os.path.join(out, f"{split}.bin"), "rb").read()
         )
+    assert b["documents"]["train"]["n_docs"] == 1  # a source without boundaries: one document per split
     with pytest.raises(cm.UserError, match="min_span"):
         cm.prepare(src, out, min_span=0)
 

@@ -24,6 +24,12 @@ def mtimes(folder):
     return {f: os.stat(os.path.join(folder, f)).st_mtime_ns for f in sorted(os.listdir(folder))}
 
 
+def docs(out, meta):
+    """{split: document offsets} from meta.json's "documents" (prepare/common.py write_documents)."""
+    d = meta["documents"]
+    return {s: np.fromfile(os.path.join(out, d[s]["file"]), dtype=np.int64).tolist() for s in d}
+
+
 def load(folder):
     with open(os.path.join(folder, "meta.json")) as f:
         meta = json.load(f)
@@ -75,6 +81,7 @@ def test_jsb_prepare_json(tmp_path):
     assert arr["train"][1].tolist() == jsb.encode(long[:512]).tolist()
     assert jsb.decode(arr["train"][2]) == long[512:]
     assert jsb.decode(arr["val"][1]) == data["valid"][1]
+    assert docs(out, meta) == {"train": [0, 1, 3, 4], "val": [0, 1, 2], "test": [0, 1]}  # one per piece (rows)
     assert_second_run_is_noop(jsb.prepare, out, input=str(src))
 
 
@@ -197,8 +204,9 @@ def test_maestro_prepare(midi_dir, tmp_path):
 
     tok = maestro.make_tokenizer()
     dropped, pairs = 0, 0
+    off = docs(out, meta)
     for split, names in files.items():  # rebuild every split by transposing the *score* (independent path)
-        expected = []
+        expected, doc_rows = [], [0]
         for name in names:
             score = Score(str(midi_dir / name))
             lowest = min(n.pitch for n in score.tracks[0].notes)
@@ -211,7 +219,9 @@ def test_maestro_prepare(midi_dir, tmp_path):
                 for start in range(0, max(len(ids) - 1, 1), 2047):
                     chunk = ids[start : start + 2048]
                     expected.append(np.pad(chunk, (0, 2048 - len(chunk))))
+                doc_rows.append(len(expected))  # one document per piece and transposition
         assert np.array_equal(arr[split], np.array(expected).reshape(-1, 2048)), split
+        assert off[split] == doc_rows, split
     assert meta["transpositions_skipped_out_of_range"] == dropped == (2 if "low.mid" in files["train"] else 0)
     assert sum(map(len, arr.values())) > pairs  # the long piece spans two rows
     lo, hi = maestro.pitch_id_range(tok)
@@ -297,6 +307,7 @@ def test_genome_prepare_plain_and_gz(fasta_records, tmp_path):
     assert meta["vocab_size"] == 4107 and meta["pad_id"] == 1 and meta["loss"] == "all"
     assert meta["skipped_records"] == 2 and meta["all_n_chunks_dropped"] == 1
     assert meta["records"] == {"train": 1, "val": 1, "test": 1}
+    assert docs(outs[0], meta) == {"train": [0, 5], "val": [0, 2], "test": [0, 2]}  # one per record
     for a in arr.values():
         assert a.shape[1] == 1001 and (a[:, 0] == genome.CLS_ID).all()
     chr1, chr21, chr22 = (nt_clean(s) for _, s in fasta_records[:3])
@@ -341,6 +352,16 @@ def test_genome_fraction_split_and_clear_error(tmp_path):
         for k in range(0, len(seq), 6000):
             expected[genome.split_of(header, k // 6000, "fraction")] += seq[k : k + 6000]
     assert {s: genome.decode(a.ravel()) for s, a in arr.items()} == expected
+    off = docs(out, load(out)[0])
+    runs = {s: [] for s in arr}  # a document: consecutive blocks of one record in one split, one row each here
+    for header, seq in records:
+        for k in range(0, len(seq), 6000):
+            s, j = genome.split_of(header, k // 6000, "fraction"), k // 6000
+            if runs[s] and runs[s][-1][0] == (header, j - 1):
+                runs[s][-1] = ((header, j), runs[s][-1][1] + 1)
+            else:
+                runs[s].append(((header, j), 1))
+    assert off == {s: np.cumsum([0] + [n for _, n in r]).tolist() for s, r in runs.items()}
 
 
 def test_genome_unwrapped_fasta_is_cut_into_the_same_blocks_as_a_wrapped_one(tmp_path):

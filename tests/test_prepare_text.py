@@ -116,6 +116,9 @@ def test_openwebtext_stream_split_and_idempotence(tmp_path, enc):
         ids, meta = read_split(out, split)
         assert enc.decode(ids.tolist()) == "".join(d + EOT for d in docs)
         assert (ids == EOT_ID).sum() == len(docs)  # the literal EOT text is not the EOT id
+        off = np.fromfile(os.path.join(out, meta["documents"][split]["file"]), dtype=np.int64)  # one per text
+        assert meta["documents"][split]["n_docs"] == len(docs) and meta["documents"][split]["unit"] == "tokens"
+        assert [enc.decode(ids[a:b].tolist()) for a, b in zip(off[:-1], off[1:])] == [d + EOT for d in docs]
         assert meta["splits"][split]["shape"] == [len(ids)] == [meta["splits"][split]["tokens"]]
     assert sorted(meta["splits"]) == ["train", "val"]
     assert meta["vocab_size"] == 50257 and meta["dtype"] == "uint16" and meta["layout"] == "stream"

@@ -1,0 +1,262 @@
+"""Packed documents with block-causal masking (issue 58): the reference for a packed row is each document
+run by itself with positions from 0. Logits, loss and every gradient (δ included) must agree, for every
+encoding, grouped-query attention, the boolean SDPA mask and FlexAttention's BlockMask (eager here, the
+CUDA path's predicate), and under torch.compile; plus pope_attention with q_offset > 0 and the one-line errors."""
+
+import functools
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model as model_module
+import pope
+from model import GPT, GPTConfig
+
+V, T = 40, 16
+# three rows: documents of length 1 and boundaries at varied places; one document (= causal); many short ones
+LENGTHS = ([1, 1, 5, 1, 8], [16], [2, 3, 2, 1, 3, 2, 3])
+ENCODINGS = {
+    "rope": {},
+    "yarn": {"pos_encoding": "rope", "rope_scaling": 2.0, "rope_original_block_size": 8},
+    "pope": {"pope_delta_init": "uniform"},
+    "pope_nodelta": {"pope_use_delta": False},
+    "pope_relu": {"pope_magnitude": "relu", "pope_delta_init": "uniform"},
+    "pope_identity": {"pope_magnitude": "identity", "pope_delta_init": "uniform"},
+    "rope_half": {},
+    "alibi_half": {},
+    "learned": {},
+    "sinusoidal": {},
+    "none": {},
+}
+
+
+def document_ids(lengths=LENGTHS):
+    """(B, T) int32 ids and (B, T) int64 positions restarting at 0, built by hand from the lengths."""
+    ids = [sum(([i] * n for i, n in enumerate(row)), []) for row in lengths]
+    pos = [sum((list(range(n)) for n in row), []) for row in lengths]
+    return torch.tensor(ids, dtype=torch.int32), torch.tensor(pos, dtype=torch.int64)
+
+
+def gpt(name, n_kv_head=2, n_layer=2):
+    kw = dict(ENCODINGS[name])
+    kw.setdefault("pos_encoding", name.split("_")[0] if name.startswith("pope") else name)
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        block_size=T,
+        vocab_size=V,
+        n_layer=n_layer,
+        n_head=4,
+        n_kv_head=n_kv_head,
+        n_embd=32,
+        attn_backend="torch",
+        **kw,
+    )
+    m = GPT(cfg).double()
+    with torch.no_grad():  # peaked attention: a mask that leaks across documents changes the result
+        for block in m.transformer.h:
+            block.attn.c_attn.weight.mul_(12.0)
+        m.lm_head.weight.mul_(5.0)
+    return m
+
+
+def loss_grads(m, idx, y, **kw):
+    """(logits, summed cross-entropy, {name: grad}) of one forward and backward."""
+    logits, _ = m(idx, **kw)
+    loss = F.cross_entropy(logits.view(-1, V), y.view(-1), reduction="sum")
+    m.zero_grad(set_to_none=True)
+    loss.backward()
+    grads = {n.replace("_orig_mod.", ""): p.grad.clone() for n, p in m.named_parameters()}  # compiled: its names
+    return logits.detach(), loss.detach(), grads
+
+
+def reference(m, idx, y, lengths):
+    """Each document alone (positions from 0): its logits in place, the summed loss and gradients."""
+    logits, loss, grads = torch.empty(*idx.shape, V, dtype=m.lm_head.weight.dtype), 0.0, None
+    for b, row in enumerate(lengths):
+        start = 0
+        for n in row:
+            lg, ls, gr = loss_grads(m, idx[b : b + 1, start : start + n], y[b : b + 1, start : start + n])
+            logits[b, start : start + n] = lg[0]
+            loss = loss + ls
+            grads = gr if grads is None else {k: grads[k] + gr[k] for k in gr}
+            start += n
+    return logits, loss, grads
+
+
+def assert_packed_equals_documents(m, flex=False, lengths=LENGTHS):
+    torch.manual_seed(1)
+    idx, y = torch.randint(0, V, (len(lengths), T)), torch.randint(0, V, (len(lengths), T))
+    ids, pos = document_ids(lengths)
+    want = reference(m, idx, y, lengths)
+    mp = pytest.MonkeyPatch()
+    if flex:  # the CUDA path's BlockMask and flex_attention, run eagerly on the CPU
+        mp.setattr(model_module, "document_mask", functools.partial(pope.document_mask, flex=True))
+    try:
+        if flex:  # FlexAttention has no backward on the CPU (torch 2.13): the logits only
+            with torch.no_grad():
+                torch.testing.assert_close(m(idx, document_ids=ids, position_ids=pos)[0], want[0], atol=1e-9, rtol=1e-9)
+            return
+        got = loss_grads(m, idx, y, document_ids=ids, position_ids=pos)
+    finally:
+        mp.undo()
+    torch.testing.assert_close(got[0], want[0], atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(got[1], want[1], atol=1e-9, rtol=1e-9)
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], atol=1e-9, rtol=1e-7, msg=name)
+    causal = m(idx)[0]  # the mask matters: without it the packed rows differ (not the one-document row)
+    assert (causal[0] - want[0][0]).abs().max() > 1e-3 and (causal[2] - want[0][2]).abs().max() > 1e-3
+    torch.testing.assert_close(causal[1], want[0][1], atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_packed_documents_equal_each_document_alone(name):
+    """SDPA's boolean block-causal mask, GQA (4 query heads over 2 key/value heads), positions reset."""
+    assert_packed_equals_documents(gpt(name))
+
+
+@pytest.mark.parametrize("name", ["pope", "alibi_half"])
+def test_packed_documents_through_flex_block_mask(name):
+    """The CUDA path: a FlexAttention BlockMask (mask_mod on the ids) and flex_attention (ALiBi: score_mod),
+    forward only (no flex backward on the CPU)."""
+    assert_packed_equals_documents(gpt(name), flex=True)
+
+
+def test_packed_documents_without_gqa():
+    assert_packed_equals_documents(gpt("pope", n_kv_head=None))
+
+
+def test_positions_not_reset_change_only_absolute_encodings():
+    """RoPE/PoPE are relative: positions 0..T-1 give the reset run's logits (to rounding); learned does not."""
+    torch.manual_seed(2)
+    idx, (ids, pos) = torch.randint(0, V, (3, T)), document_ids()
+    for name in ("pope", "rope"):
+        m = gpt(name)
+        torch.testing.assert_close(m(idx, document_ids=ids)[0], m(idx, document_ids=ids, position_ids=pos)[0])
+    m = gpt("learned")
+    assert (m(idx, document_ids=ids)[0] - m(idx, document_ids=ids, position_ids=pos)[0]).abs().max() > 1e-3
+
+
+def test_pope_attention_q_offset_over_packed_documents():
+    """A chunked prefill: queries q_offset.. of a packed row equal the rows of the full call, for both masks,
+    grouped heads, positions reset; the float64 reference formula per document agrees."""
+    torch.manual_seed(3)
+    B, H, H_kv, d = 3, 4, 2, 8
+    q, k, v = torch.randn(B, H, T, d, dtype=torch.float64) * 3, *(torch.randn(2, B, H_kv, T, d, dtype=torch.float64))
+    delta = -6 * torch.rand(H_kv, d, dtype=torch.float64)
+    ids, pos = document_ids()
+    full = pope.pope_attention(q, k, v, delta, backend="torch", document_ids=ids, position_ids=pos)
+    for flex in (False, True):
+        for off in (5, 11):
+            mask = pope.document_mask(ids, T - off, off, flex=flex)
+            part = pope.pope_attention(
+                q[:, :, off:], k, v, delta, backend="torch", q_offset=off, document_ids=ids, position_ids=pos, mask=mask
+            )
+            torch.testing.assert_close(part, full[:, :, off:], atol=1e-10, rtol=1e-10)
+    for b, row in enumerate(LENGTHS):
+        start = 0
+        for n in row:
+            s = slice(start, start + n)
+            want = pope.pope_attention_reference(q[b : b + 1, :, s], k[b : b + 1, :, s], v[b : b + 1, :, s], delta)
+            torch.testing.assert_close(full[b : b + 1, :, s], want, atol=1e-6, rtol=1e-6)  # float32 table
+            start += n
+
+
+triton_documents = pytest.mark.skipif(
+    pope.pope_kernel is None or "document_ids" not in inspect.signature(pope.pope_attention_triton).parameters,
+    reason="the Triton kernel without document masking (issue 58's kernel branch)",
+)
+
+
+@triton_documents
+def test_triton_backend_packed_documents_match_torch():
+    torch.manual_seed(4)
+    B, H, H_kv, d = 3, 2, 1, 16
+    q, k, v = torch.randn(B, H, T, d) * 2, *(torch.randn(2, B, H_kv, T, d))
+    delta = -6 * torch.rand(H_kv, d)
+    ids, pos = document_ids()
+    got = pope.pope_attention(q, k, v, delta, backend="triton", document_ids=ids, position_ids=pos)
+    want = pope.pope_attention(q, k, v, delta, backend="torch", document_ids=ids, position_ids=pos)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@triton_documents
+def test_gpt_on_the_triton_backend_packed_documents_match_the_torch_path():
+    """The model hands the kernel the ids and positions (no mask built for it): logits and δ's gradient as the
+    torch path's, which equal each document alone (above); fp32, the interpreter on CPU."""
+    m = gpt("pope", n_layer=1).float()
+    torch.manual_seed(6)
+    idx, (ids, pos) = torch.randint(0, V, (3, T)), document_ids()
+    out = {}
+    for backend in ("torch", "triton"):
+        m.config.attn_backend = backend  # one GPTConfig, shared by every layer
+        logits, _ = m(idx, document_ids=ids, position_ids=pos)
+        (delta,) = torch.autograd.grad(logits.square().sum(), [m.transformer.h[0].attn.pope_delta])
+        out[backend] = logits.detach(), delta
+    torch.testing.assert_close(out["triton"][0], out["torch"][0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out["triton"][1], out["torch"][1], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda ids: ids.flip(1), "non-decreasing"),
+        (lambda ids: ids[:, :-1], "must be a"),
+        (lambda ids: ids.long(), "must be a"),
+        (lambda ids: ids.to("meta"), "device"),
+    ],
+)
+def test_bad_document_ids_get_one_line_errors(make, match):
+    q = torch.randn(3, 2, T, 8)
+    ids, _ = document_ids()
+    with pytest.raises(ValueError, match=match) as e:
+        pope.pope_attention(q, q, q, backend="torch", document_ids=make(ids))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=match):
+        gpt("rope")(torch.zeros(3, T, dtype=torch.long), document_ids=make(ids))
+
+
+def test_pope_attention_over_packed_documents_under_torch_compile(tmp_path):
+    """The real Inductor (a fresh cache) on the torch path's attention with document ids, positions reset and
+    GQA: outputs and the gradients of q, k, v and δ equal eager's, which equals each document alone (above)."""
+    from compiled import fresh_inductor
+
+    torch.manual_seed(5)
+    B, H, H_kv, d = 3, 4, 2, 8
+    q = (torch.randn(B, H, T, d) * 3).requires_grad_()
+    k, v = (torch.randn(B, H_kv, T, d).requires_grad_() for _ in range(2))
+    delta = (-6 * torch.rand(H_kv, d)).requires_grad_()
+    ids, pos = document_ids()
+
+    def run(fn):
+        out = fn(q, k, v, delta, backend="torch", document_ids=ids, position_ids=pos)
+        grads = torch.autograd.grad((out * torch.arange(d)).sum(), (q, k, v, delta))
+        return out.detach(), grads
+
+    want = run(pope.pope_attention)
+    with fresh_inductor(tmp_path):
+        got = run(torch.compile(pope.pope_attention, dynamic=False))
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    for g, w in zip(got[1], want[1]):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_packed_documents_under_torch_compile(tmp_path):
+    """The real Inductor (a fresh cache): packed PoPE rows (GQA, δ, positions reset) give each document's own
+    logits, loss and gradients, through the compiled forward and backward."""
+    from compiled import fresh_inductor
+
+    m = gpt("pope", n_layer=1).float()
+    torch.manual_seed(1)
+    idx, y = torch.randint(0, V, (3, T)), torch.randint(0, V, (3, T))
+    ids, pos = document_ids()
+    want = reference(m, idx, y, LENGTHS)
+    with fresh_inductor(tmp_path):
+        got = loss_grads(torch.compile(m, dynamic=False), idx, y, document_ids=ids, position_ids=pos)
+    torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=2e-5)
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], atol=1e-4, rtol=1e-4)
+    assert (m(idx)[0][0] - want[0][0]).abs().max() > 1e-3  # eager causal: the mask matters here

@@ -1,0 +1,215 @@
+"""Document boundaries from the prepare scripts to train.py (issue 58): data.py's per-token document ids
+against a hand-worked case and a Python loop, positions restarting per document, Shakespeare's works and
+the copy mix's moved boundaries, an old dataset without offsets, train.py's settings and a DDP step."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from data import Dataset, positions_in_documents, window_document_ids
+from prepare import shakespeare
+from prepare import shakespeare_copymix as cm
+from prepare.common import BinWriter, document_offsets, write_documents, write_meta
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_window_document_ids_by_hand_and_against_a_loop():
+    """Documents [0, 3), [3, 4), [4, 9), [9, 12). Window 2..7: tokens 2 | 3 | 4 5 6 7 -> 0 1 2 2 2 2;
+    window 4..9: 4 5 6 7 8 | 9 -> 0 0 0 0 0 1."""
+    off = np.array([0, 3, 4, 9, 12])
+    got = window_document_ids(off, [2, 4, 0], 6)
+    assert got.dtype == torch.int32 and got.tolist() == [[0, 1, 2, 2, 2, 2], [0, 0, 0, 0, 0, 1], [0, 0, 0, 1, 2, 2]]
+    rng = np.random.default_rng(0)
+    off = document_offsets(rng.integers(1, 9, 200))
+    starts = rng.integers(0, off[-1] - 32, 50)
+    want = []
+    for s in starts:  # the loop: the document of each token, renumbered from the window's first
+        doc = [max(i for i in range(len(off) - 1) if off[i] <= t) for t in range(s, s + 32)]
+        want.append([d - doc[0] for d in doc])
+    assert window_document_ids(off, starts, 32).tolist() == want
+
+
+def test_positions_restart_at_each_document():
+    ids = torch.tensor([[0, 0, 0, 1, 2, 2], [0, 0, 0, 0, 0, 0], [0, 1, 2, 3, 4, 5]], dtype=torch.int32)
+    assert positions_in_documents(ids).tolist() == [[0, 1, 2, 0, 0, 1], [0, 1, 2, 3, 4, 5], [0] * 6]
+
+
+def stream(root, name, n=300, offsets=None):
+    """A stream dataset of tokens 0..n-1 in every split (token t at position t), with `offsets` recorded for
+    each split (or none)."""
+    path = os.path.join(root, name)
+    for split in ("train", "val", "test"):
+        with BinWriter(os.path.join(path, f"{split}.bin"), np.uint16) as w:
+            w.write(np.arange(n))
+    meta = {
+        "dataset": name,
+        "vocab_size": n,
+        "dtype": "uint16",
+        "layout": "stream",
+        "splits": {s: {"file": f"{s}.bin", "shape": [n], "tokens": n} for s in ("train", "val", "test")},
+        "pad_id": None,
+        "loss": "all",
+        "tokenizer": {"kind": "none"},
+    }
+    if offsets is not None:
+        meta["documents"] = write_documents(path, dict.fromkeys(("train", "val", "test"), offsets))
+    write_meta(path, meta)
+    return path
+
+
+def test_dataset_serves_document_ids_beside_every_batch(tmp_path, capsys):
+    off = document_offsets([5, 1, 40, 7, 100, 147])
+    ds = Dataset(stream(str(tmp_path), "docs", offsets=off), batch_size=4, block_size=32, documents=True)
+    x, y, ids = ds.train_batch(3, 0)  # x[b] = tokens start..start + 31, and token t sits at position t
+    assert ids.dtype == torch.int32 and torch.equal(ids, window_document_ids(off, x[:, 0].numpy(), 32))
+    assert (ids[:, 0] == 0).all() and (ids.diff(dim=1) >= 0).all() and ids.max() > 0
+    batches = list(ds.full_split_batches("val"))  # 299 predictions: 9 windows of 32 + a tail of 11
+    got = torch.cat([b[2].flatten() + 0 for b in batches])
+    assert batches[-1][2].shape == (1, 11)
+    want = np.concatenate(
+        [window_document_ids(off, [s], 32)[0] for s in range(0, 288, 32)] + [window_document_ids(off, [288], 11)[0]]
+    )
+    assert got.tolist() == want.tolist()
+    assert capsys.readouterr().err == ""
+    plain = Dataset(str(tmp_path / "docs"), batch_size=4, block_size=32)
+    assert len(plain.train_batch(3, 0)) == 2  # without documents=True: (x, y) as before
+
+
+def test_an_old_dataset_is_one_document_with_a_one_line_warning(tmp_path, capsys):
+    ds = Dataset(stream(str(tmp_path), "old"), batch_size=2, block_size=16, documents=True)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no document boundaries" in err and "block_causal" in err
+    assert (ds.train_batch(0, 0)[2] == 0).all()
+    Dataset(str(tmp_path / "old"), batch_size=2, block_size=16)  # not asked for documents: no warning
+    assert capsys.readouterr().err == ""
+
+
+def test_rows_datasets_record_one_document_per_example_and_serve_zeros(tiny_indirect):
+    ds = Dataset(os.path.join(tiny_indirect, "indirect_indexing"), batch_size=4, block_size=64, documents=True)
+    for split, n in (("train", 2000), ("val", 200), ("test", 200)):
+        assert ds.meta["documents"][split]["unit"] == "rows"
+        assert ds.offsets(split).tolist() == list(range(n + 1))
+    x, _, ids = ds.train_batch(0, 0)
+    assert ids.shape == x.shape and (ids == 0).all()
+
+
+def test_shakespeare_records_one_document_per_work_in_both_tokenizations(tmp_path):
+    works = [
+        "THE TEMPEST\nAct one, the ship. " * 30,
+        "SONNETS\nShall I compare thee? " * 4,
+        "HAMLET\nWho's there? " * 40,
+    ]
+    src = tmp_path / "works"
+    src.mkdir()
+    for i, w in enumerate(works):
+        (src / f"{i}.txt").write_text(w, encoding="utf-8")
+    out = str(tmp_path / "shk")
+    shakespeare.prepare(out, input=str(src))
+    text, starts = shakespeare.join_works(works)
+    n_train = round(0.9 * len(text))  # the train split: characters 0..n_train-1, all three works start there
+    assert starts[-1] < n_train
+    enc = shakespeare.gpt2_encoding()
+    for folder, decode in ((out + "_char", None), (out, enc.decode)):
+        meta = json.load(open(os.path.join(folder, "meta.json")))
+        ids = np.fromfile(os.path.join(folder, "train.bin"), dtype=meta["dtype"])
+        off = np.fromfile(os.path.join(folder, "train.docs.bin"), dtype=np.int64)
+        itos = meta["tokenizer"].get("itos")
+        decode = decode or (lambda t, itos=itos: "".join(itos[i] for i in t))
+        pieces = [decode(ids[a:b].tolist()) for a, b in zip(off, off[1:])]
+        assert len(pieces) == 3 and pieces[:2] == [works[0] + "\n\n", works[1] + "\n\n"], folder
+        assert works[2].startswith(pieces[2])
+
+
+def test_copy_mix_moves_a_boundary_to_the_start_of_its_span():
+    """Spans of 3, all copied: source boundary 4 lies in span 3..5, which starts at 6 in the mix."""
+    mixed, _, _, src, out = cm._copy_mix(np.arange(10), p_copy=1.0, min_span=3, max_span=3)
+    assert src.tolist() == [0, 3, 6, 9] and out.tolist() == [0, 6, 12, 18]
+    assert cm.mixed_offsets(np.array([0, 4, 6, 10]), src, out, len(mixed)).tolist() == [0, 6, 12, 20]
+
+
+@pytest.mark.parametrize(
+    "arg, message",
+    [
+        ("--attn_mask_type=document", "attn_mask_type must be one of"),
+        ("--reset_position_ids=1", "reset_position_ids must be True, False or None"),
+    ],
+)
+def test_bad_document_settings_exit_2_in_one_line(arg, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main([arg, "--data_root=/nonexistent"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and message in err and "\n" not in err
+
+
+def test_block_causal_with_a_triton_kernel_without_document_masking_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(train.pope, "triton_takes_documents", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--attn_mask_type=block_causal", "--attn_backend=triton", "--data_root=/nonexistent"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "attn_backend='torch'" in err and "\n" not in err
+    assert train.document_settings({**train.DEFAULTS, "attn_mask_type": "block_causal"})["reset_position_ids"] is True
+    assert train.document_settings(dict(train.DEFAULTS))["reset_position_ids"] is False
+
+
+def test_batches_carry_document_and_position_ids_to_the_model():
+    x = torch.zeros(1, 4, dtype=torch.long)
+    ids = torch.tensor([[0, 0, 1, 1]], dtype=torch.int32)
+    assert train.batch_to_device((x, x), "cpu", True)[2] == {}
+    kw = train.batch_to_device((x, x, ids), "cpu", True)[2]
+    assert kw["document_ids"] is ids and kw["position_ids"].tolist() == [[0, 1, 0, 1]]
+    assert train.batch_to_device((x, x, ids), "cpu", False)[2]["position_ids"] is None
+
+
+def test_block_causal_ddp_step_equals_one_process_and_is_recorded(tmp_path):
+    """Two gloo processes (torchrun) equal one process under block_causal: the same losses and metrics;
+    metrics.json and the checkpoint's config record attn_mask_type and the resolved reset_position_ids."""
+    root = str(tmp_path / "data")
+    stream(root, "docs", n=600, offsets=document_offsets([5, 1, 40, 7, 100, 147, 3, 60, 237]))
+    common = [
+        "--dataset=docs",
+        f"--data_root={root}",
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=32",
+        "--block_size=32",
+        "--batch_size=4",
+        "--eval_iters=2",
+        "--log_interval=1",
+        "--max_iters=3",
+        "--eval_interval=3",
+        "--gradient_accumulation_steps=2",
+        "--attn_backend=torch",
+        "--compile=False",
+        "--attn_mask_type=block_causal",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    train.main([*common, f"--out_dir={one}"])  # one process: this one
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    p = subprocess.Popen(
+        [*cmd, *common, f"--out_dir={two}"],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        raise
+    assert p.returncode == 0, err[-3000:]
+    rows = [[json.loads(r) for r in open(os.path.join(d, "log.jsonl"))] for d in (one, two)]
+    la, lb = ([r["loss"] for r in rs if "loss" in r] for rs in rows)
+    assert len(la) == 3 and np.allclose(la, lb, rtol=1e-5)
+    ma, mb = (json.load(open(os.path.join(d, "metrics.json"))) for d in (one, two))
+    np.testing.assert_allclose(mb["test"]["loss"], ma["test"]["loss"], rtol=1e-5)
+    assert ma["config"]["attn_mask_type"] == "block_causal" and ma["config"]["reset_position_ids"] is True
