@@ -39,7 +39,7 @@ def document_ids(lengths=LENGTHS):
     return torch.tensor(ids, dtype=torch.int32), torch.tensor(pos, dtype=torch.int64)
 
 
-def gpt(name, n_kv_head=2, n_layer=2):
+def gpt(name, n_kv_head=2, n_layer=2, n_embd=32):
     kw = dict(ENCODINGS[name])
     kw.setdefault("pos_encoding", name.split("_")[0] if name.startswith("pope") else name)
     torch.manual_seed(0)
@@ -49,7 +49,7 @@ def gpt(name, n_kv_head=2, n_layer=2):
         n_layer=n_layer,
         n_head=4,
         n_kv_head=n_kv_head,
-        n_embd=32,
+        n_embd=n_embd,
         attn_backend="torch",
         **kw,
     )
@@ -185,7 +185,7 @@ def test_triton_backend_packed_documents_match_torch():
 def test_gpt_on_the_triton_backend_packed_documents_match_the_torch_path():
     """The model hands the kernel the ids and positions (no mask built for it): logits and δ's gradient as the
     torch path's, which equal each document alone (above); fp32, the interpreter on CPU."""
-    m = gpt("pope", n_layer=1).float()
+    m = gpt("pope", n_layer=1, n_embd=64).float()  # head dim 16: the kernel's smallest
     torch.manual_seed(6)
     idx, (ids, pos) = torch.randint(0, V, (3, T)), document_ids()
     out = {}
