@@ -66,20 +66,21 @@ def save_checkpoint(
 ):
     """Write out_dir/ckpt.pt (CKPT_KEYS) and, if best, out_dir/best.pt (BEST_KEYS) first, each atomically.
 
-    model: the GPT (not its compiled or DDP wrapper); optimizer, scaler: their state_dicts are saved;
+    model: the GPT (not its compiled or DDP wrapper); optimizer, scaler: their state_dicts are saved (model and
+    optimizer may be given as state dicts already, e.g. gathered from FSDP's shards: train.save_run);
     model_args: asdict(GPTConfig); config: the run's settings (a dict with 'seed'); rng: every
     process's RNG states; tokenizer: tokenizer_to_checkpoint of the dataset's meta.json; provenance:
     provenance.provenance() of every process that trained the run so far, oldest first.
     """
     state = {
-        "model": model.state_dict(),
+        "model": model if isinstance(model, dict) else model.state_dict(),
         "model_args": model_args,
         "config": config,
         "iter_num": iter_num,
         "best_val_loss": best_val_loss,
         "tokenizer": tokenizer,
         "provenance": list(provenance),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
         "scaler": scaler.state_dict(),
         "rng": rng,
         "data_position": {"seed": config["seed"], "iter_num": iter_num},
