@@ -1,7 +1,7 @@
 """Benchmarks on the current device: RoPE vs PoPE, as tables.
 
     python bench.py                 # train step + attention micro-benchmark + O(T) memory check + decoding
-    python bench.py --only=attn     # one section: step | attn | memory | decode | kernel
+    python bench.py --only=attn     # one section: step | attn | memory | decode | kernel | shard
     python bench.py --rounds=10     # more interleaved rounds (default 6, at least 5)
     python bench.py --only=decode --contexts 1024 4096 16384 [--gqa]   # decoding at those contexts
     python bench.py --dtype=float16 # the training step's compute dtype (default auto, as train.py)
@@ -19,6 +19,9 @@
    table's); --gqa adds 8 query heads sharing 2 key/value heads. Then one layer's attention for one new
    token at each context: RoPE, PoPE over the earlier 2d-wide Cartesian cache, PoPE over magnitudes, eager
    and under torch.compile. Section 1 also runs grouped-query attention (n_head 8, n_kv_head 2).
+6. Bytes per rank of fp32 parameters, gradients and AdamW state under DDP and FSDP (train.py fsdp=True) at world
+   1, 2 and 8, for the 124M, 774M and 1.5B shapes (sharding.memory_per_rank, from the shapes), and the 124M
+   shape's FSDP bytes at world 2 measured from each rank's local shards after one step (two gloo processes).
 5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
    FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
 Every PoPE/RoPE ratio comes from interleaved rounds (--rounds, at least 5): each round times every arm
@@ -509,6 +512,71 @@ def bench_memory(device, seq_lens=(4096, 8192, 16384), d=64, n_head=8):
     return rows
 
 
+SHARD_SHAPES = {  # GPT-2's sizes: the paper's 124M and 774M, and config/train_owt_1558m_*.py
+    "124M": dict(n_layer=12, n_head=12, n_embd=768),
+    "774M": dict(n_layer=36, n_head=20, n_embd=1280),
+    "1.5B": dict(n_layer=48, n_head=25, n_embd=1600),
+}
+
+
+def bench_shard(vocab_size=50304, worlds=(1, 2, 8)):
+    """Section 6 -> (rows: one per shape and set-up, GiB of params / grads / optimizer / total per rank at each
+    world size; check: the 124M shape's FSDP bytes at world 2, estimated and measured by shard_worker in two gloo
+    processes, and their difference)."""
+    import json
+    import subprocess
+
+    import sharding
+
+    rows = []
+    for name, shape in SHARD_SHAPES.items():
+        with torch.device("meta"):
+            model = GPT(GPTConfig(**shape, vocab_size=vocab_size, block_size=1024, pos_encoding="pope"))
+        per = {w: sharding.memory_per_rank(model, w) for w in worlds}
+        for kind in ("ddp", "fsdp"):
+            row = {"model": f"{name} pope", "set-up": kind.upper()}
+            for w in worlds:
+                parts = (per[w][kind][k] / 2**30 for k in ("params", "grads", "optimizer"))
+                row[f"world {w}"] = " / ".join(f"{v:.2f}" for v in parts)
+                row[f"total {w}"] = per[w][kind]["total"] / 2**30
+            rows.append(row)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [*cmd, "--shard_worker", f"--vocab_size={vocab_size}"], env=env, capture_output=True, text=True, check=True
+    )
+    measured = json.loads(out.stdout.strip().splitlines()[-1])
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**SHARD_SHAPES["124M"], vocab_size=vocab_size, block_size=1024, pos_encoding="pope"))
+    est = sharding.memory_per_rank(model, 2)["fsdp"]
+    check = [{"": k, "estimate": est[k], "measured": measured[k], "difference": measured[k] - est[k]} for k in est]
+    return rows, check
+
+
+def shard_worker(vocab_size):
+    """One rank of bench_shard's measurement: the 124M PoPE shape sharded over the torchrun processes, one AdamW
+    step on 1 x 16 tokens, then this rank's bytes from its local shards (sharding.measured_bytes); rank 0 prints
+    them as JSON."""
+    import json
+
+    import torch.distributed as dist
+
+    import sharding
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHARD_SHAPES["124M"], vocab_size=vocab_size, block_size=16, pos_encoding="pope"))
+    sharding.shard(model, "cpu", "float32")
+    optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), "cpu")
+    x = torch.randint(0, vocab_size, (1, 16))
+    model(x, x)[1].backward()
+    optimizer.step()
+    b = sharding.measured_bytes(model, optimizer)
+    if dist.get_rank() == 0:
+        print(json.dumps(b))
+    dist.destroy_process_group()
+
+
 def print_table(title, rows):
     print(f"\n{title}")
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -522,11 +590,12 @@ def print_table(title, rows):
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel"])
+    p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel", "shard"])
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
     p.add_argument("--rounds", type=int, default=6, help=f"interleaved rounds per table (at least {MIN_ROUNDS})")
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
     p.add_argument("--vocab_size", type=int, default=50304)
+    p.add_argument("--shard_worker", action="store_true", help=argparse.SUPPRESS)  # one rank of section 6
     p.add_argument(
         "--contexts", type=int, nargs="+", default=[1024, 4096, 16384], help="decode: tokens already in the cache"
     )
@@ -555,6 +624,8 @@ def main(argv):
         help="step: time the steps again after one evaluation forward (eager, no_grad, as train.py evaluates)",
     )
     a = p.parse_args(argv)
+    if a.shard_worker:
+        return shard_worker(a.vocab_size)
     a.compile = {"auto": None, "on": True, "off": False}[a.compile]
     if a.rounds < MIN_ROUNDS:
         p.error(f"--rounds must be at least {MIN_ROUNDS}: a ratio needs several interleaved rounds, got {a.rounds}")
@@ -594,6 +665,10 @@ def main(argv):
         )
     if a.only in (None, "memory"):
         print_table("PoPE forward peak memory, d=64, 8 heads, fp32", bench_memory(a.device))
+    if a.only in (None, "shard"):
+        table, check = bench_shard(a.vocab_size)
+        print_table("bytes per rank, fp32 weights + AdamW, GiB (sharding.memory_per_rank)", table)
+        print_table("FSDP at world 2, 124M shape: estimate vs measured from the local shards (bytes, rank 0)", check)
     if a.only in (None, "decode"):
         contexts = tuple(a.contexts)
         print_table(

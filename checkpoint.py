@@ -99,9 +99,15 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
     """torch.load(out_dir/ckpt, weights_only=True) -> the checkpoint dict.
 
     model_args written under an old GPTConfig field name (model.RENAMED_FIELDS) come back under the
-    new one. Raises UserError when the file is missing or is not a checkpoint of this repo.
+    new one. Raises UserError when the file is missing or is not a checkpoint of this repo; for a sharded
+    folder of checkpoint_format='dcp' (given, or there instead of the file), the command that converts it.
     """
     path = os.path.join(out_dir, ckpt)
+    for folder in (path, out_dir, os.path.splitext(path)[0] + ".dcp"):  # a sharded folder (checkpoint_format='dcp')
+        if not os.path.isfile(path) and os.path.isfile(os.path.join(folder, ".metadata")):
+            import sharding
+
+            raise UserError(sharding.convert_hint(folder))
     if not os.path.isfile(path):
         raise UserError(
             f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "

@@ -85,7 +85,8 @@ def mixed_precision(dtype):
 def shard(model, dev, dtype):
     """fully_shard each Block of `model` (a GPT), then the root (the embedding tied to lm_head, ln_f), over one
     mesh of every rank; in place (the GPT's class becomes its FSDP subclass, its parameters DTensors sharded on
-    dim 0), from rank 0's weights. Buffers (GPT.rotation and the other non-persistent tables) are not sharded: each rank keeps its own.
+    dim 0), from rank 0's weights. Buffers (GPT.rotation and the other non-persistent tables) are not sharded:
+    each rank keeps its own.
     -> the mixed-precision policy as names (mixed_precision)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -276,7 +277,8 @@ def dcp_to_single(folder, out_path):
 def convert_hint(folder):
     """The one line that says how to turn a dcp folder into a file sample.py and the evaluation scripts read."""
     name = os.path.basename(os.path.normpath(folder))
-    target = os.path.join(os.path.dirname(os.path.normpath(folder)), name[: -len(DCP_SUFFIX)] + ".pt")
+    stem = name[: -len(DCP_SUFFIX)] if name.endswith(DCP_SUFFIX) else name
+    target = os.path.join(os.path.dirname(os.path.normpath(folder)), stem + ".pt")
     return (
         f"{folder} is a sharded torch.distributed.checkpoint folder (checkpoint_format='dcp'); convert it to "
         f"one file first: python sharding.py {folder} {target}"

@@ -1,0 +1,257 @@
+"""FSDP2 (train.py fsdp=True), activation checkpointing and checkpoints across set-ups, with real gloo processes.
+
+One torchrun launch of 2 processes runs every 2-rank job (tests/fsdp_jobs.py); the 1-process runs they are
+compared with run in this process. Tiny models (2 layers x 32 wide), 10 steps, fp32, no dropout.
+"""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import sample
+import sharding
+import train
+from model import GPT, GPTConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--batch_size=4",
+    "--eval_iters=2",
+    "--log_interval=1",
+    "--warmup_iters=2",
+    "--attn_backend=torch",
+    "--compile=False",
+    "--dataset=chars",
+    "--block_size=64",
+    "--eval_interval=5",
+    "--lr_decay_iters=10",
+    "--learning_rate=3e-3",  # val loss falls below its step-0 value: best.pt is written
+    "--gradient_accumulation_steps=4",  # 2 micro-steps per rank on 2 ranks: the first must not reduce
+]
+CASES = {
+    "rope": ["--pos_encoding=rope"],
+    # GQA and activation checkpointing on the sharded run (the 1-process reference runs without it)
+    "pope": ["--pos_encoding=pope", "--n_kv_head=1"],
+}
+FSDP = ["--fsdp=True"]
+AC = ["--activation_checkpointing=True"]
+
+
+def losses(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return {r["iter"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+
+def metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def small_chars(tmp_path_factory):
+    """A character-level stream dataset of 1,760 characters (conftest.char_dataset): short final evaluations,
+    whose batches the two ranks share unevenly (rank 0 also takes the tail window)."""
+    from conftest import CHAR_TEXT, char_dataset
+
+    root = tmp_path_factory.mktemp("data")
+    char_dataset(str(root / "chars"), CHAR_TEXT, "chars")
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def runs(small_chars, tmp_path_factory):
+    """Every run folder, by name: <case>1 one process without FSDP, <case>2 FSDP on 2 ranks (pope2 with
+    activation checkpointing); resumes of pope2's settings saved at step 5 (part2: FSDP on 2 ranks; part1: one
+    process): res_fsdp2, res_ddp2 (FSDP -> DDP), res_1 (FSDP -> one process), res_fsdp1 (FSDP -> FSDP in one
+    process), res_from1 (one process -> FSDP on 2 ranks); dcp2: pope2 with checkpoint_format='dcp' resumed from
+    its ckpt.dcp at step 5."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    d = {name: str(tmp / name) for name in ("rope1", "rope2", "pope1", "pope2", "part1", "part2", "dcp2")}
+    for name in ("res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1"):
+        d[name] = str(tmp / name)
+    base = TINY + [f"--data_root={small_chars}"]
+    full, part = ["--max_iters=10"], ["--max_iters=5"]
+    for case, extra in CASES.items():  # the 1-process references
+        train.main(base + extra + full + [f"--out_dir={d[case + '1']}"])
+    train.main(base + CASES["pope"] + part + [f"--out_dir={d['part1']}"])
+    pope2 = base + CASES["pope"] + FSDP + AC
+    resume = ["--init_from=resume"] + full
+    jobs = [
+        {"argv": base + CASES["rope"] + FSDP + full + [f"--out_dir={d['rope2']}"]},
+        {"argv": pope2 + full + [f"--out_dir={d['pope2']}"]},
+        {"argv": pope2 + part + [f"--out_dir={d['part2']}"]},
+        {"copy": [d["part2"], d["res_fsdp2"]]},
+        {"copy": [d["part2"], d["res_ddp2"]]},
+        {"copy": [d["part1"], d["res_from1"]]},
+        {"argv": pope2 + resume + [f"--out_dir={d['res_fsdp2']}"]},
+        {"argv": base + CASES["pope"] + resume + [f"--out_dir={d['res_ddp2']}"]},
+        {"argv": pope2 + resume + [f"--out_dir={d['res_from1']}"]},
+        {"argv": pope2 + part + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
+        {"argv": pope2 + resume + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
+    ]
+    with open(tmp / "jobs.json", "w") as f:
+        json.dump(jobs, f)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    p = subprocess.Popen(
+        [*cmd, "tests/fsdp_jobs.py", str(tmp / "jobs.json")],
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:  # a hung rank fails the test and leaves no orphan
+        out, err = p.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        raise
+    assert p.returncode == 0, err[-4000:]
+    shutil.copytree(d["part2"], d["res_1"])
+    shutil.copytree(d["part2"], d["res_fsdp1"])
+    train.main(base + CASES["pope"] + resume + [f"--out_dir={d['res_1']}"])
+    train.main(base + CASES["pope"] + FSDP + resume + [f"--out_dir={d['res_fsdp1']}"])  # a group of one process
+    d["stdout"] = out
+    return d
+
+
+def assert_same_losses(a, b, steps):
+    assert sorted(a) == sorted(b) == list(steps)
+    np.testing.assert_allclose([b[i] for i in steps], [a[i] for i in steps], rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fsdp_on_two_ranks_gives_the_losses_of_one_process(runs, case):
+    """Same global batch (4 micro-batches of 4: 2 per rank, reduced on the second only): the loss at each of
+    10 steps equals the one-process run's within 1e-5 (fp32); so do the val and test losses of best.pt, and
+    best.pt's weights, gathered from both ranks' shards. pope2 runs with GQA and activation checkpointing."""
+    one, two = runs[case + "1"], runs[case + "2"]
+    assert_same_losses(losses(one), losses(two), range(1, 11))
+    m1, m2 = metrics(one), metrics(two)
+    for split in ("val", "test"):
+        np.testing.assert_allclose(m2[split]["loss"], m1[split]["loss"], rtol=1e-5)
+    assert m2["sharding"]["fsdp"] and m2["sharding"]["world_size"] == 2
+    assert m2["sharding"]["mixed_precision"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
+    assert m2["sharding"]["activation_checkpointing"] == (case == "pope")
+    w1 = torch.load(os.path.join(one, "best.pt"), weights_only=True)["model"]
+    w2 = torch.load(os.path.join(two, "best.pt"), weights_only=True)["model"]
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-6)
+    delta = [v for k, v in w2.items() if k.endswith("pope_delta")]
+    assert all(float(v.max()) <= 0.0 and float(v.min()) >= -2 * np.pi for v in delta)
+
+
+@pytest.mark.parametrize(
+    "name", ["res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1", "dcp2"], ids=lambda n: n.removeprefix("res_")
+)
+def test_a_resume_on_any_set_up_continues_the_uninterrupted_run(runs, name):
+    """Saved at step 5 (FSDP on 2 ranks, or one process for res_from1), resumed to step 10 under FSDP on 2 ranks,
+    under DDP, in one process, under FSDP in one process, from one process to FSDP, and from a dcp folder: steps
+    6..10 give the uninterrupted run's losses (within 1e-5), and so does the optimizer state (AdamW's moments
+    carry over: a fresh optimizer would not)."""
+    full = losses(runs["pope1"])
+    got = losses(runs[name])
+    assert_same_losses({i: full[i] for i in range(6, 11)}, {i: got[i] for i in range(6, 11)}, range(6, 11))
+    ckpt = torch.load(os.path.join(runs[name if name != "dcp2" else "pope1"], "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] == 10 and set(ckpt["optimizer"]["state"]) == set(range(len(ckpt["optimizer"]["state"])))
+
+
+def test_the_gathered_checkpoint_has_the_layout_of_a_one_process_run(runs):
+    """ckpt.pt of FSDP on 2 ranks: the keys, shapes and optimizer layout (by index, the same groups) of a
+    one-process run's, every tensor whole."""
+    a = torch.load(os.path.join(runs["pope1"], "ckpt.pt"), weights_only=True)
+    b = torch.load(os.path.join(runs["pope2"], "ckpt.pt"), weights_only=True)
+    assert {k: v.shape for k, v in a["model"].items()} == {k: v.shape for k, v in b["model"].items()}
+    assert [g["params"] for g in a["optimizer"]["param_groups"]] == [
+        g["params"] for g in b["optimizer"]["param_groups"]
+    ]
+    for i, s in a["optimizer"]["state"].items():
+        assert {k: v.shape for k, v in s.items()} == {k: v.shape for k, v in b["optimizer"]["state"][i].items()}
+        torch.testing.assert_close(b["optimizer"]["state"][i]["exp_avg"], s["exp_avg"], rtol=1e-3, atol=1e-7)
+
+
+def test_sample_and_eval_extrapolate_read_the_fsdp_run_folder(runs, small_chars, tmp_path):
+    """sample.py and eval_extrapolate.py read the FSDP run's best.pt unchanged: the same greedy tokens and the
+    same losses as from the one-process run's (the weights are equal within 1e-5)."""
+    import eval_extrapolate
+
+    args = ["--start=to be", "--max_new_tokens=5", "--temperature=0", "--device=cpu", "--compile=False"]
+    assert sample.main([f"--out_dir={runs['pope2']}", *args]) == sample.main([f"--out_dir={runs['pope1']}", *args])
+    common = [f"--data_root={small_chars}", "--dataset=chars", "--lengths=64,128", "--last_k=32"]
+    ppl = {}
+    for name in ("pope1", "pope2"):
+        eval_extrapolate.main([runs[name], *common, "--device=cpu", f"--out_dir={tmp_path / name}"])
+        with open(tmp_path / name / "extrapolation.csv") as f:
+            ppl[name] = [float(r["ppl"]) for r in csv.DictReader(f)]
+    assert len(ppl["pope2"]) == 2
+    np.testing.assert_allclose(ppl["pope2"], ppl["pope1"], rtol=1e-4)
+
+
+def test_bytes_per_rank_at_world_2_are_half_of_world_1(runs):
+    """Parameters, gradients and AdamW state this rank held after step 1, measured from its local shards
+    (metrics.json): at world 2 half of world 1's, plus at most one row of each tensor (dim-0 shards of an odd
+    number of rows); and the estimate from the model's shapes equals the measurement at both world sizes."""
+    model_args = torch.load(os.path.join(runs["rope1"], "ckpt.pt"), weights_only=True)["model_args"]
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**model_args))
+    row = sum(4 * p.numel() // p.shape[0] for p in model.parameters())  # one fp32 row of every tensor
+    m1 = metrics(runs["rope1"])["sharding"]["memory_per_rank"]
+    m2 = metrics(runs["rope2"])["sharding"]["memory_per_rank"]
+    for key, rows in (("params", 1), ("grads", 1), ("optimizer", 2)):
+        w1, w2 = m1["measured"][key], m2["measured"][key]
+        fixed = 4 * len(list(model.parameters())) if key == "optimizer" else 0  # AdamW's 0-d step per tensor
+        assert (w1 - fixed) / 2 <= w2 - fixed <= (w1 - fixed) / 2 + rows * row, (key, w1, w2)
+        assert m1["estimate"][key] == w1 and m2["estimate"][key] == w2
+    assert m1["measured"]["params"] == 4 * sum(p.numel() for p in model.parameters())
+
+
+def test_a_dcp_folder_given_to_sample_says_how_to_convert_it_and_the_conversion_samples(runs, tmp_path, capsys):
+    """checkpoint_format='dcp' writes best.dcp and ckpt.dcp, no .pt: sample.py exits 2 with the one-line command
+    that converts them; that command writes a best.pt sample.py reads, whose weights are the run's."""
+    folder = runs["dcp2"]
+    assert sorted(n for n in os.listdir(folder) if n.endswith((".pt", ".dcp"))) == ["best.dcp", "ckpt.dcp"]
+    args = ["--start=to be", "--max_new_tokens=5", "--temperature=0", "--device=cpu", "--compile=False"]
+    with pytest.raises(SystemExit) as e:
+        sample.main([f"--out_dir={folder}", *args])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "python sharding.py" in err, err
+    cmd = err.split("convert it to one file first: ")[1].split()
+    assert cmd[:2] == ["python", "sharding.py"]
+    sharding.main(cmd[2:])
+    assert sample.main([f"--out_dir={folder}", *args]) == sample.main([f"--out_dir={runs['pope2']}", *args])
+    sharding.main([os.path.join(folder, "ckpt.dcp"), str(tmp_path / "ckpt.pt")])
+    a = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    b = torch.load(os.path.join(runs["pope2"], "ckpt.pt"), weights_only=True)
+    assert a["iter_num"] == b["iter_num"] == 10 and a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+    for k in b["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--fsdp=True", "--dtype=float16"], "fsdp=True trains in bfloat16 or float32, not float16"),
+        (["--checkpoint_format=dcp"], "checkpoint_format='dcp' writes an FSDP run's shards"),
+        (["--fsdp=True", "--checkpoint_format=zip"], "checkpoint_format must be 'single' or 'dcp'"),
+    ],
+)
+def test_settings_fsdp_cannot_honour_exit_2_in_one_line_and_touch_nothing(args, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"earlier run")
+    with pytest.raises(SystemExit) as e:
+        train.main([*TINY, f"--out_dir={out}", "--init_from=resume", *args])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.splitlines() == [err] and message in err, err
+    assert sorted(os.listdir(out)) == ["ckpt.pt"] and (out / "ckpt.pt").read_bytes() == b"earlier run"
