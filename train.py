@@ -6,6 +6,7 @@
     torchrun --standalone --nproc_per_node=8 train.py config/train_owt_pope.py
     python train.py config/train_jsb_pope.py --eval_only=True --init_from=resume
     python train.py config/finetune_owt_yarn_4096.py  # fine-tune out-owt-124m-rope/best.pt at 4096 with YaRN
+    torchrun --standalone --nproc_per_node=8 train.py config/train_owt_1558m_pope.py  # 1.5B: FSDP (sharding.py)
 
 The defaults below are overridden by a config file, then by --key=value (see configurator.py).
 Checkpoints: out_dir/ckpt.pt (latest, for init_from='resume') and out_dir/best.pt (best val loss,
@@ -333,6 +334,8 @@ def initial_state(cfg, config, run, data, tokenizer):
     )
     model_args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
     model_args["vocab_size"] = _round_vocab(data.vocab_size)
+    if cfg.init_from != "resume" and _elastic_restart(cfg, run):
+        cfg.init_from = config["init_from"] = "resume"
     if cfg.init_from == "resume":
         if cfg.checkpoint_format == "dcp":
             start.ckpt_path = sharding.dcp_path(cfg.out_dir, "ckpt.pt")
@@ -359,6 +362,19 @@ def initial_state(cfg, config, run, data, tokenizer):
         raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
     start.model_args = model_args
     return start
+
+
+def _elastic_restart(cfg, run):
+    """True if torchrun restarted this job (--max-restarts; TORCHELASTIC_RESTART_COUNT > 0) after it wrote a
+    checkpoint in out_dir: the restart resumes from it instead of starting over (and overwriting it)."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    name = sharding.dcp_path(cfg.out_dir, "ckpt.pt") if cfg.checkpoint_format == "dcp" else "ckpt.pt"
+    path = os.path.join(cfg.out_dir, name)
+    if restarts == 0 or not os.path.exists(path):
+        return False
+    if run.master:
+        print(f"elastic restart {restarts} (torchrun --max-restarts): resuming from {path}")
+    return True
 
 
 def build_model(cfg, run, start):

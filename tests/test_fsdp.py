@@ -121,7 +121,7 @@ def runs(small_chars, tmp_path_factory):
     shutil.copytree(d["part2"], d["res_fsdp1"])
     train.main(base + CASES["pope"] + resume + [f"--out_dir={d['res_1']}"])
     train.main(base + CASES["pope"] + FSDP + resume + [f"--out_dir={d['res_fsdp1']}"])  # a group of one process
-    d["stdout"] = out
+    d["stdout"], d["data_root"] = out, small_chars
     return d
 
 
@@ -165,6 +165,20 @@ def test_a_resume_on_any_set_up_continues_the_uninterrupted_run(runs, name):
     assert_same_losses({i: full[i] for i in range(6, 11)}, {i: got[i] for i in range(6, 11)}, range(6, 11))
     ckpt = torch.load(os.path.join(runs[name if name != "dcp2" else "pope1"], "ckpt.pt"), weights_only=True)
     assert ckpt["iter_num"] == 10 and set(ckpt["optimizer"]["state"]) == set(range(len(ckpt["optimizer"]["state"])))
+
+
+def test_an_elastic_restart_resumes_from_the_checkpoint_instead_of_starting_over(runs, tmp_path, monkeypatch, capsys):
+    """torchrun --max-restarts runs the same command again with TORCHELASTIC_RESTART_COUNT=1: a run started with
+    init_from='scratch' that finds its ckpt.pt (step 5) resumes from it, and steps 6..10 are the uninterrupted
+    run's. (The first start, TORCHELASTIC_RESTART_COUNT=0, trains from scratch: every other test.)"""
+    out = str(tmp_path / "restarted")
+    shutil.copytree(runs["part1"], out)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    m = train.main(TINY + CASES["pope"] + [f"--data_root={runs['data_root']}", "--max_iters=10", f"--out_dir={out}"])
+    assert f"elastic restart 1 (torchrun --max-restarts): resuming from {out}" in capsys.readouterr().out
+    full, got = losses(runs["pope1"]), losses(out)
+    assert_same_losses({i: full[i] for i in range(6, 11)}, {i: got[i] for i in range(6, 11)}, range(6, 11))
+    assert m["config"]["init_from"] == "resume" and len(m["provenance_earlier"]) == 1
 
 
 def test_the_gathered_checkpoint_has_the_layout_of_a_one_process_run(runs):
@@ -255,3 +269,90 @@ def test_settings_fsdp_cannot_honour_exit_2_in_one_line_and_touch_nothing(args, 
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.splitlines() == [err] and message in err, err
     assert sorted(os.listdir(out)) == ["ckpt.pt"] and (out / "ckpt.pt").read_bytes() == b"earlier run"
+
+
+@pytest.mark.slow
+def test_a_compiled_fsdp_step_with_activation_checkpointing_on_the_triton_path(tmp_path):
+    """train.py with the GPU's defaults (--compile=True --attn_backend=triton: Inductor, PoPE's custom ops and
+    its selective checkpoint, the Triton kernels in the interpreter) under FSDP with activation checkpointing on
+    two gloo processes: the losses of 4 steps and the final val/test losses equal one process's without either
+    (compiled too), within 1e-5. Slow: three processes compile."""
+    from test_compiled_gpu_path import _tiny_stream
+
+    data_root = _tiny_stream(str(tmp_path))
+    args = [
+        "--n_layer=2",
+        "--n_head=2",
+        "--n_embd=32",
+        "--batch_size=2",
+        "--gradient_accumulation_steps=4",
+        "--block_size=16",
+        "--eval_iters=1",
+        "--eval_interval=2",
+        "--log_interval=1",
+        "--warmup_iters=1",
+        "--device=cpu",
+        "--compile=True",
+        "--attn_backend=triton",
+        "--dataset=toy",
+        f"--data_root={data_root}",
+        "--pope_delta_init=uniform",
+        "--max_iters=4",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1")
+    out = {}
+    for name, launch, extra in (
+        ("one", [], []),
+        ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"], FSDP + AC),
+    ):
+        p = subprocess.run(
+            [sys.executable, *launch, "train.py", *args, *extra, f"--out_dir={tmp_path / name}"],
+            cwd=REPO,
+            env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}")},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[name] = losses(tmp_path / name), metrics(tmp_path / name)
+    (one, m1), (two, m2) = out["one"], out["two"]
+    assert_same_losses(one, two, range(1, 5))
+    assert m2["sharding"]["fsdp"] and m2["sharding"]["activation_checkpointing"]
+    for split in ("val", "test"):
+        np.testing.assert_allclose(m2[split]["loss"], m1[split]["loss"], rtol=1e-5)
+
+
+def test_activation_checkpointing_keeps_only_each_blocks_input_and_the_same_gradients():
+    """checkpoint_blocks: the tensors autograd saves in the forward (saved_tensors_hooks, bytes) shrink to the
+    blocks' inputs and what lies outside the blocks; the recomputed backward gives the same loss and gradients;
+    without gradients (evaluation, decoding) the blocks run plainly."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=64, block_size=32, attn_backend="torch")
+    x = torch.randint(0, 64, (2, 32))
+
+    def step(model):
+        saved = []
+
+        def pack(t):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(x, x)[1]
+        loss.backward()
+        return loss, {n: p.grad for n, p in model.named_parameters()}, sum(saved)
+
+    plain = GPT(cfg)
+    ckpt = GPT(cfg)
+    ckpt.load_state_dict(plain.state_dict())
+    sharding.checkpoint_blocks(ckpt)
+    loss_a, grads_a, bytes_a = step(plain)
+    loss_b, grads_b, bytes_b = step(ckpt)
+    torch.testing.assert_close(loss_b, loss_a, rtol=0, atol=0)
+    for n in grads_a:
+        torch.testing.assert_close(grads_b[n], grads_a[n], rtol=1e-6, atol=1e-8)
+    block_input = 2 * 32 * 32 * 4  # (B, T, n_embd) fp32: what a checkpointed Block keeps
+    print(f"saved for the backward: {bytes_a} bytes, {bytes_b} with activation checkpointing")
+    assert bytes_a - bytes_b > cfg.n_layer * 8 * block_input, (bytes_a, bytes_b)  # each Block kept > 9 inputs' worth
+    with torch.no_grad():
+        torch.testing.assert_close(ckpt(x)[0], plain(x)[0], rtol=0, atol=0)
