@@ -22,6 +22,7 @@
 6. Bytes per rank of fp32 parameters, gradients and AdamW state under DDP and FSDP (train.py fsdp=True) at world
    1, 2 and 8, for the 124M, 774M and 1.5B shapes (sharding.memory_per_rank, from the shapes), and the 124M
    shape's FSDP bytes at world 2 measured from each rank's local shards after one step (two gloo processes).
+   Then section 1's PoPE step (the 124M shape on CUDA) with no wrapper, DDP and FSDP, each at world 1.
 5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
    FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
 Every PoPE/RoPE ratio comes from interleaved rounds (--rounds, at least 5): each round times every arm
@@ -553,6 +554,55 @@ def bench_shard(vocab_size=50304, worlds=(1, 2, 8)):
     return rows, check
 
 
+def bench_wrappers(
+    device, n_layer, n_embd, n_head, T, batch_size, vocab_size=50304, rounds=6, dtype="auto", compile=None
+):
+    """Section 6's step: one PoPE AdamW training step (fwd + bwd + step) of the same GPT with no wrapper, under DDP
+    and under FSDP (sharding.shard: bf16 compute with fp32 reduce where train.py autocasts in bf16), each at
+    world 1 (a process group of one), in interleaved rounds -> one row per arm: ms per step and its time ratio to
+    no wrapper (median and range of the per-round ratios). The issue's target on a GPU: all within 5 %."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import sharding
+
+    name, amp, _ = train_step_precision(device, dtype)
+    if name == "float16":
+        raise UserError("the wrapper benchmark runs FSDP, which trains in bfloat16 or float32: give --dtype")
+    compile = str(device).startswith("cuda") if compile is None else compile
+    if not dist.is_initialized():
+        sharding.init_single_process(str(device))
+    steps = {}
+    for arm in ("none", "DDP", "FSDP"):
+        torch.manual_seed(0)
+        cfg = GPTConfig(block_size=T, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+        model = GPT(cfg).to(device)
+        if arm == "FSDP":
+            sharding.shard(model, str(device), name)
+        opt = model.configure_optimizers(0.01, 1e-4, (0.9, 0.99), str(device).split(":")[0])
+        fwd = torch.compile(model) if compile else model
+        if arm == "DDP":
+            fwd = DDP(fwd, broadcast_buffers=False)
+        x = torch.randint(0, vocab_size, (batch_size, T), device=device)
+
+        def step(model=fwd, opt=opt, x=x):
+            with amp:
+                _, loss = model(x, x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        steps[arm] = step
+    times = interleaved(steps, device, rounds, warmup=2 if compile else 1)
+    rows = []
+    for arm in steps:
+        row = {"wrapper": arm, "dtype": name, "compiled": compile, "ms_per_step": 1000 * statistics.median(times[arm])}
+        if arm != "none":
+            row["time / none"] = fmt_ratio(ratio_stats(times[arm], times["none"]))
+        rows.append(row)
+    return rows
+
+
 def shard_worker(vocab_size):
     """One rank of bench_shard's measurement: the 124M PoPE shape sharded over the torchrun processes, one AdamW
     step on 1 x 16 tokens, then this rank's bytes from its local shards (sharding.measured_bytes); rank 0 prints
@@ -669,6 +719,14 @@ def main(argv):
         table, check = bench_shard(a.vocab_size)
         print_table("bytes per rank, fp32 weights + AdamW, GiB (sharding.memory_per_rank)", table)
         print_table("FSDP at world 2, 124M shape: estimate vs measured from the local shards (bytes, rank 0)", check)
+        shape = STEP_SHAPES["cuda" if a.device.startswith("cuda") else "cpu"]
+        what = f"{shape['n_layer']} layers x {shape['n_embd']} wide, T={shape['T']}, batch {shape['batch_size']}"
+        print_table(
+            f"PoPE training step at world 1, {what}: no wrapper, DDP, FSDP",
+            bench_wrappers(
+                a.device, **shape, vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype, compile=a.compile
+            ),
+        )
     if a.only in (None, "decode"):
         contexts = tuple(a.contexts)
         print_table(
