@@ -2,10 +2,10 @@
 
 train.py's settings `fsdp`, `activation_checkpointing` and `checkpoint_format` come here:
 
-    shard(model, run)             fully_shard every Block, then the root (torch.distributed.fsdp, FSDP2): each
+    shard(model, dev, dtype)      fully_shard every Block, then the root (torch.distributed.fsdp, FSDP2): each
                                   rank holds 1/world of every parameter (rows of dim 0), of its gradient and of
                                   AdamW's two moments. MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
-                                  where train.py's autocast is bf16; fp32 (no policy) otherwise.
+                                  where train.py's autocast is bf16; fp32 throughout otherwise.
     checkpoint_blocks(model)      recompute each Block in the backward (torch.utils.checkpoint, non-reentrant,
                                   so it nests with PoPE's own selective checkpoint around the Triton kernel)
     full_states / load_*          a checkpoint's model and optimizer state, gathered to rank 0 in the layout a

@@ -59,12 +59,17 @@ def metrics(out_dir):
 
 @pytest.fixture(scope="module")
 def small_chars(tmp_path_factory):
-    """A character-level stream dataset of 1,760 characters (conftest.char_dataset): short final evaluations,
+    """A stream dataset of 1,760 tokens (conftest.char_dataset's characters) whose tokenizer has no text codec
+    (kind 'none': prompts are ids, and train.py samples no text at the end of each run): short final evaluations,
     whose batches the two ranks share unevenly (rank 0 also takes the tail window)."""
     from conftest import CHAR_TEXT, char_dataset
 
     root = tmp_path_factory.mktemp("data")
     char_dataset(str(root / "chars"), CHAR_TEXT, "chars")
+    with open(root / "chars" / "meta.json") as f:
+        meta = json.load(f)
+    with open(root / "chars" / "meta.json", "w") as f:
+        json.dump({**meta, "tokenizer": {"kind": "none"}}, f)
     return str(root)
 
 
@@ -200,7 +205,7 @@ def test_sample_and_eval_extrapolate_read_the_fsdp_run_folder(runs, small_chars,
     same losses as from the one-process run's (the weights are equal within 1e-5)."""
     import eval_extrapolate
 
-    args = ["--start=to be", "--max_new_tokens=5", "--temperature=0", "--device=cpu", "--compile=False"]
+    args = ["--start=[1, 2, 3]", "--max_new_tokens=5", "--temperature=0", "--device=cpu", "--compile=False"]
     assert sample.main([f"--out_dir={runs['pope2']}", *args]) == sample.main([f"--out_dir={runs['pope1']}", *args])
     common = [f"--data_root={small_chars}", "--dataset=chars", "--lengths=64,128", "--last_k=32"]
     ppl = {}
@@ -235,7 +240,7 @@ def test_a_dcp_folder_given_to_sample_says_how_to_convert_it_and_the_conversion_
     that converts them; that command writes a best.pt sample.py reads, whose weights are the run's."""
     folder = runs["dcp2"]
     assert sorted(n for n in os.listdir(folder) if n.endswith((".pt", ".dcp"))) == ["best.dcp", "ckpt.dcp"]
-    args = ["--start=to be", "--max_new_tokens=5", "--temperature=0", "--device=cpu", "--compile=False"]
+    args = ["--start=[1, 2, 3]", "--max_new_tokens=5", "--temperature=0", "--device=cpu", "--compile=False"]
     with pytest.raises(SystemExit) as e:
         sample.main([f"--out_dir={folder}", *args])
     err = capsys.readouterr().err.strip()
@@ -356,3 +361,34 @@ def test_activation_checkpointing_keeps_only_each_blocks_input_and_the_same_grad
     assert bytes_a - bytes_b > cfg.n_layer * 8 * block_input, (bytes_a, bytes_b)  # each Block kept > 9 inputs' worth
     with torch.no_grad():
         torch.testing.assert_close(ckpt(x)[0], plain(x)[0], rtol=0, atol=0)
+
+
+def test_a_non_final_micro_step_reduces_no_gradient_and_the_last_reduces_both():
+    """train.set_grad_sync under FSDP (a process group of one, gloo): after a micro-step with sync off no sharded
+    gradient exists yet (FSDP kept the unsharded one: no reduce-scatter ran); after the last micro-step every
+    parameter's sharded gradient is the sum of both micro-steps', as a plain model's two backward passes give."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16, attn_backend="torch")
+    plain, sharded = GPT(cfg), GPT(cfg)
+    sharded.load_state_dict(plain.state_dict())
+    xs = [torch.randint(0, 64, (2, 16)) for _ in range(2)]
+    for x in xs:
+        plain(x, x)[1].backward()
+    sharding.init_single_process("cpu")
+    try:
+        sharding.shard(sharded, "cpu", "float32")
+        run = SimpleNamespace(fsdp=True, ddp=True)
+        train.set_grad_sync(sharded, sharded, run, False)
+        sharded(xs[0], xs[0])[1].backward()
+        assert all(p.grad is None for p in sharded.parameters())
+        train.set_grad_sync(sharded, sharded, run, True)
+        sharded(xs[1], xs[1])[1].backward()
+        want = dict(plain.named_parameters())
+        for name, p in sharded.named_parameters():
+            torch.testing.assert_close(p.grad.full_tensor(), want[name].grad, rtol=1e-5, atol=1e-7)
+    finally:
+        dist.destroy_process_group()
