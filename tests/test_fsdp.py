@@ -132,6 +132,7 @@ def runs(small_chars, tmp_path_factory):
 
 def assert_same_losses(a, b, steps):
     assert sorted(a) == sorted(b) == list(steps)
+    print(f"steps {steps[0]}..{steps[-1]}: max relative loss difference {max(abs(b[i] / a[i] - 1) for i in steps):.1e}")
     np.testing.assert_allclose([b[i] for i in steps], [a[i] for i in steps], rtol=1e-5, atol=0)
 
 
