@@ -1,7 +1,7 @@
 """Benchmarks on the current device: RoPE vs PoPE, as tables.
 
     python bench.py                 # train step + attention micro-benchmark + O(T) memory check + decoding
-    python bench.py --only=attn     # one section: step | attn | memory | decode | kernel
+    python bench.py --only=attn     # one section: step | attn | memory | decode | kernel | shard
     python bench.py --rounds=10     # more interleaved rounds (default 6, 15 for the training step; at least 5)
     python bench.py --only=decode --contexts 1024 4096 16384 [--gqa]   # decoding at those contexts
     python bench.py --dtype=float16 # the training step's compute dtype (default auto, as train.py)
@@ -19,6 +19,10 @@
    table's); --gqa adds 8 query heads sharing 2 key/value heads. Then one layer's attention for one new
    token at each context: RoPE, PoPE over the earlier 2d-wide Cartesian cache, PoPE over magnitudes, eager
    and under torch.compile. Section 1 also runs grouped-query attention (n_head 8, n_kv_head 2).
+6. Bytes per rank of fp32 parameters, gradients and AdamW state under DDP and FSDP (train.py fsdp=True) at world
+   1, 2 and 8, for the 124M, 774M and 1.5B shapes (sharding.memory_per_rank, from the shapes), and the 124M
+   shape's FSDP bytes at world 2 measured from each rank's local shards after one step (two gloo processes).
+   Then section 1's PoPE step (the 124M shape on CUDA) with no wrapper, DDP and FSDP, each at world 1.
 5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
    FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
 Every PoPE/RoPE ratio comes from interleaved rounds (--rounds, at least 5): each round times every arm
@@ -518,6 +522,120 @@ def bench_memory(device, seq_lens=(4096, 8192, 16384), d=64, n_head=8):
     return rows
 
 
+SHARD_SHAPES = {  # GPT-2's sizes: the paper's 124M and 774M, and config/train_owt_1558m_*.py
+    "124M": dict(n_layer=12, n_head=12, n_embd=768),
+    "774M": dict(n_layer=36, n_head=20, n_embd=1280),
+    "1.5B": dict(n_layer=48, n_head=25, n_embd=1600),
+}
+
+
+def bench_shard(vocab_size=50304, worlds=(1, 2, 8)):
+    """Section 6 -> (rows: one per shape and set-up, GiB of params / grads / optimizer / total per rank at each
+    world size; check: the 124M shape's FSDP bytes at world 2, estimated and measured by shard_worker in two gloo
+    processes, and their difference)."""
+    import json
+    import subprocess
+
+    import sharding
+
+    rows = []
+    for name, shape in SHARD_SHAPES.items():
+        with torch.device("meta"):
+            model = GPT(GPTConfig(**shape, vocab_size=vocab_size, block_size=1024, pos_encoding="pope"))
+        per = {w: sharding.memory_per_rank(model, w) for w in worlds}
+        for kind in ("ddp", "fsdp"):
+            row = {"model": f"{name} pope", "set-up": kind.upper()}
+            for w in worlds:
+                parts = (per[w][kind][k] / 2**30 for k in ("params", "grads", "optimizer"))
+                row[f"world {w}"] = " / ".join(f"{v:.2f}" for v in parts)
+                row[f"total {w}"] = per[w][kind]["total"] / 2**30
+            rows.append(row)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [*cmd, "--shard_worker", f"--vocab_size={vocab_size}"], env=env, capture_output=True, text=True, check=True
+    )
+    measured = json.loads(out.stdout.strip().splitlines()[-1])
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**SHARD_SHAPES["124M"], vocab_size=vocab_size, block_size=1024, pos_encoding="pope"))
+    est = sharding.memory_per_rank(model, 2)["fsdp"]
+    check = [{"": k, "estimate": est[k], "measured": measured[k], "difference": measured[k] - est[k]} for k in est]
+    return rows, check
+
+
+def bench_wrappers(
+    device, n_layer, n_embd, n_head, T, batch_size, vocab_size=50304, rounds=6, dtype="auto", compile=None
+):
+    """Section 6's step: one PoPE AdamW training step (fwd + bwd + step) of the same GPT with no wrapper, under DDP
+    and under FSDP (sharding.shard: bf16 compute with fp32 reduce where train.py autocasts in bf16), each at
+    world 1 (a process group of one), in interleaved rounds -> one row per arm: ms per step and its time ratio to
+    no wrapper (median and range of the per-round ratios). The issue's target on a GPU: all within 5 %."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import sharding
+
+    name, amp, _ = train_step_precision(device, dtype)
+    if name == "float16":
+        raise UserError("the wrapper benchmark runs FSDP, which trains in bfloat16 or float32: give --dtype")
+    compile = str(device).startswith("cuda") if compile is None else compile
+    if not dist.is_initialized():
+        sharding.init_single_process(str(device))
+    steps = {}
+    for arm in ("none", "DDP", "FSDP"):
+        torch.manual_seed(0)
+        cfg = GPTConfig(block_size=T, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+        model = GPT(cfg).to(device)
+        if arm == "FSDP":
+            sharding.shard(model, str(device), name)
+        opt = model.configure_optimizers(0.01, 1e-4, (0.9, 0.99), str(device).split(":")[0])
+        fwd = torch.compile(model) if compile else model
+        if arm == "DDP":
+            fwd = DDP(fwd, broadcast_buffers=False)
+        x = torch.randint(0, vocab_size, (batch_size, T), device=device)
+
+        def step(model=fwd, opt=opt, x=x):
+            with amp:
+                _, loss = model(x, x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        steps[arm] = step
+    times = interleaved(steps, device, rounds, warmup=2 if compile else 1)
+    rows = []
+    for arm in steps:
+        row = {"wrapper": arm, "dtype": name, "compiled": compile, "ms_per_step": 1000 * statistics.median(times[arm])}
+        if arm != "none":
+            row["time / none"] = fmt_ratio(ratio_stats(times[arm], times["none"]))
+        rows.append(row)
+    return rows
+
+
+def shard_worker(vocab_size):
+    """One rank of bench_shard's measurement: the 124M PoPE shape sharded over the torchrun processes, one AdamW
+    step on 1 x 16 tokens, then this rank's bytes from its local shards (sharding.measured_bytes); rank 0 prints
+    them as JSON."""
+    import json
+
+    import torch.distributed as dist
+
+    import sharding
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHARD_SHAPES["124M"], vocab_size=vocab_size, block_size=16, pos_encoding="pope"))
+    sharding.shard(model, "cpu", "float32")
+    optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), "cpu")
+    x = torch.randint(0, vocab_size, (1, 16))
+    model(x, x)[1].backward()
+    optimizer.step()
+    b = sharding.measured_bytes(model, optimizer)
+    if dist.get_rank() == 0:
+        print(json.dumps(b))
+    dist.destroy_process_group()
+
+
 def print_table(title, rows):
     print(f"\n{title}")
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -531,7 +649,7 @@ def print_table(title, rows):
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel"])
+    p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel", "shard"])
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
     p.add_argument(
         "--rounds",
@@ -541,6 +659,7 @@ def main(argv):
     )
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
     p.add_argument("--vocab_size", type=int, default=50304)
+    p.add_argument("--shard_worker", action="store_true", help=argparse.SUPPRESS)  # one rank of section 6
     p.add_argument(
         "--contexts", type=int, nargs="+", default=[1024, 4096, 16384], help="decode: tokens already in the cache"
     )
@@ -569,6 +688,8 @@ def main(argv):
         help="step: time the steps again after one evaluation forward (eager, no_grad, as train.py evaluates)",
     )
     a = p.parse_args(argv)
+    if a.shard_worker:
+        return shard_worker(a.vocab_size)
     a.compile = {"auto": None, "on": True, "off": False}[a.compile]
     step_rounds, a.rounds = a.rounds or STEP_ROUNDS, a.rounds or 6
     if a.rounds < MIN_ROUNDS:
@@ -610,6 +731,18 @@ def main(argv):
         )
     if a.only in (None, "memory"):
         print_table("PoPE forward peak memory, d=64, 8 heads, fp32", bench_memory(a.device))
+    if a.only in (None, "shard"):
+        table, check = bench_shard(a.vocab_size)
+        print_table("bytes per rank, fp32 weights + AdamW, GiB (sharding.memory_per_rank)", table)
+        print_table("FSDP at world 2, 124M shape: estimate vs measured from the local shards (bytes, rank 0)", check)
+        shape = STEP_SHAPES["cuda" if a.device.startswith("cuda") else "cpu"]
+        what = f"{shape['n_layer']} layers x {shape['n_embd']} wide, T={shape['T']}, batch {shape['batch_size']}"
+        print_table(
+            f"PoPE training step at world 1, {what}: no wrapper, DDP, FSDP",
+            bench_wrappers(
+                a.device, **shape, vocab_size=a.vocab_size, rounds=a.rounds, dtype=a.dtype, compile=a.compile
+            ),
+        )
     if a.only in (None, "decode"):
         contexts = tuple(a.contexts)
         print_table(

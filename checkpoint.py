@@ -68,20 +68,21 @@ def save_checkpoint(
 ):
     """Write out_dir/ckpt.pt (CKPT_KEYS) and, if best, out_dir/best.pt (BEST_KEYS) first, each atomically.
 
-    model: the GPT (not its compiled or DDP wrapper); optimizer, scaler: their state_dicts are saved;
+    model: the GPT (not its compiled or DDP wrapper); optimizer, scaler: their state_dicts are saved (model and
+    optimizer may be given as state dicts already, e.g. gathered from FSDP's shards: train.save_run);
     model_args: asdict(GPTConfig); config: the run's settings (a dict with 'seed'); rng: every
     process's RNG states; tokenizer: tokenizer_to_checkpoint of the dataset's meta.json; provenance:
     provenance.provenance() of every process that trained the run so far, oldest first.
     """
     state = {
-        "model": model.state_dict(),
+        "model": model if isinstance(model, dict) else model.state_dict(),
         "model_args": model_args,
         "config": config,
         "iter_num": iter_num,
         "best_val_loss": best_val_loss,
         "tokenizer": tokenizer,
         "provenance": list(provenance),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer if isinstance(optimizer, dict) else optimizer.state_dict(),
         "scaler": scaler.state_dict(),
         "rng": rng,
         "data_position": {"seed": config["seed"], "iter_num": iter_num},
@@ -102,9 +103,15 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
     model_args written under an old GPTConfig field name (model.RENAMED_FIELDS) come back under the
     new one; a field added later comes back with the value those runs had (LEGACY_MODEL_ARGS: YaRN's
     'paper' ramp, the only one before issue 60). Raises UserError when the file is missing or is not a
-    checkpoint of this repo.
+    checkpoint of this repo; for a sharded folder of checkpoint_format='dcp' (given, or there instead of the
+    file), the command that converts it.
     """
     path = os.path.join(out_dir, ckpt)
+    for folder in (path, out_dir, os.path.splitext(path)[0] + ".dcp"):  # a sharded folder (checkpoint_format='dcp')
+        if not os.path.isfile(path) and os.path.isfile(os.path.join(folder, ".metadata")):
+            import sharding
+
+            raise UserError(sharding.convert_hint(folder))
     if not os.path.isfile(path):
         raise UserError(
             f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "

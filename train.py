@@ -6,6 +6,7 @@
     torchrun --standalone --nproc_per_node=8 train.py config/train_owt_pope.py
     python train.py config/train_jsb_pope.py --eval_only=True --init_from=resume
     python train.py config/finetune_owt_yarn_4096.py  # fine-tune out-owt-124m-rope/best.pt at 4096 with YaRN
+    torchrun --standalone --nproc_per_node=8 train.py config/train_owt_1558m_pope.py  # 1.5B: FSDP (sharding.py)
 
 The defaults below are overridden by a config file, then by --key=value (see configurator.py).
 Checkpoints: out_dir/ckpt.pt (latest, for init_from='resume') and out_dir/best.pt (best val loss,
@@ -33,7 +34,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pope
-from checkpoint import load_checkpoint, load_finetune_checkpoint, save_checkpoint, tokenizer_to_checkpoint
+import sharding
+from checkpoint import BEST_KEYS, load_checkpoint, load_finetune_checkpoint, save_checkpoint, tokenizer_to_checkpoint
 from cli import (
     UserError,
     atomic_write_json,
@@ -104,6 +106,10 @@ device = "auto"  # 'auto' | 'cpu' | 'cuda' | 'cuda:1' ...
 dtype = "auto"  # 'auto' (bf16 on CUDA if supported, else fp16; fp32 on CPU) | 'float32' | 'bfloat16' | 'float16'
 compile = None  # torch.compile; None: on for CUDA, off for CPU
 peak_flops = 0.0  # one device's peak FLOP/s for MFU (reported per device); 0: look it up (model.device_peak_flops)
+# past one GPU's memory (sharding.py)
+fsdp = False  # shard parameters, gradients and AdamW state over the processes (FSDP2 fully_shard); one process too
+activation_checkpointing = False  # recompute each Block in the backward: activations of one layer input each
+checkpoint_format = "single"  # 'single': ckpt.pt, best.pt gathered to rank 0 | 'dcp' (fsdp): sharded ckpt.dcp, best.dcp
 # -----------------------------------------------------------------------------
 DEFAULTS = {
     k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))
@@ -150,21 +156,22 @@ def main(argv):
             if run.master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
                 log(cfg, wandb, {"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
-                if iter_num > 0 or cfg.init_from == "finetune":  # a fine-tune's step 0 has real weights too
-                    save_checkpoint(
-                        cfg.out_dir,
-                        model=raw_model,
-                        optimizer=optimizer,
-                        scaler=scaler,
-                        model_args=asdict(raw_model.config),
-                        config=config,
-                        iter_num=iter_num,
-                        best_val_loss=min(best_val_loss, val["loss"]),
-                        rng=rng,
-                        tokenizer=tokenizer,
-                        provenance=prov_earlier + [prov],
-                        best=val["loss"] < best_val_loss,
-                    )
+            if iter_num > 0 or cfg.init_from == "finetune":  # a fine-tune's step 0 has real weights too
+                save_run(
+                    cfg,
+                    run,
+                    raw_model,
+                    optimizer,
+                    scaler=scaler,
+                    model_args=asdict(raw_model.config),
+                    config=config,
+                    iter_num=iter_num,
+                    best_val_loss=min(best_val_loss, val["loss"]),
+                    rng=rng,
+                    tokenizer=tokenizer,
+                    provenance=prov_earlier + [prov],
+                    best=val["loss"] < best_val_loss,
+                )
             best_val_loss = min(best_val_loss, val["loss"])
         if iter_num >= cfg.max_iters:
             break
@@ -172,8 +179,7 @@ def main(argv):
         lr = set_lr(optimizer, cfg, iter_num, decay_iters)
         for micro_step in range(run.grad_accum):
             x, y, docs = batch_to_device(data.train_batch(iter_num, micro_step), run.dev, cfg.reset_position_ids)
-            if run.ddp:  # all-reduce gradients only on the last micro-step
-                model.require_backward_grad_sync = micro_step == run.grad_accum - 1
+            set_grad_sync(model, raw_model, run, micro_step == run.grad_accum - 1)  # reduce on the last only
             with run.ctx:
                 _, loss = model(x, y, **docs)
             loss_acc += loss.detach()
@@ -272,8 +278,13 @@ def setup_processes(cfg):
         )
     device_type = "cuda" if dev.startswith("cuda") else "cpu"
     dtype = resolve_dtype(cfg.dtype, dev)
+    sharding.check_settings(cfg, dtype)
+    if cfg.fsdp and not ddp:  # FSDP needs a process group: one of one process
+        sharding.init_single_process(dev)
+        ddp = True
     run = SimpleNamespace(
-        ddp=ddp,
+        ddp=ddp,  # in a process group (torchrun, or fsdp in one process)
+        fsdp=cfg.fsdp,
         dev=dev,
         rank=rank,
         local_rank=local_rank,
@@ -346,12 +357,16 @@ def initial_state(cfg, config, run, data, tokenizer):
     )
     model_args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
     model_args["vocab_size"] = _round_vocab(data.vocab_size)
+    if cfg.init_from != "resume" and _elastic_restart(cfg, run):
+        cfg.init_from = config["init_from"] = "resume"
     if cfg.init_from == "resume":
+        if cfg.checkpoint_format == "dcp":
+            start.ckpt_path = sharding.dcp_path(cfg.out_dir, "ckpt.pt")
         if not os.path.exists(start.ckpt_path):
             raise UserError(
                 f"init_from='resume' but {start.ckpt_path} does not exist; train with init_from='scratch' first"
             )
-        checkpoint = load_checkpoint(cfg.out_dir, "ckpt.pt", run.dev)
+        checkpoint = _resume_checkpoint(cfg, run, start.ckpt_path)
         model_args.update({k: v for k, v in checkpoint["model_args"].items() if k != "attn_backend"})
         saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
         config.update({k: saved[k] for k in model_args if k in saved and k in config and k != "attn_backend"})
@@ -373,6 +388,19 @@ def initial_state(cfg, config, run, data, tokenizer):
     return start
 
 
+def _elastic_restart(cfg, run):
+    """True if torchrun restarted this job (--max-restarts; TORCHELASTIC_RESTART_COUNT > 0) after it wrote a
+    checkpoint in out_dir: the restart resumes from it instead of starting over (and overwriting it)."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    name = sharding.dcp_path(cfg.out_dir, "ckpt.pt") if cfg.checkpoint_format == "dcp" else "ckpt.pt"
+    path = os.path.join(cfg.out_dir, name)
+    if restarts == 0 or not os.path.exists(path):
+        return False
+    if run.master:
+        print(f"elastic restart {restarts} (torchrun --max-restarts): resuming from {path}")
+    return True
+
+
 def build_model(cfg, run, start):
     """The GPT of start.model_args with start.checkpoint's weights, its AdamW and GradScaler (a resumed run
     also gets its optimizer, scaler and RNG states back; a fine-tune starts them fresh), compiled and
@@ -389,20 +417,25 @@ def build_model(cfg, run, start):
     except ValueError as e:
         raise UserError(str(e)) from None
     model = GPT(gptconf)
-    if start.checkpoint is not None:
+    if start.checkpoint is not None and "model" in start.checkpoint:  # a dcp resume loads its shards below
         model.load_state_dict(start.checkpoint["model"])
     model.to(run.dev)
     raw_model = model
+    shard_model(cfg, run, model, gptconf)
     scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), run.device_type)
+    _measure_after_first_step(run, model, optimizer)
     if cfg.init_from == "resume":  # a fine-tune starts with a fresh optimizer
-        optimizer.load_state_dict(start.checkpoint["optimizer"])
+        if "dcp" in start.checkpoint:
+            sharding.load_dcp(start.checkpoint["dcp"], model, optimizer)
+        else:
+            sharding.load_optimizer_state(model, optimizer, start.checkpoint["optimizer"])
         _load_scaler(scaler, start.checkpoint["scaler"], run.master)
         _restore_rng(start.checkpoint["rng"], run.rank, run.world_size, run.dev)
     start.checkpoint = None  # free its memory (on the device) before compiling
     if run.compile:
-        model = compile_model(model, run.ddp)
-    if run.ddp:
+        model = compile_model(model, run.ddp and not run.fsdp)
+    if run.ddp and not run.fsdp:
         # broadcast_buffers=False: the model's buffers are constants every rank builds alike (GPT.rotation, the
         # sinusoidal table, ALiBi's slopes), so no step needs rank 0's copy (DDP's default sends them every forward)
         model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None, broadcast_buffers=False)
@@ -441,6 +474,97 @@ def compile_model(model, ddp):
     return torch.compile(model)
 
 
+def shard_model(cfg, run, model, gptconf):
+    """Activation checkpointing and FSDP as cfg asks, on the GPT `model` (in place, before its optimizer is
+    built); prints the bytes per rank of parameters, gradients and AdamW state under DDP and FSDP at this world
+    size and the activation estimate (rank 0). Sets run.sharding, what metrics.json records: fsdp, world_size,
+    mixed_precision (FSDP's MixedPrecisionPolicy, None without FSDP), activation_checkpointing,
+    checkpoint_format, memory_per_rank {"estimate": sharding.memory_per_rank's, "measured": after step 1}."""
+    if cfg.activation_checkpointing:
+        sharding.checkpoint_blocks(model)
+    estimate = sharding.memory_per_rank(model, run.world_size)
+    if run.master:
+        print(
+            sharding.memory_report(
+                gptconf, run.world_size, cfg.batch_size, gptconf.block_size, run.dtype, cfg.activation_checkpointing
+            )
+        )
+    run.sharding = {
+        "fsdp": bool(cfg.fsdp),
+        "world_size": run.world_size,
+        "mixed_precision": sharding.shard(model, run.dev, run.dtype) if cfg.fsdp else None,
+        "activation_checkpointing": bool(cfg.activation_checkpointing),
+        "checkpoint_format": cfg.checkpoint_format,
+        "memory_per_rank": {"estimate": estimate["fsdp" if cfg.fsdp else "ddp"], "measured": None},
+    }
+
+
+def _measure_after_first_step(run, model, optimizer):
+    """Record in run.sharding the bytes this rank holds of parameters, gradients and AdamW state, measured
+    from its local tensors right after the first optimizer step (gradients still there)."""
+
+    def hook(opt, args, kwargs):
+        run.sharding["memory_per_rank"]["measured"] = sharding.measured_bytes(model, opt)
+        handle.remove()
+
+    handle = optimizer.register_step_post_hook(hook)
+
+
+def set_grad_sync(model, raw_model, run, sync):
+    """Reduce gradients across processes in this backward only if sync (the last micro-step of a step):
+    DDP's require_backward_grad_sync, FSDP's set_requires_gradient_sync (its reduce-scatter)."""
+    if run.fsdp:
+        raw_model.set_requires_gradient_sync(sync)
+    elif run.ddp:
+        model.require_backward_grad_sync = sync
+
+
+def save_run(cfg, run, raw_model, optimizer, **meta):
+    """Write the run's checkpoints (checkpoint.save_checkpoint's meta keys: scaler, model_args, config, iter_num,
+    best_val_loss, rng, tokenizer, provenance, best). checkpoint_format 'single': ckpt.pt (and best.pt) by rank 0,
+    the model and optimizer gathered whole from every rank under FSDP (collective); 'dcp': the folders ckpt.dcp
+    (and best.dcp), each rank writing its shards (sharding.save_dcp)."""
+    if cfg.checkpoint_format == "dcp":
+        scaler = meta.pop("scaler")
+        best = meta.pop("best")
+        extra = {
+            **meta,
+            "scaler": scaler.state_dict(),
+            "data_position": {"seed": cfg.seed, "iter_num": meta["iter_num"]},
+        }
+        if best:
+            keep = {k: v for k, v in extra.items() if k in BEST_KEYS}
+            sharding.save_dcp(sharding.dcp_path(cfg.out_dir, "best.pt"), raw_model, None, keep)
+        sharding.save_dcp(sharding.dcp_path(cfg.out_dir, "ckpt.pt"), raw_model, optimizer, extra)
+        return
+    model, optim = raw_model, optimizer
+    if run.fsdp:
+        model, optim = sharding.full_states(raw_model, optimizer)
+    if run.master:
+        save_checkpoint(cfg.out_dir, model=model, optimizer=optim, **meta)
+
+
+def _resume_checkpoint(cfg, run, path):
+    """The checkpoint dict a resume starts from: ckpt.pt's, or for checkpoint_format='dcp' the ckpt.dcp folder's
+    small keys with "dcp": its path (build_model loads its shards). Raises UserError for a dcp folder without
+    fsdp."""
+    if cfg.checkpoint_format != "dcp":
+        return load_checkpoint(cfg.out_dir, "ckpt.pt", run.dev)
+    if not cfg.fsdp:
+        raise UserError(sharding.convert_hint(path) + ", or resume with fsdp=True")
+    return {**sharding.load_dcp_extra(path), "dcp": path}
+
+
+def load_weights(run, raw_model, path):
+    """Load the weights of a checkpoint (best.pt, or a best.dcp folder) into the GPT, sharded or not."""
+    if os.path.isdir(path):
+        sharding.load_dcp(path, raw_model)
+    else:
+        sharding.load_model_state(
+            raw_model, load_checkpoint(os.path.dirname(path), os.path.basename(path), run.dev)["model"]
+        )
+
+
 def to_device(x, y, dev):
     """A batch (x, y) on dev: through pinned memory, without blocking, on CUDA."""
     if dev.startswith("cuda"):
@@ -455,6 +579,11 @@ def evaluate(raw_model, batches, run, reset_position_ids=False):
     document ids (block_causal) are evaluated under the document mask (batch_to_device)."""
     raw_model.eval()
     tot = torch.zeros(3, dtype=torch.float64, device=run.dev)  # loss sum, correct, count
+    if getattr(run, "fsdp", False):  # every rank runs as many (collective) forwards: stand-ins, no targets
+        batches = (
+            b or (torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1), -1))
+            for b in sharding.lockstep(batches, run.dev)
+        )
     for batch in batches:
         x, y, docs = batch_to_device(batch, run.dev, reset_position_ids)
         with run.ctx:
@@ -520,10 +649,12 @@ def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss,
     written atomically to out_dir/metrics.json by rank 0 with the run's config and provenance; a text run
     then prints its summary (text_run_summary)."""
     best_path = os.path.join(cfg.out_dir, "best.pt")
+    if cfg.checkpoint_format == "dcp":
+        best_path = sharding.dcp_path(cfg.out_dir, "best.pt")
     if run.ddp:
         dist.barrier()  # rank 0 may still be writing best.pt
     if os.path.exists(best_path):
-        raw_model.load_state_dict(load_checkpoint(cfg.out_dir, "best.pt", run.dev)["model"])
+        load_weights(run, raw_model, best_path)
     elif run.master:
         print(f"warning: {best_path} not found; evaluating the current weights")
     metrics = {
@@ -535,6 +666,7 @@ def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss,
         "wall_time_s": round(time.time() - t_start, 1),
         "config": config,
         "provenance": prov,
+        "sharding": getattr(run, "sharding", None),
     }
     if prov_earlier:
         metrics["provenance_earlier"] = prov_earlier  # the processes before the last resume, oldest first

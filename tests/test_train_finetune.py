@@ -50,7 +50,7 @@ def test_finetune_loads_weights_new_block_size_and_yarn_with_a_fresh_optimizer(t
         assert e.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("size", ["", "_253m", "_774m"])
+@pytest.mark.parametrize("size", ["", "_253m", "_774m", "_1558m"])
 @pytest.mark.parametrize("kind,enc", [("yarn", "rope"), ("pope", "pope")])
 def test_finetune_configs_keep_the_pretraining_architecture(size, kind, enc):
     """What train.py's fine-tune check would refuse on a GPU after hours of pretraining, caught here."""

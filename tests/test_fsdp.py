@@ -1,0 +1,445 @@
+"""FSDP2 (train.py fsdp=True), activation checkpointing and checkpoints across set-ups, with real gloo processes.
+
+One torchrun launch of 2 processes runs every 2-rank job (tests/fsdp_jobs.py); the 1-process runs they are
+compared with run in this process. Tiny models (2 layers x 32 wide), 10 steps, fp32, no dropout.
+"""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import sample
+import sharding
+import train
+from model import GPT, POS_ENCODINGS, GPTConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--batch_size=4",
+    "--eval_iters=2",
+    "--log_interval=1",
+    "--warmup_iters=2",
+    "--attn_backend=torch",
+    "--compile=False",
+    "--dataset=chars",
+    "--block_size=64",
+    "--eval_interval=5",
+    "--lr_decay_iters=10",
+    "--learning_rate=3e-3",  # val loss falls below its step-0 value: best.pt is written
+    "--gradient_accumulation_steps=4",  # 2 micro-steps per rank on 2 ranks: the first must not reduce
+]
+CASES = {
+    "rope": ["--pos_encoding=rope"],
+    # GQA and activation checkpointing on the sharded run (the 1-process reference runs without it)
+    "pope": ["--pos_encoding=pope", "--n_kv_head=1"],
+}
+FSDP = ["--fsdp=True"]
+AC = ["--activation_checkpointing=True"]
+
+
+def losses(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return {r["iter"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+
+def metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def small_chars(tmp_path_factory):
+    """A stream dataset of 1,760 tokens (conftest.char_dataset's characters) whose tokenizer has no text codec
+    (kind 'none': prompts are ids, and train.py samples no text at the end of each run): short final evaluations,
+    whose batches the two ranks share unevenly (rank 0 also takes the tail window)."""
+    from conftest import CHAR_TEXT, char_dataset
+
+    root = tmp_path_factory.mktemp("data")
+    char_dataset(str(root / "chars"), CHAR_TEXT, "chars")
+    with open(root / "chars" / "meta.json") as f:
+        meta = json.load(f)
+    with open(root / "chars" / "meta.json", "w") as f:
+        json.dump({**meta, "tokenizer": {"kind": "none"}}, f)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def runs(small_chars, tmp_path_factory):
+    """Every run folder, by name: <case>1 one process without FSDP, <case>2 FSDP on 2 ranks (pope2 with
+    activation checkpointing); resumes of pope2's settings saved at step 5 (part2: FSDP on 2 ranks; part1: one
+    process): res_fsdp2, res_ddp2 (FSDP -> DDP), res_1 (FSDP -> one process), res_fsdp1 (FSDP -> FSDP in one
+    process), res_from1 (one process -> FSDP on 2 ranks); dcp2: pope2 with checkpoint_format='dcp' resumed from
+    its ckpt.dcp at step 5."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    d = {name: str(tmp / name) for name in ("rope1", "rope2", "pope1", "pope2", "part1", "part2", "dcp2")}
+    for name in ("res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1"):
+        d[name] = str(tmp / name)
+    base = TINY + [f"--data_root={small_chars}"]
+    full, part = ["--max_iters=10"], ["--max_iters=5"]
+    for case, extra in CASES.items():  # the 1-process references
+        train.main(base + extra + full + [f"--out_dir={d[case + '1']}"])
+    train.main(base + CASES["pope"] + part + [f"--out_dir={d['part1']}"])
+    pope2 = base + CASES["pope"] + FSDP + AC
+    resume = ["--init_from=resume"] + full
+    jobs = [
+        {"argv": base + CASES["rope"] + FSDP + full + [f"--out_dir={d['rope2']}"]},
+        {"argv": pope2 + full + [f"--out_dir={d['pope2']}"]},
+        {"argv": pope2 + part + [f"--out_dir={d['part2']}"]},
+        {"copy": [d["part2"], d["res_fsdp2"]]},
+        {"copy": [d["part2"], d["res_ddp2"]]},
+        {"copy": [d["part1"], d["res_from1"]]},
+        {"argv": pope2 + resume + [f"--out_dir={d['res_fsdp2']}"]},
+        {"argv": base + CASES["pope"] + resume + [f"--out_dir={d['res_ddp2']}"]},
+        {"argv": pope2 + resume + [f"--out_dir={d['res_from1']}"]},
+        {"argv": pope2 + part + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
+        {"argv": pope2 + resume + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
+    ]
+    with open(tmp / "jobs.json", "w") as f:
+        json.dump(jobs, f)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    p = subprocess.Popen(
+        [*cmd, "tests/fsdp_jobs.py", str(tmp / "jobs.json")],
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:  # a hung rank fails the test and leaves no orphan
+        out, err = p.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        raise
+    assert p.returncode == 0, err[-4000:]
+    shutil.copytree(d["part2"], d["res_1"])
+    shutil.copytree(d["part2"], d["res_fsdp1"])
+    train.main(base + CASES["pope"] + resume + [f"--out_dir={d['res_1']}"])
+    train.main(base + CASES["pope"] + FSDP + resume + [f"--out_dir={d['res_fsdp1']}"])  # a group of one process
+    d["stdout"], d["data_root"] = out, small_chars
+    return d
+
+
+def assert_same_losses(a, b, steps):
+    assert sorted(a) == sorted(b) == list(steps)
+    print(f"steps {steps[0]}..{steps[-1]}: max relative loss difference {max(abs(b[i] / a[i] - 1) for i in steps):.1e}")
+    np.testing.assert_allclose([b[i] for i in steps], [a[i] for i in steps], rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fsdp_on_two_ranks_gives_the_losses_of_one_process(runs, case):
+    """Same global batch (4 micro-batches of 4: 2 per rank, reduced on the second only): the loss at each of
+    10 steps equals the one-process run's within 1e-5 (fp32); so do the val and test losses of best.pt, and
+    best.pt's weights, gathered from both ranks' shards. pope2 runs with GQA and activation checkpointing."""
+    one, two = runs[case + "1"], runs[case + "2"]
+    assert_same_losses(losses(one), losses(two), range(1, 11))
+    m1, m2 = metrics(one), metrics(two)
+    for split in ("val", "test"):
+        np.testing.assert_allclose(m2[split]["loss"], m1[split]["loss"], rtol=1e-5)
+    assert m2["sharding"]["fsdp"] and m2["sharding"]["world_size"] == 2
+    assert m2["sharding"]["mixed_precision"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
+    assert m2["sharding"]["activation_checkpointing"] == (case == "pope")
+    w1 = torch.load(os.path.join(one, "best.pt"), weights_only=True)["model"]
+    w2 = torch.load(os.path.join(two, "best.pt"), weights_only=True)["model"]
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-6)
+    delta = [v for k, v in w2.items() if k.endswith("pope_delta")]
+    assert all(float(v.max()) <= 0.0 and float(v.min()) >= -2 * np.pi for v in delta)
+
+
+@pytest.mark.parametrize(
+    "name", ["res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1", "dcp2"], ids=lambda n: n.removeprefix("res_")
+)
+def test_a_resume_on_any_set_up_continues_the_uninterrupted_run(runs, name):
+    """Saved at step 5 (FSDP on 2 ranks, or one process for res_from1), resumed to step 10 under FSDP on 2 ranks,
+    under DDP, in one process, under FSDP in one process, from one process to FSDP, and from a dcp folder: steps
+    6..10 give the uninterrupted run's losses (within 1e-5), and so does the optimizer state (AdamW's moments
+    carry over: a fresh optimizer would not)."""
+    full = losses(runs["pope1"])
+    got = losses(runs[name])
+    assert_same_losses({i: full[i] for i in range(6, 11)}, {i: got[i] for i in range(6, 11)}, range(6, 11))
+    ckpt = torch.load(os.path.join(runs[name if name != "dcp2" else "pope1"], "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] == 10 and set(ckpt["optimizer"]["state"]) == set(range(len(ckpt["optimizer"]["state"])))
+
+
+def test_an_elastic_restart_resumes_from_the_checkpoint_instead_of_starting_over(runs, tmp_path, monkeypatch, capsys):
+    """torchrun --max-restarts runs the same command again with TORCHELASTIC_RESTART_COUNT=1: a run started with
+    init_from='scratch' that finds its ckpt.pt (step 5) resumes from it, and steps 6..10 are the uninterrupted
+    run's. (The first start, TORCHELASTIC_RESTART_COUNT=0, trains from scratch: every other test.)"""
+    out = str(tmp_path / "restarted")
+    shutil.copytree(runs["part1"], out)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    m = train.main(TINY + CASES["pope"] + [f"--data_root={runs['data_root']}", "--max_iters=10", f"--out_dir={out}"])
+    assert f"elastic restart 1 (torchrun --max-restarts): resuming from {out}" in capsys.readouterr().out
+    full, got = losses(runs["pope1"]), losses(out)
+    assert_same_losses({i: full[i] for i in range(6, 11)}, {i: got[i] for i in range(6, 11)}, range(6, 11))
+    assert m["config"]["init_from"] == "resume" and len(m["provenance_earlier"]) == 1
+
+
+def test_the_gathered_checkpoint_has_the_layout_of_a_one_process_run(runs):
+    """ckpt.pt of FSDP on 2 ranks: the keys, shapes and optimizer layout (by index, the same groups) of a
+    one-process run's, every tensor whole."""
+    a = torch.load(os.path.join(runs["pope1"], "ckpt.pt"), weights_only=True)
+    b = torch.load(os.path.join(runs["pope2"], "ckpt.pt"), weights_only=True)
+    assert {k: v.shape for k, v in a["model"].items()} == {k: v.shape for k, v in b["model"].items()}
+    assert [g["params"] for g in a["optimizer"]["param_groups"]] == [
+        g["params"] for g in b["optimizer"]["param_groups"]
+    ]
+    for i, s in a["optimizer"]["state"].items():
+        assert {k: v.shape for k, v in s.items()} == {k: v.shape for k, v in b["optimizer"]["state"][i].items()}
+        torch.testing.assert_close(b["optimizer"]["state"][i]["exp_avg"], s["exp_avg"], rtol=1e-3, atol=1e-7)
+
+
+def test_sample_and_eval_extrapolate_read_the_fsdp_run_folder(runs, small_chars, tmp_path):
+    """sample.py and eval_extrapolate.py read the FSDP run's best.pt unchanged: the same greedy tokens and the
+    same losses as from the one-process run's (the weights are equal within 1e-5)."""
+    import eval_extrapolate
+
+    args = ["--start=[1, 2, 3]", "--max_new_tokens=5", "--temperature=0", "--device=cpu", "--compile=False"]
+    assert sample.main([f"--out_dir={runs['pope2']}", *args]) == sample.main([f"--out_dir={runs['pope1']}", *args])
+    common = [f"--data_root={small_chars}", "--dataset=chars", "--lengths=64,128", "--last_k=32"]
+    ppl = {}
+    for name in ("pope1", "pope2"):
+        eval_extrapolate.main([runs[name], *common, "--device=cpu", f"--out_dir={tmp_path / name}"])
+        with open(tmp_path / name / "extrapolation.csv") as f:
+            ppl[name] = [float(r["ppl"]) for r in csv.DictReader(f)]
+    assert len(ppl["pope2"]) == 2
+    np.testing.assert_allclose(ppl["pope2"], ppl["pope1"], rtol=1e-4)
+
+
+def test_bytes_per_rank_at_world_2_are_half_of_world_1(runs):
+    """Parameters, gradients and AdamW state this rank held after step 1, measured from its local shards
+    (metrics.json): at world 2 half of world 1's, plus at most one row of each tensor (dim-0 shards of an odd
+    number of rows); and the estimate from the model's shapes equals the measurement at both world sizes."""
+    model_args = torch.load(os.path.join(runs["rope1"], "ckpt.pt"), weights_only=True)["model_args"]
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**model_args))
+    row = sum(4 * p.numel() // p.shape[0] for p in model.parameters())  # one fp32 row of every tensor
+    m1 = metrics(runs["rope1"])["sharding"]["memory_per_rank"]
+    m2 = metrics(runs["rope2"])["sharding"]["memory_per_rank"]
+    for key, rows in (("params", 1), ("grads", 1), ("optimizer", 2)):
+        w1, w2 = m1["measured"][key], m2["measured"][key]
+        fixed = 4 * len(list(model.parameters())) if key == "optimizer" else 0  # AdamW's 0-d step per tensor
+        assert (w1 - fixed) / 2 <= w2 - fixed <= (w1 - fixed) / 2 + rows * row, (key, w1, w2)
+        assert m1["estimate"][key] == w1 and m2["estimate"][key] == w2
+    assert m1["measured"]["params"] == 4 * sum(p.numel() for p in model.parameters())
+
+
+def test_a_dcp_folder_given_to_sample_says_how_to_convert_it_and_the_conversion_samples(runs, tmp_path, capsys):
+    """checkpoint_format='dcp' writes best.dcp and ckpt.dcp, no .pt: sample.py exits 2 with the one-line command
+    that converts them; that command writes a best.pt sample.py reads, whose weights are the run's."""
+    folder = runs["dcp2"]
+    assert sorted(n for n in os.listdir(folder) if n.endswith((".pt", ".dcp"))) == ["best.dcp", "ckpt.dcp"]
+    args = ["--start=[1, 2, 3]", "--max_new_tokens=5", "--temperature=0", "--device=cpu", "--compile=False"]
+    with pytest.raises(SystemExit) as e:
+        sample.main([f"--out_dir={folder}", *args])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "python sharding.py" in err, err
+    cmd = err.split("convert it to one file first: ")[1].split()
+    assert cmd[:2] == ["python", "sharding.py"]
+    sharding.main(cmd[2:])
+    assert sample.main([f"--out_dir={folder}", *args]) == sample.main([f"--out_dir={runs['pope2']}", *args])
+    sharding.main([os.path.join(folder, "ckpt.dcp"), str(tmp_path / "ckpt.pt")])
+    a = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    b = torch.load(os.path.join(runs["pope2"], "ckpt.pt"), weights_only=True)
+    assert a["iter_num"] == b["iter_num"] == 10 and a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+    for k in b["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--fsdp=True", "--dtype=float16"], "fsdp=True trains in bfloat16 or float32, not float16"),
+        (["--checkpoint_format=dcp"], "checkpoint_format='dcp' writes an FSDP run's shards"),
+        (["--fsdp=True", "--checkpoint_format=zip"], "checkpoint_format must be 'single' or 'dcp'"),
+    ],
+)
+def test_settings_fsdp_cannot_honour_exit_2_in_one_line_and_touch_nothing(args, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"earlier run")
+    with pytest.raises(SystemExit) as e:
+        train.main([*TINY, f"--out_dir={out}", "--init_from=resume", *args])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.splitlines() == [err] and message in err, err
+    assert sorted(os.listdir(out)) == ["ckpt.pt"] and (out / "ckpt.pt").read_bytes() == b"earlier run"
+
+
+@pytest.mark.slow
+def test_a_compiled_fsdp_step_with_activation_checkpointing_on_the_triton_path(tmp_path):
+    """train.py with the GPU's defaults (--compile=True --attn_backend=triton: Inductor, PoPE's custom ops and
+    its selective checkpoint, the Triton kernels in the interpreter) under FSDP with activation checkpointing on
+    two gloo processes: the losses of 4 steps and the final val/test losses equal one process's without either
+    (compiled too), within 1e-5. Slow: three processes compile."""
+    from test_compiled_gpu_path import _tiny_stream
+
+    data_root = _tiny_stream(str(tmp_path))
+    args = [
+        "--n_layer=2",
+        "--n_head=2",
+        "--n_embd=32",
+        "--batch_size=2",
+        "--gradient_accumulation_steps=4",
+        "--block_size=16",
+        "--eval_iters=1",
+        "--eval_interval=2",
+        "--log_interval=1",
+        "--warmup_iters=1",
+        "--device=cpu",
+        "--compile=True",
+        "--attn_backend=triton",
+        "--dataset=toy",
+        f"--data_root={data_root}",
+        "--pope_delta_init=uniform",
+        "--max_iters=4",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1")
+    out = {}
+    for name, launch, extra in (
+        ("one", [], []),
+        ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"], FSDP + AC),
+    ):
+        p = subprocess.run(
+            [sys.executable, *launch, "train.py", *args, *extra, f"--out_dir={tmp_path / name}"],
+            cwd=REPO,
+            env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}")},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[name] = losses(tmp_path / name), metrics(tmp_path / name)
+    (one, m1), (two, m2) = out["one"], out["two"]
+    assert_same_losses(one, two, range(1, 5))
+    assert m2["sharding"]["fsdp"] and m2["sharding"]["activation_checkpointing"]
+    for split in ("val", "test"):
+        np.testing.assert_allclose(m2[split]["loss"], m1[split]["loss"], rtol=1e-5)
+
+
+def test_activation_checkpointing_keeps_only_each_blocks_input_and_the_same_gradients():
+    """checkpoint_blocks: the tensors autograd saves in the forward (saved_tensors_hooks, bytes) shrink to the
+    blocks' inputs and what lies outside the blocks; the recomputed backward gives the same loss and gradients;
+    without gradients (evaluation, decoding) the blocks run plainly."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=64, block_size=32, attn_backend="torch")
+    x = torch.randint(0, 64, (2, 32))
+
+    def step(model):
+        saved = []
+
+        def pack(t):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(x, x)[1]
+        loss.backward()
+        return loss, {n: p.grad for n, p in model.named_parameters()}, sum(saved)
+
+    plain = GPT(cfg)
+    ckpt = GPT(cfg)
+    ckpt.load_state_dict(plain.state_dict())
+    sharding.checkpoint_blocks(ckpt)
+    loss_a, grads_a, bytes_a = step(plain)
+    loss_b, grads_b, bytes_b = step(ckpt)
+    torch.testing.assert_close(loss_b, loss_a, rtol=0, atol=0)
+    for n in grads_a:
+        torch.testing.assert_close(grads_b[n], grads_a[n], rtol=1e-6, atol=1e-8)
+    block_input = 2 * 32 * 32 * 4  # (B, T, n_embd) fp32: what a checkpointed Block keeps
+    print(f"saved for the backward: {bytes_a} bytes, {bytes_b} with activation checkpointing")
+    assert bytes_a - bytes_b > cfg.n_layer * 8 * block_input, (bytes_a, bytes_b)  # each Block kept > 9 inputs' worth
+    with torch.no_grad():
+        torch.testing.assert_close(ckpt(x)[0], plain(x)[0], rtol=0, atol=0)
+
+
+def test_a_non_final_micro_step_reduces_no_gradient_and_the_last_reduces_both():
+    """train.set_grad_sync under FSDP (a process group of one, gloo): after a micro-step with sync off no sharded
+    gradient exists yet (FSDP kept the unsharded one: no reduce-scatter ran); after the last micro-step every
+    parameter's sharded gradient is the sum of both micro-steps', as a plain model's two backward passes give."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16, attn_backend="torch")
+    plain, sharded = GPT(cfg), GPT(cfg)
+    sharded.load_state_dict(plain.state_dict())
+    xs = [torch.randint(0, 64, (2, 16)) for _ in range(2)]
+    for x in xs:
+        plain(x, x)[1].backward()
+    sharding.init_single_process("cpu")
+    try:
+        sharding.shard(sharded, "cpu", "float32")
+        run = SimpleNamespace(fsdp=True, ddp=True)
+        train.set_grad_sync(sharded, sharded, run, False)
+        sharded(xs[0], xs[0])[1].backward()
+        assert all(p.grad is None for p in sharded.parameters())
+        train.set_grad_sync(sharded, sharded, run, True)
+        sharded(xs[1], xs[1])[1].backward()
+        want = dict(plain.named_parameters())
+        for name, p in sharded.named_parameters():
+            torch.testing.assert_close(p.grad.full_tensor(), want[name].grad, rtol=1e-5, atol=1e-7)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("pos_encoding", POS_ENCODINGS)
+def test_every_encoding_trains_under_fsdp_as_without_it(pos_encoding):
+    """Three AdamW steps (clipping, δ's projection) of a GPT with grouped-query attention, sharded by FSDP in a
+    process group of one, equal the same steps of the plain GPT: losses and final weights (fp32). The non-
+    persistent tables (rotations, sinusoids, ALiBi slopes) stay plain buffers."""
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=32,
+        vocab_size=64,
+        block_size=16,
+        attn_backend="torch",
+        pos_encoding=pos_encoding,
+        pope_delta_init="uniform",
+    )
+    plain, sharded = GPT(cfg), GPT(cfg)
+    sharded.load_state_dict(plain.state_dict())
+    xs = [torch.randint(0, 64, (2, 16)) for _ in range(3)]
+
+    def train_steps(model):
+        opt = model.configure_optimizers(0.1, 3e-2, (0.9, 0.95), "cpu")
+        out = []
+        for x in xs:
+            loss = model(x, x)[1]
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            model.clamp_pope_delta_()
+            out.append(loss.item())
+        return out
+
+    want = train_steps(plain)
+    sharding.init_single_process("cpu")
+    try:
+        sharding.shard(sharded, "cpu", "float32")
+        assert all(not hasattr(b, "to_local") for b in sharded.buffers())
+        got = train_steps(sharded)
+        weights = {n: p.full_tensor() for n, p in sharded.named_parameters()}
+    finally:
+        dist.destroy_process_group()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(weights[name], p.detach(), rtol=1e-5, atol=1e-6)
