@@ -29,3 +29,7 @@ step pytest "${SUITE_S:-120}" $PY -m pytest -q -rfE -n "${WORKERS:-14}" -p no:ca
 step bench_step "${STEP_S:-100}" $PY bench.py --only=step --profile ${STEP_ARGS:-}
 step bench_kernel "${KERNEL_S:-90}" $PY bench_kernel.py ${KERNEL_ARGS:-}
 step bench_decode "${DECODE_S:-0}" $PY bench.py --only=decode ${DECODE_ARGS:-}
+# a short train.py run per encoding (TRAIN_ARGS, e.g. --attn_mask_type=block_causal --max_iters=40), compiled as on
+# any GPU, with its end-of-run sample (the compiled decoding step)
+step train_pope "${TRAIN_S:-0}" $PY train.py ${TRAIN_ARGS:-} --pos_encoding=pope --out_dir=/tmp/out-gpu-pope
+step train_rope "${TRAIN_S:-0}" $PY train.py ${TRAIN_ARGS:-} --pos_encoding=rope --out_dir=/tmp/out-gpu-rope
