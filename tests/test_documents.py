@@ -32,6 +32,9 @@ ENCODINGS = {
 }
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton tests' device: CPU runs the interpreter
+
+
 def document_ids(lengths=LENGTHS):
     """(B, T) int32 ids and (B, T) int64 positions restarting at 0, built by hand from the lengths."""
     ids = [sum(([i] * n for i, n in enumerate(row)), []) for row in lengths]
@@ -176,6 +179,7 @@ def test_triton_backend_packed_documents_match_torch():
     q, k, v = torch.randn(B, H, T, d) * 2, *(torch.randn(2, B, H_kv, T, d))
     delta = -6 * torch.rand(H_kv, d)
     ids, pos = document_ids()
+    q, k, v, delta, ids, pos = (t.to(DEVICE) for t in (q, k, v, delta, ids, pos))
     got = pope.pope_attention(q, k, v, delta, backend="triton", document_ids=ids, position_ids=pos)
     want = pope.pope_attention(q, k, v, delta, backend="torch", document_ids=ids, position_ids=pos)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
@@ -185,9 +189,10 @@ def test_triton_backend_packed_documents_match_torch():
 def test_gpt_on_the_triton_backend_packed_documents_match_the_torch_path():
     """The model hands the kernel the ids and positions (no mask built for it): logits and δ's gradient as the
     torch path's, which equal each document alone (above); fp32, the interpreter on CPU."""
-    m = gpt("pope", n_layer=1, n_embd=64).float()  # head dim 16: the kernel's smallest
+    m = gpt("pope", n_layer=1, n_embd=64).float().to(DEVICE)  # head dim 16: the kernel's smallest
     torch.manual_seed(6)
     idx, (ids, pos) = torch.randint(0, V, (3, T)), document_ids()
+    idx, ids, pos = idx.to(DEVICE), ids.to(DEVICE), pos.to(DEVICE)
     out = {}
     for backend in ("torch", "triton"):
         m.config.attn_backend = backend  # one GPTConfig, shared by every layer
