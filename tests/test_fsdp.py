@@ -19,6 +19,7 @@ import sample
 import sharding
 import train
 from model import GPT, POS_ENCODINGS, GPTConfig
+from prepare.common import document_offsets, write_documents
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
@@ -68,6 +69,14 @@ def small_chars(tmp_path_factory):
     char_dataset(str(root / "chars"), CHAR_TEXT, "chars")
     with open(root / "chars" / "meta.json") as f:
         meta = json.load(f)
+    # documents of 1 to 150 tokens for block_causal (the other runs ignore them)
+    docs = {}
+    for split, info in meta["splits"].items():
+        lengths, n = [], info["tokens"]
+        while sum(lengths) < n:
+            lengths.append(min((5, 1, 40, 7, 150, 3, 60)[len(lengths) % 7], n - sum(lengths)))
+        docs[split] = document_offsets(lengths)
+    meta["documents"] = write_documents(str(root / "chars"), docs)
     with open(root / "chars" / "meta.json", "w") as f:
         json.dump({**meta, "tokenizer": {"kind": "none"}}, f)
     return str(root)
@@ -81,7 +90,7 @@ def runs(small_chars, tmp_path_factory):
     process), res_from1 (one process -> FSDP on 2 ranks); dcp2: pope2 with checkpoint_format='dcp' resumed from
     its ckpt.dcp at step 5."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    d = {name: str(tmp / name) for name in ("rope1", "rope2", "pope1", "pope2", "part1", "part2", "dcp2")}
+    d = {name: str(tmp / name) for name in ("rope1", "rope2", "pope1", "pope2", "part1", "part2", "dcp2", "bc1", "bc2")}
     for name in ("res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1"):
         d[name] = str(tmp / name)
     base = TINY + [f"--data_root={small_chars}"]
@@ -89,6 +98,8 @@ def runs(small_chars, tmp_path_factory):
     for case, extra in CASES.items():  # the 1-process references
         train.main(base + extra + full + [f"--out_dir={d[case + '1']}"])
     train.main(base + CASES["pope"] + part + [f"--out_dir={d['part1']}"])
+    block_causal = base + CASES["pope"] + ["--attn_mask_type=block_causal"] + full
+    train.main(block_causal + [f"--out_dir={d['bc1']}"])
     pope2 = base + CASES["pope"] + FSDP + AC
     resume = ["--init_from=resume"] + full
     jobs = [
@@ -103,6 +114,7 @@ def runs(small_chars, tmp_path_factory):
         {"argv": pope2 + resume + [f"--out_dir={d['res_from1']}"]},
         {"argv": pope2 + part + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
         {"argv": pope2 + resume + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
+        {"argv": block_causal + FSDP + [f"--out_dir={d['bc2']}"]},
     ]
     with open(tmp / "jobs.json", "w") as f:
         json.dump(jobs, f)
@@ -156,6 +168,15 @@ def test_fsdp_on_two_ranks_gives_the_losses_of_one_process(runs, case):
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-6)
     delta = [v for k, v in w2.items() if k.endswith("pope_delta")]
     assert all(float(v.max()) <= 0.0 and float(v.min()) >= -2 * np.pi for v in delta)
+
+
+def test_fsdp_with_block_causal_gives_the_losses_of_one_process(runs):
+    """Packed documents (issue 58) under FSDP on 2 ranks: the losses of one process with the same mask, which
+    differ from the causal run's (the mask matters on these documents of 1 to 150 tokens)."""
+    one, two = losses(runs["bc1"]), losses(runs["bc2"])
+    assert_same_losses(one, two, range(1, 11))
+    assert metrics(runs["bc2"])["config"]["attn_mask_type"] == "block_causal"
+    assert abs(one[10] - losses(runs["pope1"])[10]) > 1e-3
 
 
 @pytest.mark.parametrize(
