@@ -574,6 +574,7 @@ def bench_wrappers(
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import sharding
+    from train import compile_model
 
     name, amp, _ = train_step_precision(device, dtype)
     if name == "float16":
@@ -589,7 +590,7 @@ def bench_wrappers(
         if arm == "FSDP":
             sharding.shard(model, str(device), name)
         opt = model.configure_optimizers(0.01, 1e-4, (0.9, 0.99), str(device).split(":")[0])
-        fwd = torch.compile(model) if compile else model
+        fwd = compile_model(model, arm == "DDP") if compile else model  # train.py's DDP fallback included
         if arm == "DDP":
             fwd = DDP(fwd, broadcast_buffers=False)
         x = torch.randint(0, vocab_size, (batch_size, T), device=device)

@@ -48,6 +48,7 @@ from pope import (
     masked_attention,
     pope_attention,
     pope_attention_decode,
+    pope_backend,
     pope_decode_step,
     pope_key_magnitude,
     pope_rotation_table,
@@ -511,7 +512,9 @@ class CausalSelfAttention(nn.Module):
             rotation=rotation,
         )
         if documents is not None:
-            kw.update(document_ids=documents.ids, position_ids=documents.positions, mask=documents.mask)
+            kw.update(
+                document_ids=documents.ids, position_ids=documents.positions, mask=documents.mask, ids_checked=True
+            )
         if kv_cache is None:
             return pope_attention(q, k, v, self.pope_delta, **kw)
         mu = pope_key_magnitude(k, cfg.pope_magnitude)
@@ -664,8 +667,18 @@ class GPT(nn.Module):
         if document_ids is None:
             document_ids = torch.zeros(B, T, dtype=torch.int32, device=idx.device)
         check_document_ids(document_ids, position_ids, B, T, idx.device)
-        kernel = self.config.pos_encoding == "pope" and self.config.attn_backend == "triton"  # reads the ids itself
-        return Documents(document_ids, position_ids, None if kernel else document_mask(document_ids))
+        return Documents(
+            document_ids, position_ids, None if self._pope_kernel(idx.device) else document_mask(document_ids)
+        )
+
+    def _pope_kernel(self, device):
+        """True where PoPE's attention resolves to the Triton kernel (pope_backend: 'triton', or 'auto' on a GPU in
+        fp16/bf16), which masks from the document ids itself: no mask to build (on CUDA a BlockMask per step)."""
+        cfg = self.config
+        if cfg.pos_encoding != "pope":
+            return False
+        probe = torch.empty(1, 1, 1, cfg.n_embd // cfg.n_head, device=device)  # float32: autocast's dtype rules
+        return pope_backend(probe, probe, probe, cfg.attn_backend) == "triton"
 
     def _absolute_rows(self, positions):
         """The absolute encoding's rows (B, T, n_embd) for positions (B, T) int64 (< block_size: not checked

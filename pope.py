@@ -26,7 +26,7 @@ Public API
     pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend, rotation,
                    document_ids, position_ids, mask)   packed documents: block-causal mask, positions per token
     document_mask(document_ids, Tq, q_offset, causal, flex), masked_attention(q, k, v, mask, sm_scale, score_mod),
-    check_document_ids(...), triton_takes_documents()
+    check_document_ids(...)
     pope_attention_decode(q, mu_k, v, delta, *, rotation, ...)   decoding over cached key magnitudes
     pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen)  one token over a static cache (compiled decoding)
     pope_key_magnitude(k, magnitude)       the key form the KV cache stores (mu_k, d wide)
@@ -292,10 +292,11 @@ def masked_attention(q, k, v, mask, *, sm_scale=None, score_mod=None):
         )
 
 
-def check_document_ids(document_ids, position_ids, B, Tk, device):
+def check_document_ids(document_ids, position_ids, B, Tk, device, order=True):
     """Validate pope_attention's document_ids ((B, Tk) int32, non-decreasing along Tk, on `device`) and
     position_ids ((B, Tk) int64 on `device`); None passes. Raises ValueError with one line. The non-decreasing
-    test reads the ids (a host sync), so it runs in eager mode only, not while torch.compile traces."""
+    test reads the ids (a host sync), so it runs in eager mode only, not while torch.compile traces, and only
+    with order=True (False: the caller checked it, as GPT.forward does once per forward for every layer)."""
     for name, t, dtype in (("document_ids", document_ids, torch.int32), ("position_ids", position_ids, torch.int64)):
         if t is None:
             continue
@@ -307,6 +308,7 @@ def check_document_ids(document_ids, position_ids, B, Tk, device):
     if (
         document_ids is not None
         and Tk > 1
+        and order
         and document_ids.device.type != "meta"
         and not torch.compiler.is_compiling()
         and bool((document_ids[:, 1:] < document_ids[:, :-1]).any())
@@ -396,7 +398,7 @@ def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0, mask=None
     )
 
 
-def _check(q, k, v, delta, q_offset, magnitude, document_ids=None, position_ids=None):
+def _check(q, k, v, delta, q_offset, magnitude, document_ids=None, position_ids=None, order=True):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (B, H, T, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     (B, H, _, d), (Bk, H_kv, Tk, dk), (Bv, Hv, Tv, _) = q.shape, k.shape, v.shape
@@ -419,14 +421,7 @@ def _check(q, k, v, delta, q_offset, magnitude, document_ids=None, position_ids=
                 f"with document_ids or position_ids the queries must be keys too: q_offset + Tq = "
                 f"{q_offset + q.shape[2]} > Tk = {Tk}"
             )
-        check_document_ids(document_ids, position_ids, B, Tk, q.device)
-
-
-def triton_takes_documents():
-    """True if the Triton backend (pope_attention_triton) accepts document_ids and position_ids."""
-    import inspect
-
-    return "document_ids" in inspect.signature(pope_attention_triton).parameters
+        check_document_ids(document_ids, position_ids, B, Tk, q.device, order)
 
 
 def _position_rows(rotation, position_ids, q_offset, Tq, Tk):
@@ -454,6 +449,7 @@ def pope_attention(
     document_ids=None,
     position_ids=None,
     mask=None,
+    ids_checked=False,
 ):
     """PoPE softmax attention (paper, Method section, the score equation).
 
@@ -481,6 +477,8 @@ def pope_attention(
             i's is position_ids[:, q_offset + i]; the rotation table must hold max + 1 rows. None: 0..Tk-1.
         mask: the torch path's document_mask(document_ids, Tq, q_offset, causal=causal), built once and shared
             by every layer; None builds it here from document_ids. The Triton backend reads document_ids only.
+        ids_checked: True where the caller has checked that document_ids never decrease (GPT.forward, once per
+            forward): skips that test, which reads the ids (a host sync per call on a GPU, in eager mode).
 
     Returns:
         (B, H, Tq, dv) in v's dtype (in the autocast dtype under autocast, for both backends),
@@ -491,11 +489,9 @@ def pope_attention(
         the kernel does not support (see pope_attention_triton).
     """
     rope_theta = _rope_theta(rope_theta, theta)
-    _check(q, k, v, delta, q_offset, magnitude, document_ids, position_ids)
+    _check(q, k, v, delta, q_offset, magnitude, document_ids, position_ids, order=not ids_checked)
     documents = document_ids is not None or position_ids is not None
-    auto, backend = backend == "auto", pope_backend(q, k, v, backend)
-    if auto and backend == "triton" and documents and not triton_takes_documents():
-        backend = "torch"  # a kernel without document masking: 'auto' falls back to the torch path
+    backend = pope_backend(q, k, v, backend)
     if backend == "triton":
         return pope_attention_triton(
             q,

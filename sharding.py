@@ -95,7 +95,9 @@ def shard(model, dev, dtype):
         for p in model.parameters():
             dist.broadcast(p, 0)
     names = mixed_precision(dtype)
-    policy = MixedPrecisionPolicy(**{k: getattr(torch, v) for k, v in names.items()})
+    # cast_forward_inputs=False: FSDP would cast every floating argument of a Block to param_dtype, GPT.rotation
+    # included (cos/sin rounded to 8 bits under bf16); x is in param_dtype already (the embedding's weights are)
+    policy = MixedPrecisionPolicy(**{k: getattr(torch, v) for k, v in names.items()}, cast_forward_inputs=False)
     mesh = init_device_mesh("cuda" if dev.startswith("cuda") else "cpu", (dist.get_world_size(),))
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh, mp_policy=policy)

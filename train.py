@@ -33,7 +33,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import pope
 import sharding
 from checkpoint import BEST_KEYS, load_checkpoint, load_finetune_checkpoint, save_checkpoint, tokenizer_to_checkpoint
 from cli import (
@@ -237,8 +236,8 @@ MASK_TYPES = ("causal", "block_causal")
 def document_settings(config):
     """config with attn_mask_type checked and reset_position_ids resolved (None: True under block_causal, else
     False), so metrics.json and checkpoints record the values the run used. Raises UserError (exit 2, one
-    line) for an unknown value, and for block_causal with attn_backend='triton' where the Triton kernel has no
-    document masking (pope.triton_takes_documents; 'auto' then runs the torch path, 'torch' always can)."""
+    line) for an unknown value, and for reset_position_ids=True without block_causal (positions restart at
+    document starts, which only block_causal loads)."""
     mask, reset = config["attn_mask_type"], config["reset_position_ids"]
     if mask not in MASK_TYPES:
         raise UserError(f"attn_mask_type must be one of {MASK_TYPES}, got {mask!r}")
@@ -246,12 +245,11 @@ def document_settings(config):
         reset = mask == "block_causal"
     if not isinstance(reset, bool):
         raise UserError(f"reset_position_ids must be True, False or None (True under block_causal), got {reset!r}")
-    if mask == "block_causal" and config["pos_encoding"] == "pope" and config["attn_backend"] == "triton":
-        if not pope.triton_takes_documents():
-            raise UserError(
-                "attn_mask_type='block_causal' needs document masking, which this Triton PoPE kernel lacks: "
-                "use attn_backend='torch' or 'auto'"
-            )
+    if reset and mask != "block_causal":
+        raise UserError(
+            "reset_position_ids=True restarts positions at document starts, which only "
+            "attn_mask_type='block_causal' reads: add --attn_mask_type=block_causal, or leave reset_position_ids unset"
+        )
     return {**config, "reset_position_ids": reset}
 
 
@@ -392,8 +390,8 @@ def _elastic_restart(cfg, run):
     """True if torchrun restarted this job (--max-restarts; TORCHELASTIC_RESTART_COUNT > 0) after it wrote a
     checkpoint in out_dir: the restart resumes from it instead of starting over (and overwriting it)."""
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    name = sharding.dcp_path(cfg.out_dir, "ckpt.pt") if cfg.checkpoint_format == "dcp" else "ckpt.pt"
-    path = os.path.join(cfg.out_dir, name)
+    dcp = cfg.checkpoint_format == "dcp"
+    path = sharding.dcp_path(cfg.out_dir, "ckpt.pt") if dcp else os.path.join(cfg.out_dir, "ckpt.pt")
     if restarts == 0 or not os.path.exists(path):
         return False
     if run.master:
@@ -434,7 +432,8 @@ def build_model(cfg, run, start):
         _restore_rng(start.checkpoint["rng"], run.rank, run.world_size, run.dev)
     start.checkpoint = None  # free its memory (on the device) before compiling
     if run.compile:
-        model = compile_model(model, run.ddp and not run.fsdp)
+        # only PoPE's Triton path has a selective checkpoint for DDPOptimizer to drop; others keep bucket overlap
+        model = compile_model(model, run.ddp and not run.fsdp and cfg.pos_encoding == "pope")
     if run.ddp and not run.fsdp:
         # broadcast_buffers=False: the model's buffers are constants every rank builds alike (GPT.rotation, the
         # sinusoidal table, ALiBi's slopes), so no step needs rank 0's copy (DDP's default sends them every forward)
@@ -549,7 +548,8 @@ def _resume_checkpoint(cfg, run, path):
     small keys with "dcp": its path (build_model loads its shards). Raises UserError for a dcp folder without
     fsdp."""
     if cfg.checkpoint_format != "dcp":
-        return load_checkpoint(cfg.out_dir, "ckpt.pt", run.dev)
+        # under FSDP every rank reads the whole file: to the CPU, not next to its shards on the GPU
+        return load_checkpoint(cfg.out_dir, "ckpt.pt", "cpu" if run.fsdp else run.dev)
     if not cfg.fsdp:
         raise UserError(sharding.convert_hint(path) + ", or resume with fsdp=True")
     return {**sharding.load_dcp_extra(path), "dcp": path}
@@ -560,9 +560,9 @@ def load_weights(run, raw_model, path):
     if os.path.isdir(path):
         sharding.load_dcp(path, raw_model)
     else:
-        sharding.load_model_state(
-            raw_model, load_checkpoint(os.path.dirname(path), os.path.basename(path), run.dev)["model"]
-        )
+        where = "cpu" if run.fsdp else run.dev  # under FSDP every rank reads the whole file: to the CPU
+        state = load_checkpoint(os.path.dirname(path), os.path.basename(path), where)
+        sharding.load_model_state(raw_model, state["model"])
 
 
 def to_device(x, y, dev):

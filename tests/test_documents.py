@@ -4,7 +4,6 @@ encoding, grouped-query attention, the boolean SDPA mask and FlexAttention's Blo
 CUDA path's predicate), and under torch.compile; plus pope_attention with q_offset > 0 and the one-line errors."""
 
 import functools
-import inspect
 
 import pytest
 import torch
@@ -166,10 +165,7 @@ def test_pope_attention_q_offset_over_packed_documents():
             start += n
 
 
-triton_documents = pytest.mark.skipif(
-    pope.pope_kernel is None or "document_ids" not in inspect.signature(pope.pope_attention_triton).parameters,
-    reason="the Triton kernel without document masking (issue 58's kernel branch)",
-)
+triton_documents = pytest.mark.skipif(pope.pope_kernel is None, reason="no Triton")
 
 
 @triton_documents
@@ -265,3 +261,23 @@ def test_packed_documents_under_torch_compile(tmp_path):
     for name in want[2]:
         torch.testing.assert_close(got[2][name], want[2][name], atol=1e-4, rtol=1e-4)
     assert (m(idx)[0][0] - want[0][0]).abs().max() > 1e-3  # eager causal: the mask matters here
+
+
+def test_the_order_of_the_ids_is_read_once_per_forward_and_no_mask_is_built_for_the_kernel(monkeypatch):
+    """GPT.forward checks that document_ids never decrease once (a host sync on a GPU), not once per layer; and
+    where PoPE's attention resolves to the Triton kernel (here forced: 'auto' does on a GPU in bf16), which
+    masks from the ids, it builds no mask (on CUDA a BlockMask per step that nothing would read)."""
+    import model as model_module
+
+    orders, masks = [], []
+    real_check, real_mask = pope.check_document_ids, model_module.document_mask
+    monkeypatch.setattr(pope, "check_document_ids", lambda *a, **kw: orders.append(a[-1]) or real_check(*a, **kw))
+    monkeypatch.setattr(model_module, "check_document_ids", lambda *a: orders.append(True) or real_check(*a))
+    monkeypatch.setattr(model_module, "document_mask", lambda ids: masks.append(1) or real_mask(ids))
+    m = gpt("pope", n_layer=3)
+    ids, pos = document_ids()
+    m(torch.zeros(3, T, dtype=torch.long), document_ids=ids, position_ids=pos)
+    assert orders == [True, False, False, False] and masks == [1]  # one check with the order, 3 layers without
+    monkeypatch.setattr(model_module, "pope_backend", lambda *a: "triton")
+    assert m._documents(torch.zeros(3, T, dtype=torch.long), None, ids, pos).mask is None
+    assert masks == [1]

@@ -148,12 +148,15 @@ def test_bad_document_settings_exit_2_in_one_line(arg, message, capsys):
     assert e.value.code == 2 and message in err and "\n" not in err
 
 
-def test_block_causal_with_a_triton_kernel_without_document_masking_exits_2(monkeypatch, capsys):
-    monkeypatch.setattr(train.pope, "triton_takes_documents", lambda: False)
+def test_reset_position_ids_without_block_causal_exits_2(capsys):
+    """Positions restart at document starts, which only block_causal loads: asked for under causal, the run
+    would record reset_position_ids=True and never reset (a review found it)."""
+    with pytest.raises(train.UserError, match="only attn_mask_type='block_causal' reads"):
+        train.document_settings({**train.DEFAULTS, "reset_position_ids": True})
     with pytest.raises(SystemExit) as e:
-        train.main(["--attn_mask_type=block_causal", "--attn_backend=triton", "--data_root=/nonexistent"])
+        train.main(["--reset_position_ids=True", "--data_root=/nonexistent"])
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "attn_backend='torch'" in err and "\n" not in err
+    assert e.value.code == 2 and "--attn_mask_type=block_causal" in err and "\n" not in err
     assert train.document_settings({**train.DEFAULTS, "attn_mask_type": "block_causal"})["reset_position_ids"] is True
     assert train.document_settings(dict(train.DEFAULTS))["reset_position_ids"] is False
 

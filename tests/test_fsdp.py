@@ -464,3 +464,39 @@ def test_every_encoding_trains_under_fsdp_as_without_it(pos_encoding):
     np.testing.assert_allclose(got, want, rtol=1e-6)
     for name, p in plain.named_parameters():
         torch.testing.assert_close(weights[name], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "pope"])
+def test_bf16_fsdp_hands_every_block_the_float32_rotation_table(pos_encoding):
+    """FSDP's bf16 policy casts a Block's floating inputs by default, GPT.rotation with them (cos/sin to 8 bits);
+    sharding.shard turns that off: every Block receives the float32 table (a review found it; fp32 runs cannot)."""
+    import torch.distributed as dist
+
+    sharding.init_single_process("cpu")
+    try:
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, pos_encoding=pos_encoding))
+        sharding.shard(m, "cpu", "bfloat16")
+        seen = []
+        for block in m.transformer.h:  # after FSDP's own pre-hook: what the Block's forward gets
+            block.register_forward_pre_hook(lambda mod, args: seen.append(args[1].dtype))
+        with torch.autocast("cpu", torch.bfloat16):
+            m(torch.zeros(1, 16, dtype=torch.long))
+        assert seen == [torch.float32, torch.float32]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_elastic_restart_finds_a_dcp_checkpoint_under_a_relative_out_dir(tmp_path, monkeypatch):
+    """checkpoint_format='dcp' keeps ckpt.dcp in out_dir; a restart under a relative out_dir (as users write it)
+    resumes from it (the path was joined to out_dir twice: out/out/ckpt.dcp, so the restart retrained)."""
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(tmp_path)
+    os.makedirs(os.path.join("out", "ckpt.dcp"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    run = SimpleNamespace(master=False)
+    assert train._elastic_restart(SimpleNamespace(out_dir="out", checkpoint_format="dcp"), run)
+    assert not train._elastic_restart(SimpleNamespace(out_dir="out", checkpoint_format="single"), run)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert not train._elastic_restart(SimpleNamespace(out_dir="out", checkpoint_format="dcp"), run)
