@@ -256,10 +256,10 @@ def document_settings(config):
 def batch_to_device(batch, dev, reset_position_ids=False):
     """A batch (x, y) or (x, y, document_ids) on dev -> (x, y, the model's document keywords: {} or
     document_ids, plus position_ids restarting at 0 in each document when reset_position_ids)."""
-    x, y = to_device(batch[0], batch[1], dev)
     if len(batch) == 2:
+        x, y = to_device(batch, dev)
         return x, y, {}
-    ids = batch[2].to(dev, non_blocking=True)
+    x, y, ids = to_device(batch, dev)  # the ids pinned too: a pageable copy would sync every micro-step
     return x, y, {"document_ids": ids, "position_ids": positions_in_documents(ids) if reset_position_ids else None}
 
 
@@ -565,11 +565,11 @@ def load_weights(run, raw_model, path):
         sharding.load_model_state(raw_model, state["model"])
 
 
-def to_device(x, y, dev):
-    """A batch (x, y) on dev: through pinned memory, without blocking, on CUDA."""
+def to_device(tensors, dev):
+    """A batch's tensors (x, y[, document_ids]) on dev: through pinned memory, without blocking, on CUDA."""
     if dev.startswith("cuda"):
-        return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
-    return x.to(dev), y.to(dev)
+        return tuple(t.pin_memory().to(dev, non_blocking=True) for t in tensors)
+    return tuple(t.to(dev) for t in tensors)
 
 
 @torch.no_grad()
