@@ -80,3 +80,73 @@ def test_lane_sh_runs_the_search_once_each_fine_tune_after_its_parent(repo):  # 
     for name, path, args in rows:
         assert record(repo, name)["run"]["out_dir"] == path
         assert (repo / path / "calls.txt").read_text() == f"{args} --out_dir={path}\n"
+
+
+GENERATOR = os.path.join(REPO, "docs", "runs", "i60-registered-queue.py")
+REGISTERED = os.path.join(REPO, "docs", "runs", "i60-registered.tsv")
+
+
+def registered_rows(tmp_path, *argv):
+    import subprocess
+    import sys
+
+    out = tmp_path / "q.tsv"
+    subprocess.run([sys.executable, GENERATOR, *argv, f"--out={out}"], check=True, cwd=REPO)
+    with open(out) as f:
+        return [ln.rstrip("\n").split("\t") for ln in f if ln.strip() and not ln.startswith("#")]
+
+
+def search_line(name):
+    """The search queue's train.py arguments for NAME: an independent writer of the same schedules."""
+    (args,) = [r[2] for q in QUEUES for r in lines(q) if r[0] == name]
+    return args
+
+
+@pytest.mark.parametrize(
+    "yarn,yarn_code,drope,pope_lr",
+    [
+        ("240,3e-4,code", "", "", "1e-3"),
+        ("960,1e-4,paper", "960,3e-4", "1500,1e-3", "2e-3"),
+        ("15,3e-4,code", "", "60,3e-4", "5e-4"),
+    ],
+)
+def test_registered_queue_repeats_the_chosen_search_settings_at_new_seeds(tmp_path, yarn, yarn_code, drope, pope_lr):
+    """Each registered fine-tune is the search's line of its setting with only the seed and parent changed, every
+    run is scored by issue 54's after-command, and the blocks come in seed order, each parent before its children."""
+    argv = ["--n=3", f"--pope_lr={pope_lr}", f"--yarn={yarn}", f"--yarn_code={yarn_code}", f"--drope={drope}"]
+    rows = registered_rows(tmp_path, *argv)
+    per_seed = 3 + bool(yarn_code) + bool(drope)
+    assert len(rows) == 3 * per_seed and len({r[0] for r in rows}) == len(rows)
+    with open(os.path.join(REPO, "docs", "runs", "i54_registered.tsv")) as f:
+        i54 = {r[0]: r[3] for r in (ln.rstrip("\n").split("\t") for ln in f if ln.startswith("i54-"))}
+    n, lr, ramp = yarn.split(",")
+    for k, (name, out, args, after) in enumerate(rows):
+        seed = 6101 + k // per_seed
+        arm = name.split("-")[1]
+        assert name == f"i60-{arm}-s{seed}" and out == f"out-i60/{arm}-s{seed}"
+        assert after == i54["i54-rope-s5401"].replace("out-i54/rope-s5401", out).replace("i54-rope-s5401", name)
+        cfg = configure(train.DEFAULTS, args.split())
+        assert cfg["seed"] == seed
+        if arm == "rope":
+            assert args == f"--pos_encoding=rope --seed={seed}"
+            continue
+        if arm == "pope":
+            want = search_line(f"i60s-pope-lr{pope_lr}-s6001")
+        elif arm == "yarn":
+            want = search_line(f"i60s-yarn-n{n}-lr{lr}-{ramp}-s6001")
+        elif arm == "yarncode":
+            cn, clr = yarn_code.split(",")
+            want = search_line(f"i60s-yarn-n{cn}-lr{clr}-code-s6001")
+        else:
+            dn, dlr = drope.split(",")
+            want = search_line(f"i60s-drope-n{dn}-lr{dlr}-s6001")
+        want = want.replace("--seed=6001", f"--seed={seed}").replace("out-i60s/rope-s6001", f"out-i60/rope-s{seed}")
+        assert args == want
+        assert rows[k - k % per_seed][0] == f"i60-rope-s{seed}"  # the block's parent comes first
+
+
+def test_registered_queue_refuses_a_code_secondary_without_a_paper_choice(tmp_path):
+    import subprocess
+
+    with pytest.raises(subprocess.CalledProcessError):
+        registered_rows(tmp_path, "--n=3", "--pope_lr=1e-3", "--yarn=240,3e-4,code", "--yarn_code=240,1e-4")
