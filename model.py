@@ -649,7 +649,7 @@ class GPT(nn.Module):
             else:
                 x = x + self.wpe_sinusoidal[q_offset : q_offset + T]
         x = self.transformer.drop(x)
-        self.ensure_positions((kv_cache.q_offset if kv_cache is not None else 0) + idx.shape[1])
+        self.ensure_positions(self._positions_needed(idx, kv_cache, documents))
         for block in self.transformer.h:
             x = block(x, self.rotation, kv_cache, documents)
         if kv_cache is not None:
@@ -670,6 +670,19 @@ class GPT(nn.Module):
         return Documents(
             document_ids, position_ids, None if self._pope_kernel(idx.device) else document_mask(document_ids)
         )
+
+    def _positions_needed(self, idx, kv_cache, documents):
+        """The rows of GPT.rotation a forward reads: q_offset + T, or with position_ids their largest + 1 (read in
+        eager mode only, a host sync; under torch.compile they must lie below the table's rows, which train.py's
+        block_size rows cover). Raises ValueError for a negative position."""
+        n = (kv_cache.q_offset if kv_cache is not None else 0) + idx.shape[1]
+        positions = documents.positions if documents is not None else None
+        if positions is None or torch.compiler.is_compiling() or positions.device.type == "meta" or not n:
+            return n
+        lo, hi = (int(v) for v in positions.aminmax())
+        if lo < 0:
+            raise ValueError(f"position_ids must be >= 0 (token positions), got {lo}")
+        return max(n, hi + 1)
 
     def _pope_kernel(self, device):
         """True where PoPE's attention resolves to the Triton kernel (pope_backend: 'triton', or 'auto' on a GPU in

@@ -140,6 +140,23 @@ def test_positions_not_reset_change_only_absolute_encodings():
     assert (m(idx, document_ids=ids)[0] - m(idx, document_ids=ids, position_ids=pos)[0]).abs().max() > 1e-3
 
 
+def test_positions_past_the_table_grow_it_and_give_the_shifted_run():
+    """position_ids beyond the rotation table's rows (here up to 1000 + T, the table holds T) grow it, as a longer
+    context does: RoPE/PoPE are relative, so every position shifted by 1000 gives the unshifted logits. A negative
+    position is refused in one line."""
+    torch.manual_seed(3)
+    idx, (ids, pos) = torch.randint(0, V, (3, T)), document_ids()
+    for name in ("pope", "rope"):
+        m = gpt(name)
+        assert m.rotation.shape[0] < 1000
+        ref = m(idx, document_ids=ids, position_ids=pos)[0]
+        torch.testing.assert_close(m(idx, document_ids=ids, position_ids=pos + 1000)[0], ref, atol=1e-5, rtol=1e-5)
+        assert m.rotation.shape[0] >= 1000 + T
+        with pytest.raises(ValueError, match=">= 0") as e:
+            m(idx, document_ids=ids, position_ids=pos - 1)
+        assert "\n" not in str(e.value)
+
+
 def test_pope_attention_q_offset_over_packed_documents():
     """A chunked prefill: queries q_offset.. of a packed row equal the rows of the full call, for both masks,
     grouped heads, positions reset; the float64 reference formula per document agrees."""
