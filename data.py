@@ -123,9 +123,9 @@ class Dataset:
         return self._offsets[split]
 
     def _rows_batch(self, rows):
-        """rows_to_xy, plus (documents=True) document ids: 0 everywhere, since a row never holds two documents."""
-        x, y = self.rows_to_xy(rows)
-        return (x, y, torch.zeros(x.shape, dtype=torch.int32)) if self.documents else (x, y)
+        """rows_to_xy, without document ids also when documents=True: a row is one document starting at position
+        0, so block_causal attention is causal attention there, and the model takes its unmasked path."""
+        return self.rows_to_xy(rows)
 
     def rows_to_xy(self, rows):
         """Rows of a "rows" dataset, (B, W) token ids -> (x, y) int64 (B, w), w <= W - 1: inputs and

@@ -91,13 +91,19 @@ def test_an_old_dataset_is_one_document_with_a_one_line_warning(tmp_path, capsys
     assert capsys.readouterr().err == ""
 
 
-def test_rows_datasets_record_one_document_per_example_and_serve_zeros(tiny_indirect):
+def test_rows_datasets_record_one_document_per_example_and_serve_no_ids(tiny_indirect):
+    """A row is one document from position 0: block_causal there is causal attention, so the batch carries no ids
+    and the model runs its unmasked path (no mask built per forward)."""
     ds = Dataset(os.path.join(tiny_indirect, "indirect_indexing"), batch_size=4, block_size=64, documents=True)
     for split, n in (("train", 2000), ("val", 200), ("test", 200)):
         assert ds.meta["documents"][split]["unit"] == "rows"
         assert ds.offsets(split).tolist() == list(range(n + 1))
-    x, _, ids = ds.train_batch(0, 0)
-    assert ids.shape == x.shape and (ids == 0).all()
+    plain = Dataset(os.path.join(tiny_indirect, "indirect_indexing"), batch_size=4, block_size=64)
+    for got, want in (
+        (ds.train_batch(0, 0), plain.train_batch(0, 0)),
+        (ds.fixed_batches("val", 1)[0], plain.fixed_batches("val", 1)[0]),
+    ):
+        assert len(got) == 2 and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_shakespeare_records_one_document_per_work_in_both_tokenizations(tmp_path):
