@@ -123,8 +123,14 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
         raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
     if not isinstance(state, dict) or "model" not in state or "model_args" not in state:
         raise UserError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
-    state["model_args"] = {**LEGACY_MODEL_ARGS, **{RENAMED_FIELDS.get(k, k): v for k, v in state["model_args"].items()}}
+    state["model_args"] = current_model_args(state["model_args"])
     return state
+
+
+def current_model_args(model_args):
+    """A checkpoint's model_args (dict) under today's GPTConfig names: old field names renamed
+    (model.RENAMED_FIELDS), fields added later filled with the value the older runs had (LEGACY_MODEL_ARGS)."""
+    return {**LEGACY_MODEL_ARGS, **{RENAMED_FIELDS.get(k, k): v for k, v in model_args.items()}}
 
 
 def build_model(state, device="cpu", **overrides):

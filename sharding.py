@@ -248,11 +248,17 @@ def load_dcp(path, model, optimizer=None):
 
 
 def load_dcp_extra(path):
-    """The small keys of a save_dcp folder (all but model and optimizer). Raises UserError if it has none."""
+    """The small keys of a save_dcp folder (all but model and optimizer), model_args under today's names as
+    checkpoint.load_checkpoint gives them. Raises UserError if it has none."""
+    from checkpoint import current_model_args
+
     file = os.path.join(path, EXTRA)
     if not os.path.isfile(file):
         raise UserError(f"{path} is not a dcp checkpoint of this repo (no {EXTRA}); train with checkpoint_format='dcp'")
-    return torch.load(file, map_location="cpu", weights_only=True)
+    extra = torch.load(file, map_location="cpu", weights_only=True)
+    if "model_args" in extra:
+        extra["model_args"] = current_model_args(extra["model_args"])
+    return extra
 
 
 def dcp_to_single(folder, out_path):

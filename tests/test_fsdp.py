@@ -500,3 +500,20 @@ def test_an_elastic_restart_finds_a_dcp_checkpoint_under_a_relative_out_dir(tmp_
     assert not train._elastic_restart(SimpleNamespace(out_dir="out", checkpoint_format="single"), run)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     assert not train._elastic_restart(SimpleNamespace(out_dir="out", checkpoint_format="dcp"), run)
+
+
+def test_a_dcp_folder_written_before_a_model_field_existed_reads_it_as_a_single_file_does(tmp_path):
+    """load_dcp_extra, the resume path of checkpoint_format='dcp', gives model_args as load_checkpoint does: a
+    field added later (rope_yarn_ramp, issue 60) comes back with the older runs' value, 'paper'."""
+    from checkpoint import LEGACY_MODEL_ARGS, load_checkpoint
+
+    args = {"pos_encoding": "rope", "rope_scaling": 4.0, "n_layer": 1}
+    folder = tmp_path / "ckpt.dcp"
+    folder.mkdir()
+    torch.save({"model_args": args, "iter_num": 3}, folder / sharding.EXTRA)
+    torch.save({"model": {}, "model_args": args}, tmp_path / "ckpt.pt")
+    extra = sharding.load_dcp_extra(str(folder))
+    assert (
+        extra["model_args"] == load_checkpoint(str(tmp_path), "ckpt.pt")["model_args"] == {**LEGACY_MODEL_ARGS, **args}
+    )
+    assert extra["model_args"]["rope_yarn_ramp"] == "paper" and extra["iter_num"] == 3
