@@ -98,22 +98,26 @@ def registered_rows(tmp_path, *argv):
 
 def search_line(name):
     """The search queue's train.py arguments for NAME: an independent writer of the same schedules."""
-    (args,) = [r[2] for q in QUEUES for r in lines(q) if r[0] == name]
+    rope_lr = os.path.join(REPO, "docs", "runs", "i60-search-rope-lr.tsv")
+    (args,) = [r[2] for q in (*QUEUES, rope_lr) for r in lines(q) if r[0] == name]
     return args
 
 
 @pytest.mark.parametrize(
-    "yarn,yarn_code,drope,pope_lr",
+    "yarn,yarn_code,drope,pope_lr,rope_lr",
     [
-        ("240,3e-4,code", "", "", "1e-3"),
-        ("960,1e-4,paper", "960,3e-4", "1500,1e-3", "2e-3"),
-        ("15,3e-4,code", "", "60,3e-4", "5e-4"),
+        ("240,3e-4,code", "", "", "1e-3", "1e-3"),
+        ("960,1e-4,paper", "960,3e-4", "1500,1e-3", "2e-3", "2e-3"),
+        ("15,3e-4,code", "", "60,3e-4", "5e-4", "5e-4"),
     ],
 )
-def test_registered_queue_repeats_the_chosen_search_settings_at_new_seeds(tmp_path, yarn, yarn_code, drope, pope_lr):
+def test_registered_queue_repeats_the_chosen_search_settings_at_new_seeds(
+    tmp_path, yarn, yarn_code, drope, pope_lr, rope_lr
+):
     """Each registered fine-tune is the search's line of its setting with only the seed and parent changed, every
     run is scored by issue 54's after-command, and the blocks come in seed order, each parent before its children."""
-    argv = ["--n=3", f"--pope_lr={pope_lr}", f"--yarn={yarn}", f"--yarn_code={yarn_code}", f"--drope={drope}"]
+    argv = ["--n=3", f"--pope_lr={pope_lr}", f"--rope_lr={rope_lr}", f"--yarn={yarn}", f"--yarn_code={yarn_code}"]
+    argv.append(f"--drope={drope}")
     rows = registered_rows(tmp_path, *argv)
     per_seed = 3 + bool(yarn_code) + bool(drope)
     assert len(rows) == 3 * per_seed and len({r[0] for r in rows}) == len(rows)
@@ -127,10 +131,9 @@ def test_registered_queue_repeats_the_chosen_search_settings_at_new_seeds(tmp_pa
         assert after == i54["i54-rope-s5401"].replace("out-i54/rope-s5401", out).replace("i54-rope-s5401", name)
         cfg = configure(train.DEFAULTS, args.split())
         assert cfg["seed"] == seed
-        if arm == "rope":
-            assert args == f"--pos_encoding=rope --seed={seed}"
-            continue
-        if arm == "pope":
+        if arm == "rope":  # the search's RoPE line of the chosen lr (the parents' for 1e-3)
+            want = search_line("i60s-rope-s6001" if rope_lr == "1e-3" else f"i60s-rope-lr{rope_lr}-s6001")
+        elif arm == "pope":
             want = search_line(f"i60s-pope-lr{pope_lr}-s6001")
         elif arm == "yarn":
             want = search_line(f"i60s-yarn-n{n}-lr{lr}-{ramp}-s6001")
@@ -150,3 +153,16 @@ def test_registered_queue_refuses_a_code_secondary_without_a_paper_choice(tmp_pa
 
     with pytest.raises(subprocess.CalledProcessError):
         registered_rows(tmp_path, "--n=3", "--pope_lr=1e-3", "--yarn=240,3e-4,code", "--yarn_code=240,1e-4")
+
+
+def test_rope_lr_queue_is_popes_lr_search_with_rope():
+    """The amendment's RoPE lr block: for each lr and seed, PoPE's search line with --pos_encoding=rope added, so
+    YaRN's parent gets the lr search PoPE got (1e-3 is the RoPE parents of i60-search.tsv)."""
+    rows = lines(os.path.join(REPO, "docs", "runs", "i60-search-rope-lr.tsv"))
+    assert len(rows) == 4
+    for name, out, args in rows:
+        cfg = configure(train.DEFAULTS, args.split())
+        lr = name[len("i60s-rope-lr") :].rsplit("-s", 1)[0]
+        assert cfg["pos_encoding"] == "rope" and name == f"i60s-rope-lr{lr}-s{cfg['seed']}" and lr in ("5e-4", "2e-3")
+        assert out == f"out-i60s/rope-lr{lr}-s{cfg['seed']}"
+        assert args == "--pos_encoding=rope " + search_line(f"i60s-pope-lr{lr}-s{cfg['seed']}")

@@ -1,8 +1,8 @@
 """Issue 60's search rules as docs/runs/i60-search-report.py applies them (docs/extrapolation.md, "The search
 (issue 60)"), on hand-made grids whose decisions are worked out here: YaRN's 960-step trigger and its shortest
 length within 0.01 nats of the best, the `code` secondary of a `paper` choice; DroPE's recovery within 0.05 nats
-of its parent (shortest length, then the lower lr) or none; PoPE's default lr unless another is 0.01 lower; and
-the report read from records on disk (both seeds needed before a setting counts)."""
+of its parent (shortest length, then the lower lr) or none; PoPE's (and RoPE's) default lr unless another is 0.01
+lower; and the report read from records on disk (both seeds needed before a setting counts)."""
 
 import importlib.util
 import itertools
@@ -90,7 +90,8 @@ def test_the_report_reads_records_and_counts_a_setting_only_with_both_seeds(tmp_
             )
 
     for s, parent in ((6001, 1.62), (6002, 1.63)):
-        rec(f"i60s-rope-s{s}", parent, seed=s)
+        rec(f"i60s-rope-s{s}", parent, seed=s, learning_rate=1e-3)
+        rec(f"i60s-rope-lr2e-3-s{s}", parent - 0.02, seed=s, learning_rate=2e-3)  # the amendment: not DroPE's parent
         for lr in (5e-4, 1e-3, 2e-3):
             rec(f"i60s-pope-lr{lr}-s{s}", 1.60 + (0.03 if lr == 2e-3 else 0), seed=s, learning_rate=lr)
         for n, lr in itertools.product((60, 240, 1500), (3e-4, 1e-3)):
@@ -109,4 +110,8 @@ def test_the_report_reads_records_and_counts_a_setting_only_with_both_seeds(tmp_
     assert "- YaRN: {'status': 'pending: the 15-240 grid is not complete'}" in out
     assert "- DroPE: {'status': 'decided', 'recovered': True, 'choice': (1500, 0.001)}" in out
     assert "- PoPE: {'status': 'decided', 'choice': 0.001}" in out
-    assert "(1500, 0.001): +0.0400" in out
+    assert "(1500, 0.001): +0.0400" in out  # against the lr-1e-3 parent only
+    assert "| lr 0.002 | 1.6000 | 1.6100 | 1.6050 |" in out  # RoPE's lr table
+    assert "| lr 0.001 | 1.6000 | 1.6000 | 1.6000 | -0.4000 / -0.4000 |" in out  # PoPE's own curves, not RoPE's
+    assert "| lr 0.001 | 1.6200 | 1.6300 | 1.6250 | -0.3800 / -0.3700 |" in out
+    assert "- RoPE (the amendment): {'status': 'pending: the RoPE lr grid is not complete'}" in out

@@ -1,8 +1,8 @@
 """Issue 60's registered queue (docs/extrapolation.md, "The registration (issue 60)"), written from the repo root
 with the recipes the search chose and the n its rule set:
 
-    python docs/runs/i60-registered-queue.py --n=8 --pope_lr=1e-3 --yarn=240,3e-4,code [--yarn_code=240,3e-4] \
-        [--drope=1500,1e-3]    # -> docs/runs/i60-registered.tsv
+    python docs/runs/i60-registered-queue.py --n=8 --pope_lr=1e-3 [--rope_lr=2e-3] --yarn=240,3e-4,code \
+        [--yarn_code=240,3e-4] [--drope=1500,1e-3]    # -> docs/runs/i60-registered.tsv
 
 One block per seed (6101, 6102, ...), in order: RoPE and PoPE (the two long runs, one per lane), then from that
 seed's RoPE run the chosen YaRN fine-tune (and, where the choice is the paper's ramp, the best `code` setting of the
@@ -56,6 +56,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, required=True, help="seeds per arm, from the registration's n rule")
     ap.add_argument("--pope_lr", required=True, help="PoPE's chosen pretraining lr, e.g. 1e-3")
+    ap.add_argument("--rope_lr", default="1e-3", help="RoPE's chosen pretraining lr (the parent of YaRN)")
     ap.add_argument("--yarn", required=True, help="the chosen YaRN setting: STEPS,LR,RAMP")
     ap.add_argument("--yarn_code", default="", help="STEPS,LR of the secondary `code` arm (only if --yarn is paper)")
     ap.add_argument("--drope", default="", help="STEPS,LR of the chosen DroPE setting; empty: DroPE did not recover")
@@ -64,11 +65,15 @@ def main():
     n, lr, ramp = a.yarn.split(",")
     if ramp not in ("code", "paper") or (a.yarn_code and ramp != "paper"):
         raise SystemExit("--yarn=STEPS,LR,RAMP with RAMP code or paper; --yarn_code only with a paper ramp")
-    pope_min_lr = f"{float(a.pope_lr) / 10:.0e}".replace("e-0", "e-")
+
+    def pretraining(lr):  # the search's lines: min_lr a tenth of the lr, none for RoPE's default 1e-3
+        return f"--learning_rate={lr} --min_lr=" + f"{float(lr) / 10:.0e}".replace("e-0", "e-")
+
+    rope = "" if a.rope_lr == "1e-3" else " " + pretraining(a.rope_lr)
     lines = []
     for s in range(SEED0, SEED0 + a.n):
-        lines.append(line("rope", s, f"--pos_encoding=rope --seed={s}"))
-        lines.append(line("pope", s, f"--seed={s} --learning_rate={a.pope_lr} --min_lr={pope_min_lr}"))
+        lines.append(line("rope", s, f"--pos_encoding=rope --seed={s}{rope}"))
+        lines.append(line("pope", s, f"--seed={s} {pretraining(a.pope_lr)}"))
         lines.append(line("yarn", s, yarn_args(s, int(n), lr, ramp)))
         if a.yarn_code:
             cn, clr = a.yarn_code.split(",")
@@ -76,7 +81,7 @@ def main():
         if a.drope:
             dn, dlr = a.drope.split(",")
             lines.append(line("drope", s, drope_args(s, int(dn), dlr)))
-    arms = f"RoPE, PoPE (lr {a.pope_lr}), RoPE + YaRN ({n} steps, lr {lr}, ramp {ramp})"
+    arms = f"RoPE (lr {a.rope_lr}), PoPE (lr {a.pope_lr}), RoPE + YaRN ({n} steps, lr {lr}, ramp {ramp})"
     arms += f", YaRN code ramp ({a.yarn_code}; secondary, no test)" if a.yarn_code else ""
     arms += f", DroPE ({a.drope})" if a.drope else "; no DroPE arm (it did not recover in the search)"
     head = (

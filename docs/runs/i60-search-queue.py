@@ -1,6 +1,6 @@
 """Issue 60's search queues (docs/extrapolation.md, "The search (issue 60)"), written from the repo root:
 
-    python docs/runs/i60-search-queue.py    # -> docs/runs/i60-search.tsv, docs/runs/i60-search-960.tsv
+    python docs/runs/i60-search-queue.py    # -> docs/runs/i60-search.tsv, -960.tsv, -rope-lr.tsv
 
 YaRN: warmup 4 % of the steps rounded up (the 15-step recipe's 1 step), constant lr (min_lr = learning_rate), about
 8 evaluations per run. DroPE: its config's schedule (warmup 10 %, cosine to 0). PoPE: min_lr a tenth of the lr.
@@ -42,6 +42,13 @@ def pope(lr, seed):
     return H.join((name, f"out-i60s/pope-lr{lr}-s{seed}", f"--seed={seed} --learning_rate={lr} --min_lr={min_lr}"))
 
 
+def rope(lr, seed):
+    name = f"i60s-rope-lr{lr}-s{seed}"
+    min_lr = f"{float(lr) / 10:.0e}".replace("e-0", "e-")
+    args = f"--pos_encoding=rope --seed={seed} --learning_rate={lr} --min_lr={min_lr}"
+    return H.join((name, f"out-i60s/rope-lr{lr}-s{seed}", args))
+
+
 HEAD = """# issue 60, the search (docs/extrapolation.md, "The search (issue 60)"): validation only, never test;
 # seeds 6001, 6002 (kept out of every registered run). Block order: the two RoPE parents (one per lane), then per
 # seed the YaRN grid (15 / 60 / 240 steps x lr 1e-4, 3e-4 x ramp code, paper) and the DroPE grid (60 / 240 / 1500
@@ -57,6 +64,15 @@ for s in SEEDS:
     lines += [drope(n, lr, s) for n in (60, 240, 1500) for lr in ("3e-4", "1e-3")]
 lines += [pope(lr, s) for lr in ("5e-4", "1e-3", "2e-3") for s in SEEDS]
 open("docs/runs/i60-search.tsv", "w").write(HEAD + "\n".join(lines) + "\n")
+
+HEADROPE = """# issue 60, the search's RoPE lr block (docs/extrapolation.md, "An amendment: RoPE's pretraining
+# lr"): RoPE, the parent of YaRN, gets PoPE's lr search (5e-4, 2e-3; 1e-3 is the parents above) at the same seeds
+# and rule. Run after i60-search.tsv, before the 960 block, two lanes (one core each) of:
+#   OMP_NUM_THREADS=1 nohup nice -n 19 bash study/lane.sh docs/runs/i60-search.tsv \\
+#       docs/runs/i60-search-rope-lr.tsv docs/runs/i60-search-960.tsv > lane-i60s-N.log 2>&1 &
+"""
+lines = [rope(lr, s) for lr in ("5e-4", "2e-3") for s in SEEDS]
+open("docs/runs/i60-search-rope-lr.tsv", "w").write(HEADROPE + "\n".join(lines) + "\n")
 
 HEAD960 = """# issue 60, the search's 960-step YaRN block: run ONLY if docs/extrapolation.md's rule says so (the best
 # 240-step setting's mean val loss at 1024 is more than 0.01 nats below the best 60-step one's), after i60-search.tsv:

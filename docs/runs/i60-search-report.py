@@ -87,10 +87,11 @@ def choose_drope(gap):
     return {"status": "decided", "recovered": True, "choice": min(k for k in rec if k[0] == n)}
 
 
-def choose_pope(v):
-    """v {lr: mean val at 256} -> 1e-3 unless another lr's v is lower by more than 0.01 (then the lowest)."""
+def choose_pope(v, what="PoPE"):
+    """v {lr: mean val at 256} -> 1e-3 unless another lr's v is lower by more than 0.01 (then the lowest). The same
+    rule picks RoPE's pretraining lr (the amendment: YaRN's parent gets PoPE's search)."""
     if len(v) < 3:
-        return {"status": "pending: the PoPE lr grid is not complete"}
+        return {"status": f"pending: the {what} lr grid is not complete"}
     lr, x = min(v.items(), key=lambda kv: kv[1])
     return {"status": "decided", "choice": lr if v[1e-3] - x > TOL_POPE else 1e-3}
 
@@ -115,15 +116,17 @@ def main():
     p.add_argument("--png", default="")
     a = p.parse_args()
     runs = load(a.runs)
-    parents = {cfg["seed"]: val for n, (cfg, val, _) in runs.items() if n.startswith("i60s-rope-")}
-    last = {}
-    yarn = grid(runs, "i60s-yarn-", lambda c: (c["max_iters"], c["learning_rate"], c["rope_yarn_ramp"]), last)
-    drope = grid(runs, "i60s-drope-", lambda c: (c["max_iters"], c["learning_rate"]), last)
-    pope = grid(runs, "i60s-pope-", lambda c: c["learning_rate"], last)
+    parents = {cfg["seed"]: val for n, (cfg, val, _) in runs.items() if n.startswith("i60s-rope-s")}  # lr 1e-3
+    last = {arm: {} for arm in ("yarn", "drope", "pope", "rope")}  # one per grid: PoPE's and RoPE's keys coincide
+    yarn = grid(runs, "i60s-yarn-", lambda c: (c["max_iters"], c["learning_rate"], c["rope_yarn_ramp"]), last["yarn"])
+    drope = grid(runs, "i60s-drope-", lambda c: (c["max_iters"], c["learning_rate"]), last["drope"])
+    pope = grid(runs, "i60s-pope-", lambda c: c["learning_rate"], last["pope"])
+    rope = grid(runs, "i60s-rope-", lambda c: c["learning_rate"], last["rope"])  # the parents (1e-3), the amendment
     print("RoPE parents (val at 256): " + ", ".join(f"s{s} {x:.4f}" for s, x in sorted(parents.items())))
-    table("RoPE + YaRN, val loss at 1024 (nats)", yarn, lambda k: f"{k[0]} steps, lr {k[1]:g}, {k[2]}", last)
-    table("DroPE, val loss at 256 (nats)", drope, lambda k: f"{k[0]} steps, lr {k[1]:g}", last)
-    table("PoPE, val loss at 256 (nats)", pope, lambda k: f"lr {k:g}", last)
+    table("RoPE + YaRN, val loss at 1024 (nats)", yarn, lambda k: f"{k[0]} steps, lr {k[1]:g}, {k[2]}", last["yarn"])
+    table("DroPE, val loss at 256 (nats)", drope, lambda k: f"{k[0]} steps, lr {k[1]:g}", last["drope"])
+    table("PoPE, val loss at 256 (nats)", pope, lambda k: f"lr {k:g}", last["pope"])
+    table("RoPE (YaRN's parent), val loss at 256 (nats)", rope, lambda k: f"lr {k:g}", last["rope"])
     gap = {
         k: st.fmean(x[s] - parents[s] for s in SEEDS)
         for k, x in drope.items()
@@ -134,6 +137,7 @@ def main():
     print(f"- YaRN: {choose_yarn(complete(yarn))}")
     print(f"- DroPE: {choose_drope(gap)}")
     print(f"- PoPE: {choose_pope(complete(pope))}")
+    print(f"- RoPE (the amendment): {choose_pope(complete(rope), 'RoPE')}")
     if a.png:
         plot(runs, a.png)
 
@@ -147,11 +151,12 @@ def plot(runs, png):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, prefix, title in zip(
         axes,
-        ("i60s-yarn-", "i60s-drope-", "i60s-pope-"),
-        ("RoPE + YaRN: val loss at 1024", "DroPE: val loss at 256", "PoPE: val loss at 256"),
+        ("i60s-yarn-", "i60s-drope-", "i60s-"),
+        ("RoPE + YaRN: val loss at 1024", "DroPE: val loss at 256", "PoPE and RoPE pretraining: val loss at 256"),
     ):
         for name, (_, _, curve) in sorted(runs.items()):
-            if name.startswith(prefix) and curve:
+            pretraining = name.startswith(("i60s-pope-", "i60s-rope-"))
+            if name.startswith(prefix) and curve and (prefix != "i60s-" or pretraining):
                 ax.plot(*zip(*curve), marker=".", lw=1, label=name[len(prefix) :])
         if prefix == "i60s-drope-":
             for name, (_, val, _) in runs.items():
