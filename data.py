@@ -122,15 +122,12 @@ class Dataset:
                 )
         return self._offsets[split]
 
-    def _rows_batch(self, rows):
-        """rows_to_xy, without document ids also when documents=True: a row is one document starting at position
-        0, so block_causal attention is causal attention there, and the model takes its unmasked path."""
-        return self.rows_to_xy(rows)
-
     def rows_to_xy(self, rows):
         """Rows of a "rows" dataset, (B, W) token ids -> (x, y) int64 (B, w), w <= W - 1: inputs and
         next-token targets, with padding targets set to -1, and the columns that are padding in every
-        row dropped (no pad_id: x, y as they are). The loss mode (meta.json) keeps only some targets:
+        row dropped (no pad_id: x, y as they are). No document ids even with documents=True: a row is one
+        document from position 0, so block_causal is causal attention there (the unmasked path). The loss
+        mode (meta.json) keeps only some targets:
         'last' the final real token's; 'after_sep' the tokens right after every k-th occurrence of the
         separator id s in the row (loss_sep = {"id": s, "every": k}; e.g. each query's target in an
         indirect-indexing row of several queries). The others are set to -1."""
@@ -166,7 +163,7 @@ class Dataset:
         """(x, y) int64 CPU tensors (batch_size, <= block_size) drawn with `rng` (np.random.Generator)."""
         arr, batch_size, block_size = self.array(split), self.batch_size, self.block_size
         if self.layout == "rows":
-            return self._rows_batch(arr[np.sort(rng.integers(0, len(arr), batch_size))])
+            return self.rows_to_xy(arr[np.sort(rng.integers(0, len(arr), batch_size))])
         if len(arr) < block_size + 1:
             raise ValueError(f"split {split!r} has {len(arr)} tokens, fewer than block_size + 1 = {block_size + 1}")
         return self._windows_to_xy(arr, rng.integers(0, len(arr) - block_size, batch_size), split)
@@ -186,7 +183,7 @@ class Dataset:
         chunk = micro_step * self.world_size + self.rank
         if self.layout == "rows":
             idx = rng.integers(0, len(arr), n_chunks * batch_size).reshape(n_chunks, batch_size)[chunk]
-            return self._rows_batch(arr[np.sort(idx)])
+            return self.rows_to_xy(arr[np.sort(idx)])
         if len(arr) < block_size + 1:
             raise ValueError(f"split 'train' has {len(arr)} tokens, fewer than block_size + 1 = {block_size + 1}")
         starts = rng.integers(0, len(arr) - block_size, n_chunks * batch_size).reshape(n_chunks, batch_size)
@@ -211,7 +208,7 @@ class Dataset:
             starts = range(0, len(arr), batch_size)
             for b, s in enumerate(starts):
                 if b % self.world_size == self.rank:
-                    yield self._rows_batch(np.asarray(arr[s : s + batch_size]))
+                    yield self.rows_to_xy(np.asarray(arr[s : s + batch_size]))
             return
         n_windows = (len(arr) - 1) // block_size
         tail = (len(arr) - 1) - n_windows * block_size
