@@ -1,12 +1,14 @@
-"""Issue 54's per-arm tables and plot (a notebook record, not a tool): perplexity against context for the four
-arms of the registered comparison (RoPE, PoPE, RoPE + YaRN, DroPE), mean ± sd over seeds per length, from the
-runs' copies in docs/runs/. The registered tests are study/results.py's (docs/extrapolation.md, issue 54);
+"""Issues 54's and 60's per-arm tables and plot (a notebook record, not a tool): perplexity against context for
+the arms of a registered comparison (issue 54: RoPE, PoPE, RoPE + YaRN, DroPE; issue 60: RoPE, PoPE, RoPE + YaRN
+at their searched recipes), mean ± sd over seeds per length, from the runs' copies in docs/runs/. The registered
+tests are study/results.py's (docs/extrapolation.md, issues 54 and 60);
 this prints what results.py does not read: the loss on the last 256 characters per length (eval_extrapolate.py's
 last_loss) and the sliding protocol at 16x (NAME.sliding.csv), and draws the plot (log-log: each arm's mean ± sd
 per length and every run as a dot). From the repo root:
 
     python docs/runs/i54-report.py                         # the registered runs: i54-{rope,pope,yarn,drope}-s*
     python docs/runs/i54-report.py --prefix=i54-pilot --png=/tmp/pilot.png   # the pilot
+    python docs/runs/i54-report.py --prefix=i60 --png=assets/extrapolation_i60_cpu.png   # issue 60's registered runs
 """
 
 import argparse
@@ -21,6 +23,11 @@ ARMS = [
     ("pope", "PoPE (δ at zero)"),
     ("yarn", "RoPE + YaRN (s = 4, 15-step fine-tune at 4x)"),
     ("drope", "DroPE (60-step recalibration)"),
+]
+ARMS_I60 = [  # issue 60: the recipes its search chose on validation (docs/extrapolation.md); no DroPE arm
+    ("rope", "RoPE (lr 2e-3)"),
+    ("pope", "PoPE (δ at zero, lr 2e-3)"),
+    ("yarn", "RoPE + YaRN (s = 4, 960-step fine-tune at 4x, lr 3e-4)"),
 ]
 
 
@@ -43,8 +50,9 @@ def main():
     p.add_argument("--seeds", default="", help="comma-separated seeds to keep (default: every seed found)")
     a = p.parse_args()
     keep = {s.strip() for s in a.seeds.split(",") if s.strip()}
+    arms = ARMS_I60 if a.prefix == "i60" else ARMS
     data = {}
-    for arm, _ in ARMS:
+    for arm, _ in arms:
         runs = {}
         for path in sorted(glob.glob(os.path.join(a.runs, f"{a.prefix}-{arm}-s*.extrapolation.csv"))):
             seed = re.search(r"-s(\d+)\.extrapolation\.csv$", path).group(1)
@@ -56,7 +64,7 @@ def main():
     lengths = sorted({int(r["length"]) for runs in data.values() for run in runs.values() for r in run["tiled"]})
     print("| arm | n | seeds | " + " | ".join(f"ppl at {L}" for L in lengths) + " | sliding ppl at 4096 |")
     print("|---|---:|---|" + "---:|" * (len(lengths) + 1))
-    for arm, label in ARMS:
+    for arm, label in arms:
         runs = data[arm]
         cells = [
             pm([float(r["ppl"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L], 3)
@@ -69,7 +77,7 @@ def main():
     print("\nloss (nats) on the last 256 characters of each chunk, the same characters at every length")
     print("| arm | " + " | ".join(f"at {L}" for L in lengths) + " |")
     print("|---|" + "---:|" * len(lengths))
-    for arm, label in ARMS:
+    for arm, label in arms:
         runs = data[arm]
         cells = [
             pm([float(r["last_loss"]) for run in runs.values() for r in run["tiled"] if int(r["length"]) == L], 4)
@@ -83,7 +91,7 @@ def main():
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6.4, 4.6))
-        for k, ((arm, label), marker) in enumerate(zip(ARMS, "osD^")):
+        for k, ((arm, label), marker) in enumerate(zip(arms, "osD^")):
             runs = data[arm]
             if not runs:
                 continue
@@ -106,7 +114,9 @@ def main():
         ax.set_ylabel("tiled perplexity (log scale): mean ± sd, dots: runs")
         ax.set_title(
             "Character-level Shakespeare, 4 x 128: perplexity against context\n"
-            "RoPE, PoPE as trained at 256; YaRN and DroPE fine-tuned from RoPE",
+            "RoPE, PoPE as trained at 256; "
+            + ("YaRN and DroPE" if any(arm == "drope" for arm, _ in arms) else "YaRN")
+            + " fine-tuned from RoPE",
             fontsize=10,
         )
         ax.grid(True, which="both", alpha=0.3)
