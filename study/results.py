@@ -50,7 +50,11 @@ against its RoPE run (the caption names them). For each metric (loss, ppl, accur
 length), the difference of the means B − A (A: the group of the first run given) with its 95 % confidence interval
 and p-value from Welch's t-test (two-sided; scipy.stats.ttest_ind, equal_var=False); and, when both groups hold the
 same seeds, each once, and every run's provenance names one and the same machine, the paired difference over seeds
-(scipy.stats.ttest_rel) as well. "separated" means p < 0.05 (two-sided). Beside Welch's p, which leans on normal
+(scipy.stats.ttest_rel) as well. "separated" means p < 0.05 (two-sided) in the test --decide names: welch (the
+default) or perm, the exact permutation p; the column's header names it ("separated (Welch p)"). Each arm is labelled
+by the setting that differs: KEY's value, followed by the allowed settings that differ between the arms and belong
+to that value (named VALUE_*: rope_scaling=4.0 and rope_original_block_size=256 make a rope arm RoPE + YaRN, so it
+reads "rope (rope_original_block_size=256, rope_scaling=4.0)", not "rope"). Beside Welch's p, which leans on normal
 tails that a few skewed runs do not give: the exact permutation p of the difference of means (every relabeling
 counted, permutation_p; up to 30 runs in all, else "—"), the Mann–Whitney U p, and "complete separation" where
 every run of one arm lies above every run of the other (the smallest p a permutation test can give then:
@@ -427,6 +431,7 @@ def summarize(paths, by=None, split="test", extrapolation=(), solved=None):
 
 
 ALPHA = 0.05  # "separated": p < ALPHA, two-sided
+DECIDE = {"welch": "Welch p", "perm": "perm. p"}  # --decide: the test whose p says "separated", as the header names it
 
 
 def metric_values(runs, split, extrapolation=(), retrieval=()):
@@ -572,25 +577,40 @@ def pairing(a_runs, b_runs):
     return sorted(seeds_a, key=repr), ""
 
 
-def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(), allow=(), tost_margin=None):
+def arm_label(value, config, allowed):
+    """An arm's name in the table: `value` (the arm's `key` setting, as text), then in parentheses each of the
+    `allowed` settings (those the arms also differ in) that belongs to that value, i.e. is named VALUE_*, as
+    name=value in name order: a rope arm with rope_scaling=4.0 and rope_original_block_size=256 is RoPE + YaRN,
+    "rope (rope_original_block_size=256, rope_scaling=4.0)"; a pope arm, to which rope_* does not apply, stays
+    "pope". The value alone when nothing belongs to it."""
+    own = [f"{k}={_value(config.get(k, NOT_SET))}" for k in sorted(allowed) if k.startswith(f"{value}_")]
+    return f"{value} ({', '.join(own)})" if own else value
+
+
+def compare(
+    paths, key, split="test", extrapolation=(), solved=None, retrieval=(), allow=(), tost_margin=None, decide="welch"
+):
     """Two arms that differ in the setting `key` only: per metric, Welch's difference B − A (A: the arm of the
     first run given), its 95 % CI and p; the paired one when pairing() allows; with `solved` (a test accuracy
     threshold in [0, 1]) the solve counts, Wilson intervals and Fisher's exact test. `allow`: settings the arms
     may also differ in because they are part of the method compared (DroPE's recalibration recipe against
     the RoPE run it starts from); they are named in the output ("allowed"). `tost_margin` (nats): TOST
-    equivalence of the split's loss within ±tost_margin (tost()).
+    equivalence of the split's loss within ±tost_margin (tost()). `decide`: the test whose p < ALPHA is called
+    "separated", "welch" or "perm" (the exact permutation p), named in the table's header (DECIDE).
 
-    Returns {"key", "arms": [(value, runs), (value, runs)], "rows": [{"metric", "a": (mean, sd, n), "b": ...,
-    "welch": (diff, ci, p), "rank": (exact permutation p, Mann–Whitney p, complete separation) or None,
-    "paired": (diff, ci, p) or None}], "paired_why", "solved": None or {"threshold",
-    "a": (k, n, rate, ci), "b": ..., "fisher": (odds ratio, p)}, "tost": None or {"metric", "margin", "diff",
-    "ci90", "p"}, "dataset", "split", "notes", "allowed"}.
+    Returns {"key", "arms": [(value, runs), (value, runs)], "labels": [arm_label() of A, of B], "decide",
+    "rows": [{"metric", "a": (mean, sd, n), "b": ..., "welch": (diff, ci, p), "rank": (exact permutation p,
+    Mann–Whitney p, complete separation) or None, "paired": (diff, ci, p) or None}], "paired_why", "solved": None
+    or {"threshold", "a": (k, n, rate, ci), "b": ..., "fisher": (odds ratio, p)}, "tost": None or {"metric",
+    "margin", "diff", "ci90", "p"}, "dataset", "split", "notes", "allowed"}.
     Raises UserError for the bad input the module docstring lists.
     """
     if solved is not None and not 0 <= solved <= 1:
         raise UserError(f"--solved is a test accuracy as a fraction in [0, 1] (e.g. 0.9 for 90 %), got {solved}")
     if tost_margin is not None and not tost_margin > 0:
         raise UserError(f"--tost is an equivalence margin in nats, > 0 (e.g. 0.05), got {tost_margin}")
+    if decide not in DECIDE:
+        raise UserError(f"--decide is one of {', '.join(DECIDE)} (the test whose p says 'separated'), got {decide!r}")
     runs = read_runs(paths, split)
     configs = [r["config"] for r in runs]
     if key not in set().union(*configs):
@@ -637,6 +657,8 @@ def compare(paths, key, split="test", extrapolation=(), solved=None, retrieval=(
     out = {
         "key": key,
         "arms": [(_value(va[0]), a_runs), (_value(vb[0]), b_runs)],
+        "labels": [arm_label(_value(v[0]), members[0]["config"], allowed) for v, members in groups],
+        "decide": decide,
         "rows": rows,
         "paired_why": why,
         "solved": None,
@@ -689,12 +711,13 @@ def _p(p):
 
 def compare_markdown(c):
     """compare()'s output as text: a caption, the table of differences, the solve rates and Fisher's test."""
-    (a, a_runs), (b, b_runs) = c["arms"]
-    key = c["key"]
+    (_, a_runs), (_, b_runs) = c["arms"]
+    a, b = c["labels"]
+    key, decide = c["key"], c["decide"]
     digits = {"loss": 4, "acc": 2}
     lines = [
         f"{c['dataset']}, {c['split']} split: {key} = {a} (A, n = {len(a_runs)}) vs {b} (B, n = {len(b_runs)}); "
-        f"B − A with its 95 % CI; Welch's t-test, two-sided; separated: p < {ALPHA} (Welch)",
+        f"B − A with its 95 % CI; Welch's t-test, two-sided; separated: p < {ALPHA} ({DECIDE[decide]})",
         f"p (perm.): exact two-sided permutation test of the difference of means over all relabelings (nA + nB <= "
         f"{PERMUTATION_MAX_RUNS}, else —); p (M–W): Mann–Whitney U; complete separation: no run of one arm "
         "reaches the other's",
@@ -704,7 +727,8 @@ def compare_markdown(c):
     ]
     if c.get("allowed"):
         lines[-1:] = [f"allowed: the arms also differ in {', '.join(c['allowed'])} (part of the method, --allow)", ""]
-    head = ["metric", f"A: {a}", f"B: {b}", "B − A [95 % CI]", "p (Welch)", "p (perm.)", "p (M–W)", "separated", "runs"]
+    head = ["metric", f"A: {a}", f"B: {b}", "B − A [95 % CI]", "p (Welch)", "p (perm.)", "p (M–W)"]
+    head += [f"separated ({DECIDE[decide]})", "runs"]
     paired_on = any(r["paired"] for r in c["rows"])
     if paired_on:
         head += ["paired B − A [95 % CI]", "p (paired)"]
@@ -715,12 +739,13 @@ def compare_markdown(c):
         if r["welch"]:
             diff, (lo, hi), p = r["welch"]
             perm, mw, apart = r["rank"]
+            p_decides = p if decide == "welch" else perm
             cells += [
                 f"{_num(diff, d)} [{_num(lo, d)}, {_num(hi, d)}]",
                 _p(p),
                 "—" if perm != perm else _p(perm),
                 _p(mw),
-                "—" if p != p else ("yes" if p < ALPHA else "no"),
+                "—" if p_decides != p_decides else ("yes" if p_decides < ALPHA else "no"),
                 "complete separation" if apart else "overlap",
             ]
         else:
@@ -792,7 +817,7 @@ def compare_csv(c):
             "complete_separation",
         ]
     )
-    (a, _), (b, _) = c["arms"]
+    a, b = c.get("labels") or [v for v, _ in c["arms"]]
     flat = lambda t: [] if t is None else [t[0], t[1][0], t[1][1], t[2]]  # noqa: E731
     for r in c["rows"]:
         cells = [r["metric"], a, *r["a"], b, *r["b"], *(flat(r["welch"]) or [""] * 4), *(flat(r["paired"]) or [""] * 4)]
@@ -969,6 +994,12 @@ def main(argv):
         help="with --compare: settings the arms may also differ in, as part of the method (e.g. DroPE's "
         "recalibration: learning_rate,max_iters,...); named in the caption",
     )
+    p.add_argument(
+        "--decide",
+        default="welch",
+        choices=list(DECIDE),
+        help="with --compare: the test whose p < 0.05 is called separated: welch (default) or perm (exact permutation)",
+    )
     a = p.parse_args(argv)
     lengths = parse_lengths(a.extrapolation)
     retrieval = parse_retrieval(a.retrieval)
@@ -982,7 +1013,7 @@ def main(argv):
         if a.by:
             raise UserError("--compare=KEY groups by KEY itself; drop --by")
         allow = [k.strip() for k in a.allow.split(",") if k.strip()]
-        c = compare(a.runs, a.compare.strip(), a.split, lengths, a.solved, retrieval, allow, a.tost)
+        c = compare(a.runs, a.compare.strip(), a.split, lengths, a.solved, retrieval, allow, a.tost, a.decide)
         for note in c["notes"]:
             print(note, file=sys.stderr)
         text = (compare_csv if a.csv else compare_markdown)(c)

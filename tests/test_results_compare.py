@@ -440,3 +440,65 @@ def test_two_seeds_per_arm_are_paired_too(tmp_path):
     half = math.tan(0.475 * math.pi) * 0.1
     assert diff == pytest.approx(0.6) and p == pytest.approx(1 - 2 * math.atan(6) / math.pi)
     assert (lo, hi) == (pytest.approx(0.6 - half), pytest.approx(0.6 + half))
+
+
+def test_an_arm_is_labelled_by_the_setting_that_differs_and_the_header_names_the_deciding_test(tmp_path, capsys):
+    """Issue 69: RoPE + YaRN (a rope run with rope_scaling and rope_original_block_size) against PoPE was printed
+    "rope", and "separated" did not say which p decided it. The YaRN arm is named by its own settings; a setting
+    that belongs to the method but not to an encoding (learning_rate) names no arm; the header names the test, and
+    --decide=perm makes the exact permutation p decide: 3 against 3 in complete separation gives perm p = 2 / 20 =
+    0.1 (not separated) where Welch's p is 1e-4 (separated)."""
+    pope = [
+        write_run(tmp_path, f"pope-s{s}", x, seed=s, provenance=prov(), rope_scaling=1.0, rope_original_block_size=0)
+        for s, x in ((1, 1.0), (2, 1.1), (3, 1.2))
+    ]
+    yarn = [
+        write_run(
+            tmp_path,
+            f"yarn-s{s}",
+            x,
+            seed=s,
+            provenance=prov(),
+            pos_encoding="rope",
+            rope_scaling=4.0,
+            rope_original_block_size=256,
+            learning_rate=3e-4,
+        )
+        for s, x in ((1, 2.0), (2, 2.1), (3, 2.2))
+    ]
+    allow = "--allow=learning_rate,rope_original_block_size,rope_scaling"
+    text = results.main(pope + yarn + ["--compare=pos_encoding", allow])
+    yarn_label = "rope (rope_original_block_size=256, rope_scaling=4.0)"
+    assert f"pos_encoding = pope (A, n = 3) vs {yarn_label} (B, n = 3)" in text
+    head = next(ln for ln in text.splitlines() if ln.startswith("| metric"))
+    cells = [x.strip() for x in head.strip("|").split("|")]
+    assert cells[1:3] == ["A: pope", f"B: {yarn_label}"] and cells[7] == "separated (Welch p)"
+    loss = [
+        x.strip() for x in next(ln for ln in text.splitlines() if ln.startswith("| test loss")).strip("|").split("|")
+    ]
+    assert float(loss[4]) < 0.001 and loss[5] == "0.100" and loss[7] == "yes"
+    assert text.splitlines()[0].endswith("separated: p < 0.05 (Welch p)")
+    text = results.main(pope + yarn + ["--compare=pos_encoding", allow, "--decide=perm"])
+    head = next(ln for ln in text.splitlines() if ln.startswith("| metric"))
+    assert [x.strip() for x in head.strip("|").split("|")][7] == "separated (perm. p)"
+    loss = [
+        x.strip() for x in next(ln for ln in text.splitlines() if ln.startswith("| test loss")).strip("|").split("|")
+    ]
+    assert loss[5] == "0.100" and loss[7] == "no"
+    assert (
+        list(csv.reader(io.StringIO(results.main(pope + yarn + ["--compare=pos_encoding", allow, "--csv"]))))[1][5]
+        == yarn_label
+    )
+    # a setting of the method that is no encoding's own names no arm: DroPE ("none", its own lr) against RoPE
+    drope = [
+        write_run(tmp_path, f"drope-s{s}", x, seed=s, provenance=prov(), pos_encoding="none", learning_rate=3e-4)
+        for s, x in ((1, 3.0), (2, 3.1))
+    ]
+    rope = [
+        write_run(tmp_path, f"rope-s{s}", x, seed=s, provenance=prov(), pos_encoding="rope")
+        for s, x in ((1, 1), (2, 2))
+    ]
+    assert results.compare(rope + drope, "pos_encoding", allow=("learning_rate",))["labels"] == ["rope", "none"]
+    with pytest.raises(SystemExit) as e:
+        results.main(pope + yarn + ["--compare=pos_encoding", allow, "--decide=mw"])
+    assert e.value.code == 2 and "--decide" in capsys.readouterr().err
