@@ -143,29 +143,53 @@ def main():
 
 
 def plot(runs, png):
+    """Every run's validation curve, three panels. YaRN and DroPE: colour = length, line = lr (YaRN's marker: the
+    ramp), so 32 and 12 runs read from a short legend; the DroPE panel's dashed lines: each of the two parents'
+    val + 0.05 (the recovery the rule asks for), one per parent. The y range shows every curve to its last step
+    (the step-0 losses, 1.9 and 4.9, are cut: they would flatten the part the rules read)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for ax, prefix, title in zip(
-        axes,
-        ("i60s-yarn-", "i60s-drope-", "i60s-"),
-        ("RoPE + YaRN: val loss at 1024", "DroPE: val loss at 256", "PoPE and RoPE pretraining: val loss at 256"),
-    ):
-        for name, (_, _, curve) in sorted(runs.items()):
-            pretraining = name.startswith(("i60s-pope-", "i60s-rope-"))
-            if name.startswith(prefix) and curve and (prefix != "i60s-" or pretraining):
-                ax.plot(*zip(*curve), marker=".", lw=1, label=name[len(prefix) :])
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5))
+    colour = {n: f"C{i}" for i, n in enumerate((15, 60, 240, 960, 1500))}
+    style = {1e-4: ":", 3e-4: "-", 1e-3: "-"}
+    panels = (
+        ("i60s-yarn-", "RoPE + YaRN: val loss at 1024", (1.54, 1.75)),
+        ("i60s-drope-", "DroPE: val loss at 256", (1.5, 2.7)),
+        ("i60s-", "PoPE and RoPE pretraining: val loss at 256", (1.5, 2.2)),
+    )
+    for ax, (prefix, title, ylim) in zip(axes, panels):
+        for name, (cfg, _, curve) in sorted(runs.items()):
+            if not (name.startswith(prefix) and curve):
+                continue
+            if prefix == "i60s-":
+                if name.startswith(("i60s-pope-", "i60s-rope-")):
+                    ax.plot(*zip(*curve), marker=".", lw=1, label=name[len(prefix) :])
+                continue
+            drope = prefix == "i60s-drope-"
+            ls = {3e-4: ":", 1e-3: "-"}[cfg["learning_rate"]] if drope else style[cfg["learning_rate"]]
+            marker = "." if drope or cfg["rope_yarn_ramp"] == "code" else "x"
+            ax.plot(*zip(*curve), c=colour[cfg["max_iters"]], ls=ls, marker=marker, ms=4, lw=1)
+        handles = []
+        if prefix == "i60s-yarn-":
+            handles = [Line2D([], [], c=colour[n], label=f"{n} steps") for n in (15, 60, 240, 960)]
+            handles += [Line2D([], [], c="k", ls=ls, label=f"lr {lr:g}") for lr, ls in ((1e-4, ":"), (3e-4, "-"))]
+            handles += [
+                Line2D([], [], c="k", marker=m, ls="", label=f"ramp {r}") for r, m in (("code", "."), ("paper", "x"))
+            ]
         if prefix == "i60s-drope-":
-            for name, (_, val, _) in runs.items():
-                if name.startswith("i60s-rope-"):
-                    ax.axhline(val + TOL_DROPE, ls="--", c="k", lw=0.8)
-        ax.set(title=title, xlabel="optimizer step", ylabel="val loss (nats, 20 batches)")
-        if prefix != "i60s-drope-":  # the step-0 losses (1.9, 4.9) would flatten the part the rules read
-            ax.set_ylim(*((1.58, 1.75) if prefix == "i60s-yarn-" else (1.5, 2.2)))
-        ax.legend(fontsize=6)
+            handles = [Line2D([], [], c=colour[n], label=f"{n} steps") for n in (60, 240, 1500)]
+            handles += [Line2D([], [], c="k", ls=ls, label=f"lr {lr:g}") for lr, ls in ((3e-4, ":"), (1e-3, "-"))]
+            for i, name in enumerate(sorted(n for n in runs if n.startswith("i60s-rope-s"))):  # the parents (lr 1e-3)
+                val = runs[name][1]
+                ax.axhline(val + TOL_DROPE, ls="--", c=("k", "0.5")[i % 2], lw=0.9)
+                handles.append(Line2D([], [], c=("k", "0.5")[i % 2], ls="--", label=f"parent {name[10:]} + 0.05"))
+        ax.set(title=title, xlabel="optimizer step", ylabel="val loss (nats, 20 batches)", ylim=ylim)
+        where = "center left" if prefix == "i60s-drope-" else "upper right"  # clear of every curve
+        ax.legend(handles=handles or None, fontsize=7, loc=where, ncol=1 if handles else 2)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
