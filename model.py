@@ -634,6 +634,7 @@ class GPT(nn.Module):
         kv_cache: a KVCache; idx continues its tokens, at positions kv_cache.q_offset.., and is appended.
         document_ids, position_ids: packed documents, as forward."""
         documents = self._documents(idx, kv_cache, document_ids, position_ids)
+        n_positions = self._positions_needed(idx, kv_cache, documents)  # first: a negative position is refused here
         x = self.transformer.wte(idx)
         if documents is not None and documents.positions is not None and self.config.pos_encoding in ABSOLUTE_ENCODINGS:
             x = x + self._absolute_rows(documents.positions)
@@ -649,7 +650,7 @@ class GPT(nn.Module):
             else:
                 x = x + self.wpe_sinusoidal[q_offset : q_offset + T]
         x = self.transformer.drop(x)
-        self.ensure_positions(self._positions_needed(idx, kv_cache, documents))
+        self.ensure_positions(n_positions)
         for block in self.transformer.h:
             x = block(x, self.rotation, kv_cache, documents)
         if kv_cache is not None:

@@ -298,3 +298,13 @@ def test_the_order_of_the_ids_is_read_once_per_forward_and_no_mask_is_built_for_
     m.config.attn_backend = "triton"  # resolves to the kernel as 'auto' does on a GPU in bf16 (CPU: the interpreter)
     assert m._documents(torch.zeros(3, T, dtype=torch.long), None, ids, pos).mask is None
     assert masks == [1]
+
+
+@pytest.mark.parametrize("name", ["learned", "sinusoidal", "rope", "pope"])
+def test_a_negative_position_is_a_one_line_value_error_for_every_encoding(name):
+    """position_ids -1: the one-line ValueError of GPT.forward for every encoding (learned raised a bare
+    IndexError from its embedding, before the check ran)."""
+    ids, pos = document_ids()
+    with pytest.raises(ValueError, match="position_ids must be >= 0") as e:
+        gpt(name)(torch.zeros(3, T, dtype=torch.long), document_ids=ids, position_ids=pos - 1)
+    assert "\n" not in str(e.value)
