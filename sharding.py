@@ -30,9 +30,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+from checkpoint import DCP_SUFFIX, convert_hint, current_model_args, dcp_path  # noqa: F401 (dcp_path: train.py's)
 from cli import UserError, atomic_open, exit_on_user_error
 
-DCP_SUFFIX = ".dcp"  # ckpt.dcp, best.dcp: the sharded twins of ckpt.pt and best.pt
 ADAMW_STATES = 2  # exp_avg, exp_avg_sq (fp32, the parameter's shape), plus a 0-d fp32 step per tensor
 
 
@@ -194,11 +194,6 @@ def lockstep(batches, dev):
 # --- checkpoint_format='dcp': sharded folders --------------------------------------------------------------
 
 
-def dcp_path(out_dir, name):
-    """out_dir/ckpt.dcp for 'ckpt.pt' (and best.dcp for 'best.pt')."""
-    return os.path.join(out_dir, os.path.splitext(name)[0] + DCP_SUFFIX)
-
-
 EXTRA = "extra.pt"  # in a dcp folder: the checkpoint's keys but model and optimizer (rank 0, torch.save)
 
 
@@ -250,8 +245,6 @@ def load_dcp(path, model, optimizer=None):
 def load_dcp_extra(path):
     """The small keys of a save_dcp folder (all but model and optimizer), model_args under today's names as
     checkpoint.load_checkpoint gives them. Raises UserError if it has none."""
-    from checkpoint import current_model_args
-
     file = os.path.join(path, EXTRA)
     if not os.path.isfile(file):
         raise UserError(f"{path} is not a dcp checkpoint of this repo (no {EXTRA}); train with checkpoint_format='dcp'")
@@ -280,17 +273,6 @@ def dcp_to_single(folder, out_path):
     with atomic_open(out_path) as f:
         torch.save(state, f)
     return out_path
-
-
-def convert_hint(folder):
-    """The one line that says how to turn a dcp folder into a file sample.py and the evaluation scripts read."""
-    name = os.path.basename(os.path.normpath(folder))
-    stem = name[: -len(DCP_SUFFIX)] if name.endswith(DCP_SUFFIX) else name
-    target = os.path.join(os.path.dirname(os.path.normpath(folder)), stem + ".pt")
-    return (
-        f"{folder} is a sharded torch.distributed.checkpoint folder (checkpoint_format='dcp'); convert it to "
-        f"one file first: python sharding.py {folder} {target}"
-    )
 
 
 # --- memory per rank ----------------------------------------------------------------------------------------
