@@ -358,8 +358,7 @@ def initial_state(cfg, config, run, data, tokenizer):
     if cfg.init_from != "resume" and _elastic_restart(cfg, run):
         cfg.init_from = config["init_from"] = "resume"
     if cfg.init_from == "resume":
-        if cfg.checkpoint_format == "dcp":
-            start.ckpt_path = sharding.dcp_path(cfg.out_dir, "ckpt.pt")
+        start.ckpt_path = _resume_path(cfg, config, run)
         if not os.path.exists(start.ckpt_path):
             raise UserError(
                 f"init_from='resume' but {start.ckpt_path} does not exist; train with init_from='scratch' first"
@@ -384,6 +383,21 @@ def initial_state(cfg, config, run, data, tokenizer):
         raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
     start.model_args = model_args
     return start
+
+
+def _resume_path(cfg, config, run):
+    """The checkpoint init_from='resume' reads: out_dir/ckpt.pt, or out_dir/ckpt.dcp under checkpoint_format='dcp';
+    and where only ckpt.dcp exists, that folder, with checkpoint_format set to 'dcp' in cfg and config (a dcp run
+    resumed without repeating --checkpoint_format=dcp) and a one-line note."""
+    single, dcp = os.path.join(cfg.out_dir, "ckpt.pt"), sharding.dcp_path(cfg.out_dir, "ckpt.pt")
+    if cfg.checkpoint_format == "dcp":
+        return dcp
+    if not os.path.exists(single) and os.path.isdir(dcp):
+        cfg.checkpoint_format = config["checkpoint_format"] = "dcp"
+        if run.master:
+            print(f"note: {single} does not exist; resuming from {dcp}, with checkpoint_format='dcp' (as it was saved)")
+        return dcp
+    return single
 
 
 def _elastic_restart(cfg, run):

@@ -88,7 +88,7 @@ def runs(small_chars, tmp_path_factory):
     activation checkpointing); resumes of pope2's settings saved at step 5 (part2: FSDP on 2 ranks; part1: one
     process): res_fsdp2, res_ddp2 (FSDP -> DDP), res_1 (FSDP -> one process), res_fsdp1 (FSDP -> FSDP in one
     process), res_from1 (one process -> FSDP on 2 ranks); dcp2: pope2 with checkpoint_format='dcp' resumed from
-    its ckpt.dcp at step 5."""
+    its ckpt.dcp at step 5 (without repeating --checkpoint_format=dcp)."""
     tmp = tmp_path_factory.mktemp("fsdp")
     d = {name: str(tmp / name) for name in ("rope1", "rope2", "pope1", "pope2", "part1", "part2", "dcp2", "bc1", "bc2")}
     for name in ("res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1"):
@@ -113,7 +113,7 @@ def runs(small_chars, tmp_path_factory):
         {"argv": base + CASES["pope"] + resume + [f"--out_dir={d['res_ddp2']}"]},
         {"argv": pope2 + resume + [f"--out_dir={d['res_from1']}"]},
         {"argv": pope2 + part + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
-        {"argv": pope2 + resume + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
+        {"argv": pope2 + resume + [f"--out_dir={d['dcp2']}"]},  # without --checkpoint_format=dcp: finds ckpt.dcp
         {"argv": block_causal + FSDP + [f"--out_dir={d['bc2']}"]},
     ]
     with open(tmp / "jobs.json", "w") as f:
@@ -190,6 +190,10 @@ def test_a_resume_on_any_set_up_continues_the_uninterrupted_run(runs, name):
     full = losses(runs["pope1"])
     got = losses(runs[name])
     assert_same_losses({i: full[i] for i in range(6, 11)}, {i: got[i] for i in range(6, 11)}, range(6, 11))
+    if name == "dcp2":  # resumed without repeating --checkpoint_format=dcp: it found ckpt.dcp and said so
+        folder = os.path.join(runs["dcp2"], "ckpt.dcp")
+        assert f"resuming from {folder}, with checkpoint_format='dcp'" in runs["stdout"]
+        assert metrics(runs["dcp2"])["config"]["checkpoint_format"] == "dcp"
     ckpt = torch.load(os.path.join(runs[name if name != "dcp2" else "pope1"], "ckpt.pt"), weights_only=True)
     assert ckpt["iter_num"] == 10 and set(ckpt["optimizer"]["state"]) == set(range(len(ckpt["optimizer"]["state"])))
 
