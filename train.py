@@ -368,6 +368,7 @@ def initial_state(cfg, config, run, data, tokenizer):
         saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
         config.update({k: saved[k] for k in model_args if k in saved and k in config and k != "attn_backend"})
         config["rope_yarn_ramp"] = model_args["rope_yarn_ramp"]  # 'paper' for a run saved before the setting
+        _restore_run_settings(config, saved, start.ckpt_path, run.master)
         start.checkpoint, start.iter_num = checkpoint, checkpoint["iter_num"]
         start.best_val_loss = checkpoint["best_val_loss"]
         start.prov_earlier = list(checkpoint.get("provenance") or [])
@@ -383,6 +384,23 @@ def initial_state(cfg, config, run, data, tokenizer):
         raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
     start.model_args = model_args
     return start
+
+
+RUN_SETTINGS = ("attn_mask_type", "reset_position_ids", "mask_document_boundary_targets")  # how batches are fed
+
+
+def _restore_run_settings(config, saved, path, master):
+    """A resumed or evaluated run (init_from='resume', eval_only too) feeds its batches as it was trained: the
+    checkpoint's RUN_SETTINGS (its document mask, positions and loss targets) replace this run's, with a one-line
+    note where they differ (a block_causal run resumed without --attn_mask_type kept it no longer). A checkpoint
+    written before a setting existed keeps this run's value of it."""
+    changed = {k: saved[k] for k in RUN_SETTINGS if k in saved and k in config and saved[k] != config[k]}
+    if changed and master:
+        print(
+            f"note: {', '.join(f'{k}={v!r}' for k, v in changed.items())} as {path} was trained (this run asked "
+            f"for {', '.join(f'{k}={config[k]!r}' for k in changed)}; a fine-tune, init_from='finetune', may change it)"
+        )
+    config.update(changed)
 
 
 def _resume_path(cfg, config, run):

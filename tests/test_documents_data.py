@@ -222,3 +222,42 @@ def test_block_causal_ddp_step_equals_one_process_and_is_recorded(tmp_path):
     ma, mb = (json.load(open(os.path.join(d, "metrics.json"))) for d in (one, two))
     np.testing.assert_allclose(mb["test"]["loss"], ma["test"]["loss"], rtol=1e-5)
     assert ma["config"]["attn_mask_type"] == "block_causal" and ma["config"]["reset_position_ids"] is True
+
+
+def test_a_block_causal_run_resumed_or_evaluated_without_the_setting_keeps_its_mask(tmp_path, capsys):
+    """A real resume: a block_causal run saved at step 3 and resumed to step 6 without --attn_mask_type gives the
+    uninterrupted run's losses at steps 4..6 (it silently trained causally on); --eval_only=True without it gives
+    the run's own val and test losses; both say so in one note line, and record the checkpoint's settings."""
+    root = str(tmp_path / "data")
+    stream(root, "docs", n=600, offsets=document_offsets([5, 1, 40, 7, 100, 147, 3, 60, 237]))
+    common = [
+        "--dataset=docs",
+        f"--data_root={root}",
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=32",
+        "--block_size=32",
+        "--batch_size=4",
+        "--eval_iters=2",
+        "--log_interval=1",
+        "--eval_interval=3",
+        "--learning_rate=1e-2",
+        "--attn_backend=torch",
+        "--compile=False",
+    ]
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    m_full = train.main([*common, "--attn_mask_type=block_causal", "--max_iters=6", f"--out_dir={full}"])
+    train.main([*common, "--attn_mask_type=block_causal", "--max_iters=3", f"--out_dir={part}"])
+    capsys.readouterr()
+    m_res = train.main([*common, "--init_from=resume", "--max_iters=6", f"--out_dir={part}"])
+    out = capsys.readouterr().out
+    assert "note: attn_mask_type='block_causal', reset_position_ids=True as" in out, out
+    losses = [
+        {r["iter"]: r["loss"] for r in map(json.loads, open(os.path.join(d, "log.jsonl"))) if "loss" in r}
+        for d in (full, part)
+    ]
+    np.testing.assert_allclose([losses[1][i] for i in (4, 5, 6)], [losses[0][i] for i in (4, 5, 6)], rtol=1e-6)
+    assert m_res["config"]["attn_mask_type"] == "block_causal" and m_res["config"]["reset_position_ids"] is True
+    m_eval = train.main([*common, "--init_from=resume", "--eval_only=True", f"--out_dir={full}"])
+    for split in ("val", "test"):
+        np.testing.assert_allclose(m_eval[split]["loss"], m_full[split]["loss"], rtol=1e-9)
