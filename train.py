@@ -107,6 +107,9 @@ compile = None  # torch.compile; None: on for CUDA, off for CPU
 peak_flops = 0.0  # one device's peak FLOP/s for MFU (reported per device); 0: look it up (model.device_peak_flops)
 # past one GPU's memory (sharding.py)
 fsdp = False  # shard parameters, gradients and AdamW state over the processes (FSDP2 fully_shard); one process too
+# fsdp with several micro-steps per rank: True reduce-scatters gradients after every micro-step (each rank keeps 1/world
+# of them; torchtitan's way); False on the last only (one reduce-scatter per step, but whole fp32 gradients meanwhile)
+fsdp_reduce_every_micro_step = True
 activation_checkpointing = False  # recompute each Block in the backward: activations of one layer input each
 checkpoint_format = "single"  # 'single': ckpt.pt, best.pt gathered to rank 0 | 'dcp' (fsdp): sharded ckpt.dcp, best.dcp
 # -----------------------------------------------------------------------------
@@ -184,6 +187,8 @@ def main(argv):
             loss_acc += loss.detach()
             tokens_seen += x.numel()
             scaler.scale(loss / run.grad_accum).backward()
+            if run.sharding["memory_per_rank"]["measured"] is None:  # the first step: the gradients' peak inside it
+                run.grad_peak = max(getattr(run, "grad_peak", 0), sharding.grad_bytes(raw_model))
         if cfg.grad_clip:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
@@ -289,6 +294,7 @@ def setup_processes(cfg):
         world_size=world_size,
         master=rank == 0,
         grad_accum=cfg.gradient_accumulation_steps // world_size,
+        fsdp_reduce_every_micro_step=bool(cfg.fsdp_reduce_every_micro_step),
         device_type=device_type,
         dtype=dtype,
         ctx=autocast_context(dev, dtype),
@@ -510,14 +516,23 @@ def shard_model(cfg, run, model, gptconf):
     built); prints the bytes per rank of parameters, gradients and AdamW state under DDP and FSDP at this world
     size and the activation estimate (rank 0). Sets run.sharding, what metrics.json records: fsdp, world_size,
     mixed_precision (FSDP's MixedPrecisionPolicy, None without FSDP), activation_checkpointing,
-    checkpoint_format, memory_per_rank {"estimate": sharding.memory_per_rank's, "measured": after step 1}."""
+    checkpoint_format, fsdp_reduce_every_micro_step, memory_per_rank {"estimate": sharding.memory_per_rank's at
+    the peak inside a step, "measured": step 1's, its gradients at their peak (_measure_after_first_step)}."""
     if cfg.activation_checkpointing:
         sharding.checkpoint_blocks(model)
-    estimate = sharding.memory_per_rank(model, run.world_size)
+    every = run.fsdp_reduce_every_micro_step
+    estimate = sharding.memory_per_rank(model, run.world_size, run.grad_accum, every)
     if run.master:
         print(
             sharding.memory_report(
-                gptconf, run.world_size, cfg.batch_size, gptconf.block_size, run.dtype, cfg.activation_checkpointing
+                gptconf,
+                run.world_size,
+                cfg.batch_size,
+                gptconf.block_size,
+                run.dtype,
+                cfg.activation_checkpointing,
+                run.grad_accum,
+                every,
             )
         )
     run.sharding = {
@@ -526,16 +541,21 @@ def shard_model(cfg, run, model, gptconf):
         "mixed_precision": sharding.shard(model, run.dev, run.dtype) if cfg.fsdp else None,
         "activation_checkpointing": bool(cfg.activation_checkpointing),
         "checkpoint_format": cfg.checkpoint_format,
+        "fsdp_reduce_every_micro_step": every,
         "memory_per_rank": {"estimate": estimate["fsdp" if cfg.fsdp else "ddp"], "measured": None},
     }
 
 
 def _measure_after_first_step(run, model, optimizer):
-    """Record in run.sharding the bytes this rank holds of parameters, gradients and AdamW state, measured
-    from its local tensors right after the first optimizer step (gradients still there)."""
+    """Record in run.sharding the bytes this rank holds of parameters and AdamW state, measured from its local
+    tensors right after the first optimizer step, and of gradients at their peak inside that step: the largest
+    sharding.grad_bytes after any of its micro-steps' backward (run.grad_peak; FSDP's whole gradients between
+    micro-steps that do not reduce included)."""
 
     def hook(opt, args, kwargs):
-        run.sharding["memory_per_rank"]["measured"] = sharding.measured_bytes(model, opt)
+        b = sharding.measured_bytes(model, opt)
+        b["grads"] = max(b["grads"], getattr(run, "grad_peak", 0))
+        run.sharding["memory_per_rank"]["measured"] = {**b, "total": b["params"] + b["grads"] + b["optimizer"]}
         handle.remove()
 
     handle = optimizer.register_step_post_hook(hook)
@@ -543,9 +563,10 @@ def _measure_after_first_step(run, model, optimizer):
 
 def set_grad_sync(model, raw_model, run, sync):
     """Reduce gradients across processes in this backward only if sync (the last micro-step of a step):
-    DDP's require_backward_grad_sync, FSDP's set_requires_gradient_sync (its reduce-scatter)."""
+    DDP's require_backward_grad_sync; FSDP's set_requires_gradient_sync (its reduce-scatter), on every micro-step
+    where run.fsdp_reduce_every_micro_step (skipped, FSDP2 would hold whole fp32 gradients until the last one)."""
     if run.fsdp:
-        raw_model.set_requires_gradient_sync(sync)
+        raw_model.set_requires_gradient_sync(sync or run.fsdp_reduce_every_micro_step)
     elif run.ddp:
         model.require_backward_grad_sync = sync
 

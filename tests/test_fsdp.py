@@ -91,7 +91,7 @@ def runs(small_chars, tmp_path_factory):
     its ckpt.dcp at step 5 (without repeating --checkpoint_format=dcp)."""
     tmp = tmp_path_factory.mktemp("fsdp")
     d = {name: str(tmp / name) for name in ("rope1", "rope2", "pope1", "pope2", "part1", "part2", "dcp2", "bc1", "bc2")}
-    for name in ("res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1"):
+    for name in ("res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1", "last2"):
         d[name] = str(tmp / name)
     base = TINY + [f"--data_root={small_chars}"]
     full, part = ["--max_iters=10"], ["--max_iters=5"]
@@ -104,6 +104,13 @@ def runs(small_chars, tmp_path_factory):
     resume = ["--init_from=resume"] + full
     jobs = [
         {"argv": base + CASES["rope"] + FSDP + full + [f"--out_dir={d['rope2']}"]},
+        {
+            "argv": base
+            + CASES["rope"]
+            + FSDP
+            + full
+            + ["--fsdp_reduce_every_micro_step=False", f"--out_dir={d['last2']}"]
+        },
         {"argv": pope2 + full + [f"--out_dir={d['pope2']}"]},
         {"argv": pope2 + part + [f"--out_dir={d['part2']}"]},
         {"copy": [d["part2"], d["res_fsdp2"]]},
@@ -261,6 +268,35 @@ def test_bytes_per_rank_at_world_2_are_half_of_world_1(runs):
     assert m1["measured"]["params"] == 4 * sum(p.numel() for p in model.parameters())
 
 
+def test_fsdp_gradients_stay_sharded_through_the_micro_steps_unless_reduced_on_the_last_only(runs):
+    """2 ranks x 2 micro-steps (issue 69): with fsdp_reduce_every_micro_step=True (the default) a rank's gradients
+    peak inside the step at its shard, half of the whole plus at most one row of each tensor; with False FSDP2
+    keeps whole fp32 gradients until the last micro-step: 4 bytes per parameter on every rank. Measured after each
+    micro-step's backward of step 1 (metrics.json); the estimate equals the measurement for both; the losses of
+    both are the one-process run's; train.py prints both choices' bytes and reduce-scatters."""
+    model_args = torch.load(os.path.join(runs["rope1"], "ckpt.pt"), weights_only=True)["model_args"]
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**model_args))
+    whole = 4 * sum(p.numel() for p in model.parameters())
+    row = sum(4 * p.numel() // p.shape[0] for p in model.parameters())
+    every = metrics(runs["rope2"])["sharding"]
+    last = metrics(runs["last2"])["sharding"]
+    assert every["fsdp_reduce_every_micro_step"] and not last["fsdp_reduce_every_micro_step"]
+    assert last["memory_per_rank"]["measured"]["grads"] == last["memory_per_rank"]["estimate"]["grads"] == whole
+    got = every["memory_per_rank"]["measured"]["grads"]
+    assert got == every["memory_per_rank"]["estimate"]["grads"] and whole / 2 <= got <= whole / 2 + row, (got, whole)
+    assert_same_losses(losses(runs["rope1"]), losses(runs["last2"]), range(1, 11))
+    groups = model_args["n_layer"] + 1
+    assert (
+        f"True, this run: reduce-scatter after every micro-step: grads {sharding.gib(got)}, {2 * groups} reduce"
+        in (runs["stdout"])
+    )
+    assert (
+        f"False: on the last micro-step only (whole fp32 grads): grads {sharding.gib(whole)}, {groups} reduce"
+        in (runs["stdout"])
+    )
+
+
 def test_a_dcp_folder_given_to_sample_says_how_to_convert_it_and_the_conversion_samples(runs, tmp_path, capsys):
     """checkpoint_format='dcp' writes best.dcp and ckpt.dcp, no .pt: sample.py exits 2 with the one-line command
     that converts them; that command writes a best.pt sample.py reads, whose weights are the run's."""
@@ -389,10 +425,13 @@ def test_activation_checkpointing_keeps_only_each_blocks_input_and_the_same_grad
         torch.testing.assert_close(ckpt(x)[0], plain(x)[0], rtol=0, atol=0)
 
 
-def test_a_non_final_micro_step_reduces_no_gradient_and_the_last_reduces_both():
-    """train.set_grad_sync under FSDP (a process group of one, gloo): after a micro-step with sync off no sharded
-    gradient exists yet (FSDP kept the unsharded one: no reduce-scatter ran); after the last micro-step every
-    parameter's sharded gradient is the sum of both micro-steps', as a plain model's two backward passes give."""
+@pytest.mark.parametrize("every", [False, True])
+def test_a_non_final_micro_step_reduces_only_if_asked_and_the_last_reduces_both(every):
+    """train.set_grad_sync under FSDP (a process group of one, gloo). fsdp_reduce_every_micro_step=False: after a
+    non-final micro-step no sharded gradient exists yet (no reduce-scatter ran) and FSDP holds the whole ones
+    (sharding.grad_bytes: 4 bytes per parameter); True: the first micro-step's sharded gradients exist already.
+    Either way, after the last micro-step every sharded gradient is the sum of both micro-steps', as a plain
+    model's two backward passes give."""
     from types import SimpleNamespace
 
     import torch.distributed as dist
@@ -404,18 +443,21 @@ def test_a_non_final_micro_step_reduces_no_gradient_and_the_last_reduces_both():
     xs = [torch.randint(0, 64, (2, 16)) for _ in range(2)]
     for x in xs:
         plain(x, x)[1].backward()
+    whole = 4 * sum(p.numel() for p in plain.parameters())
     sharding.init_single_process("cpu")
     try:
         sharding.shard(sharded, "cpu", "float32")
-        run = SimpleNamespace(fsdp=True, ddp=True)
+        run = SimpleNamespace(fsdp=True, ddp=True, fsdp_reduce_every_micro_step=every)
         train.set_grad_sync(sharded, sharded, run, False)
         sharded(xs[0], xs[0])[1].backward()
-        assert all(p.grad is None for p in sharded.parameters())
+        assert all((p.grad is not None) == every for p in sharded.parameters())
+        assert sharding.grad_bytes(sharded) == whole  # world 1: a shard is the whole tensor, held once either way
         train.set_grad_sync(sharded, sharded, run, True)
         sharded(xs[1], xs[1])[1].backward()
         want = dict(plain.named_parameters())
         for name, p in sharded.named_parameters():
             torch.testing.assert_close(p.grad.full_tensor(), want[name].grad, rtol=1e-5, atol=1e-7)
+        assert sharding.grad_bytes(sharded) == whole
     finally:
         dist.destroy_process_group()
 
