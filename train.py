@@ -514,15 +514,16 @@ def compile_model(model, ddp):
 def shard_model(cfg, run, model, gptconf):
     """Activation checkpointing and FSDP as cfg asks, on the GPT `model` (in place, before its optimizer is
     built); prints the bytes per rank of parameters, gradients and AdamW state under DDP and FSDP at this world
-    size and the activation estimate (rank 0). Sets run.sharding, what metrics.json records: fsdp, world_size,
-    mixed_precision (FSDP's MixedPrecisionPolicy, None without FSDP), activation_checkpointing,
+    size and the activation estimate (rank 0) where memory matters: several processes, fsdp, or a GPU (a CPU
+    process's first screen shows the data, the model and the loss). Sets run.sharding, what metrics.json records:
+    fsdp, world_size, mixed_precision (FSDP's MixedPrecisionPolicy, None without FSDP), activation_checkpointing,
     checkpoint_format, fsdp_reduce_every_micro_step, memory_per_rank {"estimate": sharding.memory_per_rank's at
     the peak inside a step, "measured": step 1's, its gradients at their peak (_measure_after_first_step)}."""
     if cfg.activation_checkpointing:
         sharding.checkpoint_blocks(model)
     every = run.fsdp_reduce_every_micro_step
     estimate = sharding.memory_per_rank(model, run.world_size, run.grad_accum, every)
-    if run.master:
+    if run.master and (run.world_size > 1 or cfg.fsdp or run.device_type == "cuda"):  # where memory matters
         print(
             sharding.memory_report(
                 gptconf,
