@@ -89,6 +89,8 @@ pope_use_delta = True  # learnable phase bias delta; False: the "no delta" ablat
 attn_backend = "auto"  # PoPE attention: 'auto' (Triton on CUDA) | 'triton' | 'torch'
 attn_mask_type = "causal"  # 'causal' | 'block_causal': a token attends only to its own document (docs/usage.md)
 reset_position_ids = None  # positions restart at 0 in each document; None: True under block_causal, else False
+mask_document_boundary_targets = False  # block_causal: leave out of the loss each document's last target (the next
+# document's first token, which it cannot see); False trains it as nanoGPT's packed stream does
 # AdamW with linear warmup then cosine decay to min_lr
 learning_rate = 1e-3
 max_iters = 3000  # 3000 x 8 x 256 characters: ~1.3 epochs
@@ -241,8 +243,8 @@ MASK_TYPES = ("causal", "block_causal")
 def document_settings(config):
     """config with attn_mask_type checked and reset_position_ids resolved (None: True under block_causal, else
     False), so metrics.json and checkpoints record the values the run used. Raises UserError (exit 2, one
-    line) for an unknown value, and for reset_position_ids=True without block_causal (positions restart at
-    document starts, which only block_causal loads)."""
+    line) for an unknown value, and for reset_position_ids=True or mask_document_boundary_targets=True without
+    block_causal (positions restart, and targets are dropped, at document starts, which only block_causal loads)."""
     mask, reset = config["attn_mask_type"], config["reset_position_ids"]
     if mask not in MASK_TYPES:
         raise UserError(f"attn_mask_type must be one of {MASK_TYPES}, got {mask!r}")
@@ -254,6 +256,14 @@ def document_settings(config):
         raise UserError(
             "reset_position_ids=True restarts positions at document starts, which only "
             "attn_mask_type='block_causal' reads: add --attn_mask_type=block_causal, or leave reset_position_ids unset"
+        )
+    boundary = config["mask_document_boundary_targets"]
+    if not isinstance(boundary, bool):
+        raise UserError(f"mask_document_boundary_targets must be True or False, got {boundary!r}")
+    if boundary and mask != "block_causal":
+        raise UserError(
+            "mask_document_boundary_targets=True drops the targets at document boundaries, which only "
+            "attn_mask_type='block_causal' loads: add --attn_mask_type=block_causal, or leave it False"
         )
     return {**config, "reset_position_ids": reset}
 
@@ -334,6 +344,7 @@ def open_data(cfg, run, data_dir, block_size):
             rank=run.rank,
             world_size=run.world_size,
             documents=block_size is not None and cfg.attn_mask_type == "block_causal",
+            mask_boundary_targets=cfg.mask_document_boundary_targets,
         )
         if block_size is None:
             return data, None
