@@ -563,3 +563,23 @@ def test_a_dcp_folder_written_before_a_model_field_existed_reads_it_as_a_single_
         extra["model_args"] == load_checkpoint(str(tmp_path), "ckpt.pt")["model_args"] == {**LEGACY_MODEL_ARGS, **args}
     )
     assert extra["model_args"]["rope_yarn_ramp"] == "paper" and extra["iter_num"] == 3
+
+
+def test_a_dcp_run_from_before_rope_yarn_ramp_resumes_with_the_papers_ramp(small_chars, tmp_path, capsys):
+    """A real resume of a checkpoint_format='dcp' folder written before issue 60 (its extra.pt's model_args and
+    config without rope_yarn_ramp), under FSDP in one process: the run resumes with the ramp those runs had,
+    'paper' (checkpoint.LEGACY_MODEL_ARGS), not today's default 'code', and records it."""
+    out = str(tmp_path / "yarn")
+    args = [*TINY, f"--data_root={small_chars}", "--pos_encoding=rope", "--rope_scaling=2.0"]
+    args += ["--rope_original_block_size=32", *FSDP, "--checkpoint_format=dcp", f"--out_dir={out}"]
+    train.main([*args, "--max_iters=5"])
+    extra_file = os.path.join(out, "ckpt.dcp", sharding.EXTRA)
+    extra = torch.load(extra_file, weights_only=True)
+    assert extra["model_args"]["rope_yarn_ramp"] == "code"
+    for key in ("model_args", "config"):
+        del extra[key]["rope_yarn_ramp"]
+    torch.save(extra, extra_file)
+    m = train.main([*args, "--init_from=resume", "--max_iters=6"])
+    assert m["config"]["rope_yarn_ramp"] == "paper" and m["iter_num"] == 6
+    saved = torch.load(extra_file, weights_only=True)
+    assert saved["model_args"]["rope_yarn_ramp"] == saved["config"]["rope_yarn_ramp"] == "paper"
