@@ -183,7 +183,7 @@ def main(argv):
         lr = set_lr(optimizer, cfg, iter_num, decay_iters)
         for micro_step in range(run.grad_accum):
             x, y, docs = batch_to_device(data.train_batch(iter_num, micro_step), run.dev, cfg.reset_position_ids)
-            set_grad_sync(model, raw_model, run, micro_step == run.grad_accum - 1)  # reduce on the last only
+            set_grad_sync(model, raw_model, run, micro_step == run.grad_accum - 1)  # reduce on the last (or each: FSDP)
             with run.ctx:
                 _, loss = model(x, y, **docs)
             loss_acc += loss.detach()
