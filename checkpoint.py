@@ -22,6 +22,9 @@ A run folder (train.py's out_dir) holds two checkpoints, both written atomically
 save_checkpoint writes them; load_checkpoint / load_run read them (sample.py, eval_extrapolate.py,
 study/eval_downstream.py, study/analyze.py, train.py's resume); load_finetune_checkpoint checks a checkpoint
 against a fine-tune's settings (FINETUNE_FREE). One file defines the format, not a copy per script.
+
+checkpoint_format='dcp' (an FSDP run) writes folders ckpt.dcp and best.dcp instead (sharding.py); dcp_path names
+them and convert_hint gives the command that turns one into a file.
 """
 
 import ast
@@ -49,6 +52,7 @@ FINETUNE_FREE = (
     "rope_yarn_ramp",
 )  # what a fine-tune may change (delta's init is moot once weights load)
 LEGACY_MODEL_ARGS = {"rope_yarn_ramp": "paper"}  # a field added later -> its value in checkpoints without it
+DCP_SUFFIX = ".dcp"  # ckpt.dcp, best.dcp: the sharded twins of ckpt.pt and best.pt (checkpoint_format='dcp')
 
 
 def save_checkpoint(
@@ -107,11 +111,9 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
     file), the command that converts it.
     """
     path = os.path.join(out_dir, ckpt)
-    for folder in (path, out_dir, os.path.splitext(path)[0] + ".dcp"):  # a sharded folder (checkpoint_format='dcp')
+    for folder in (path, out_dir, os.path.splitext(path)[0] + DCP_SUFFIX):  # a sharded folder (checkpoint_format='dcp')
         if not os.path.isfile(path) and os.path.isfile(os.path.join(folder, ".metadata")):
-            import sharding
-
-            raise UserError(sharding.convert_hint(folder))
+            raise UserError(convert_hint(folder))
     if not os.path.isfile(path):
         raise UserError(
             f"no checkpoint at {path}; train first (python train.py --out_dir={out_dir}) "
@@ -125,6 +127,22 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
         raise UserError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
     state["model_args"] = current_model_args(state["model_args"])
     return state
+
+
+def dcp_path(out_dir, name):
+    """out_dir/ckpt.dcp for 'ckpt.pt' (and best.dcp for 'best.pt')."""
+    return os.path.join(out_dir, os.path.splitext(name)[0] + DCP_SUFFIX)
+
+
+def convert_hint(folder):
+    """The one line that says how to turn a dcp folder into a file sample.py and the evaluation scripts read."""
+    name = os.path.basename(os.path.normpath(folder))
+    stem = name[: -len(DCP_SUFFIX)] if name.endswith(DCP_SUFFIX) else name
+    target = os.path.join(os.path.dirname(os.path.normpath(folder)), stem + ".pt")
+    return (
+        f"{folder} is a sharded torch.distributed.checkpoint folder (checkpoint_format='dcp'); convert it to "
+        f"one file first: python sharding.py {folder} {target}"
+    )
 
 
 def current_model_args(model_args):

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 
 class UserError(Exception):
@@ -32,17 +33,39 @@ class UserError(Exception):
 
 def exit_on_user_error(main):
     """Decorator for a script's main(): a UserError prints 'error: <message>' (then its details) on
-    stderr and exits with code 2; other exceptions propagate unchanged."""
+    stderr and exits with code 2; other exceptions propagate unchanged.
+
+    Under torchrun (RANK set) every rank exits 2 but only rank 0 prints, so the line appears once; each rank
+    also writes it to torchrun's error file (TORCHELASTIC_ERROR_FILE, torch.distributed.elastic's reply file),
+    so torchrun's failure report shows it as each failed rank's "traceback", a rank-specific error included."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
         except UserError as e:
-            print(f"error: {e}" + (f"\n{e.details}" if e.details else ""), file=sys.stderr)
+            line = f"error: {e}" + (f"\n{e.details}" if e.details else "")
+            if os.environ.get("RANK", "0") == "0":
+                print(line, file=sys.stderr)
+            _torchrun_reply(line)
             sys.exit(2)
 
     return wrapper
+
+
+def _torchrun_reply(message):
+    """Write `message` to torchrun's per-worker error file, where torchrun sets one, in the JSON that
+    torch.distributed.elastic's ErrorHandler.record_exception writes (the message in place of a Python traceback):
+    torchrun prints it in its report instead of '<N/A>'."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            info = {"py_callstack": message, "timestamp": str(int(time.time()))}
+            json.dump({"message": {"message": message, "extraInfo": info}}, f)
+    except OSError:
+        pass  # the report then says <N/A>; rank 0 has printed the line
 
 
 class ArgumentParser(argparse.ArgumentParser):

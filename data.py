@@ -9,6 +9,11 @@ Packed documents (train.py's attn_mask_type='block_causal', issue 58): a Dataset
 serves (x, y, document_ids) batches, document_ids (B, T) int32 numbering the documents of each row from 0
 (window_document_ids: from the offsets meta.json declares under "documents"; prepare/common.py's format).
 A dataset prepared without them is one document per split, with a one-line warning.
+
+Under block_causal the last token of each document still has a target: the next document's first token, which it
+is trained to predict from its own document alone (nothing of the next one is visible to it). With
+mask_boundary_targets=True (train.py's mask_document_boundary_targets) those targets are -1, left out of the loss
+(training and evaluation alike), as packers that drop cross-document targets do.
 """
 
 import json
@@ -38,7 +43,9 @@ class Dataset:
     process and step, the data seed, and this process's rank among world_size DDP processes.
     Reading arrays and meta needs none of them. Raises FileNotFoundError naming the prepare command
     when the folder or a split is missing, and ValueError if a split is empty (data prepared before
-    the prepare scripts refused that) or if rows would not fit block_size.
+    the prepare scripts refused that) or if rows would not fit block_size. documents=True: stream batches carry
+    their document ids (block_causal); mask_boundary_targets=True (with documents): the targets that start a new
+    document are -1 (the module docstring).
     """
 
     def __init__(
@@ -53,8 +60,9 @@ class Dataset:
         world_size=1,
         prepare_hint=None,
         documents=False,
+        mask_boundary_targets=False,
     ):
-        self.dir, self.documents = data_dir, documents
+        self.dir, self.documents, self.mask_boundary_targets = data_dir, documents, documents and mask_boundary_targets
         self.batch_size, self.block_size, self.grad_accum = batch_size, block_size, grad_accum
         self.seed, self.rank, self.world_size = seed, rank, world_size
         path = os.path.join(data_dir, "meta.json")
@@ -150,14 +158,18 @@ class Dataset:
 
     def _windows_to_xy(self, arr, starts, split, length=None):
         """(x, y) of the windows of `length` (default block_size) predictions starting at `starts`, plus their
-        document ids with documents=True."""
+        document ids with documents=True; with mask_boundary_targets, y is -1 where the target starts a new
+        document (the last token of each document, the window's last included)."""
         length = self.block_size if length is None else length
         w = np.stack([arr[i : i + length + 1] for i in starts]).astype(np.int64)
         w = torch.from_numpy(w)
         x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
         if not self.documents:
             return x, y
-        return x, y, window_document_ids(self.offsets(split), np.asarray(starts), length)
+        ids = window_document_ids(self.offsets(split), np.asarray(starts), length + 1)  # the targets' too
+        if self.mask_boundary_targets:
+            y[ids[:, 1:] != ids[:, :-1]] = -1
+        return x, y, ids[:, :-1].contiguous()
 
     def random_batch(self, split, rng):
         """(x, y) int64 CPU tensors (batch_size, <= block_size) drawn with `rng` (np.random.Generator)."""

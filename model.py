@@ -269,15 +269,25 @@ def sinusoidal_embedding(n_positions, n_embd):
     return torch.stack((torch.sin(angle), torch.cos(angle)), dim=-1).reshape(n_positions, n_embd).float()
 
 
+def alibi_document_bias(slopes, mask):
+    """ALiBi's bias under a boolean document mask: slopes (n_head,), mask (B, 1, T, T) bool (document_mask) ->
+    (B, n_head, T, T) float32, -slopes[h] * (i - j) where the mask allows key j for query i, -inf elsewhere.
+    Built once per forward and shared by every layer (their slopes are equal)."""
+    T = mask.shape[-1]
+    return alibi_bias(slopes, T, T).unsqueeze(0).masked_fill(~mask, float("-inf"))
+
+
 class Documents(NamedTuple):
     """Packed documents of a batch, shared by every layer (GPT.hidden_states builds it once per forward).
 
-    ids: (B, T) int32 non-decreasing document ids (block_causal). positions: (B, T) int64 position of each
-    token, or None for 0..T-1. mask: document_mask(ids): a boolean (B, 1, T, T) tensor (SDPA) or, on CUDA, a
-    FlexAttention BlockMask (tiles without a visible pair skipped), for every encoding's attention; None for
-    PoPE with attn_backend='triton' (the kernel masks from the ids)."""
+    ids: (B, T) int32 non-decreasing document ids (block_causal), or None (position_ids alone: one document per
+    row, causal attention). positions: (B, T) int64 position of each token, or None for 0..T-1. mask:
+    document_mask(ids): a boolean (B, 1, T, T) tensor (SDPA) or, on CUDA, a FlexAttention BlockMask (tiles
+    without a visible pair skipped), for every encoding's attention; for ALiBi instead of the boolean tensor
+    its float bias (B, n_head, T, T), -inf where the mask forbids (alibi_document_bias, built once for every
+    layer); None without ids, and for PoPE with attn_backend='triton' (the kernel masks from the ids)."""
 
-    ids: torch.Tensor
+    ids: torch.Tensor | None
     positions: torch.Tensor | None
     mask: object
 
@@ -427,7 +437,7 @@ class CausalSelfAttention(nn.Module):
             k, v = kv_cache.update(self.layer_idx, k, v)
         if cfg.pos_encoding == "pope":
             y = self._pope(q, k, v, kv_cache, q_offset, rotation, documents)
-        elif cfg.pos_encoding == "alibi_half" and documents is not None:
+        elif cfg.pos_encoding == "alibi_half" and documents is not None and documents.mask is not None:
             y = self._alibi_documents(q, k, v, documents.mask)
         elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
             bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=q_offset)  # (n_head, T, Tk): per query head
@@ -443,10 +453,10 @@ class CausalSelfAttention(nn.Module):
 
     def _alibi_documents(self, q, k, v, mask):
         """ALiBi under a document mask: the bias -slope_h (i - j) on the pairs the mask allows. Distances are
-        token indices, equal to position differences inside a document whether positions restart or not."""
-        T = q.shape[-2]
+        token indices, equal to position differences inside a document whether positions restart or not.
+        mask: Documents.mask, for ALiBi the float bias alibi_document_bias (SDPA) or a BlockMask (flex)."""
         if isinstance(mask, torch.Tensor):  # (B, n_head, T, T) float bias, -inf where the mask forbids
-            bias = alibi_bias(self.alibi_slopes, T, T).unsqueeze(0).masked_fill(~mask, float("-inf"))
+            bias = mask
             k, v, gqa = sdpa_gqa(q, k, v, masked=True)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), **gqa)
         slopes = self.alibi_slopes
@@ -634,6 +644,7 @@ class GPT(nn.Module):
         kv_cache: a KVCache; idx continues its tokens, at positions kv_cache.q_offset.., and is appended.
         document_ids, position_ids: packed documents, as forward."""
         documents = self._documents(idx, kv_cache, document_ids, position_ids)
+        n_positions = self._positions_needed(idx, kv_cache, documents)  # first: a negative position is refused here
         x = self.transformer.wte(idx)
         if documents is not None and documents.positions is not None and self.config.pos_encoding in ABSOLUTE_ENCODINGS:
             x = x + self._absolute_rows(documents.positions)
@@ -649,7 +660,7 @@ class GPT(nn.Module):
             else:
                 x = x + self.wpe_sinusoidal[q_offset : q_offset + T]
         x = self.transformer.drop(x)
-        self.ensure_positions(self._positions_needed(idx, kv_cache, documents))
+        self.ensure_positions(n_positions)
         for block in self.transformer.h:
             x = block(x, self.rotation, kv_cache, documents)
         if kv_cache is not None:
@@ -658,18 +669,20 @@ class GPT(nn.Module):
 
     def _documents(self, idx, kv_cache, document_ids, position_ids):
         """The Documents every layer shares (its mask built once per forward), or None for plain causal attention.
-        position_ids without document_ids: one document per row at those positions."""
+        position_ids without document_ids: one document per row at those positions, so causal attention (no mask:
+        the unmasked kernels, as a rows dataset's batches under block_causal take)."""
         if document_ids is None and position_ids is None:
             return None
         if kv_cache is not None:
             raise ValueError("document_ids / position_ids are for training and evaluation; decoding takes one document")
         B, T = idx.shape
-        if document_ids is None:
-            document_ids = torch.zeros(B, T, dtype=torch.int32, device=idx.device)
         check_document_ids(document_ids, position_ids, B, T, idx.device)
-        return Documents(
-            document_ids, position_ids, None if self._pope_kernel(idx.device) else document_mask(document_ids)
-        )
+        if document_ids is None or self._pope_kernel(idx.device):
+            return Documents(document_ids, position_ids, None)
+        mask = document_mask(document_ids)
+        if self.config.pos_encoding == "alibi_half" and isinstance(mask, torch.Tensor):
+            mask = alibi_document_bias(self.transformer.h[0].attn.alibi_slopes, mask)
+        return Documents(document_ids, position_ids, mask)
 
     def _positions_needed(self, idx, kv_cache, documents):
         """The rows of GPT.rotation a forward reads: q_offset + T, or with position_ids their largest + 1 (read in

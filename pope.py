@@ -26,7 +26,7 @@ Public API
     pope_attention(q, k, v, delta, *, causal, rope_theta, sm_scale, q_offset, magnitude, backend, rotation,
                    document_ids, position_ids, mask)   packed documents: block-causal mask, positions per token
     document_mask(document_ids, Tq, q_offset, causal, flex), masked_attention(q, k, v, mask, sm_scale, score_mod),
-    check_document_ids(...)
+    check_document_ids(...), check_positions(position_ids, n_rows)
     pope_attention_decode(q, mu_k, v, delta, *, rotation, ...)   decoding over cached key magnitudes
     pope_decode_step(q, mu_all, v_all, delta, rotation, at, seen)  one token over a static cache (compiled decoding)
     pope_key_magnitude(k, magnitude)       the key form the KV cache stores (mu_k, d wide)
@@ -424,6 +424,25 @@ def _check(q, k, v, delta, q_offset, magnitude, document_ids=None, position_ids=
         check_document_ids(document_ids, position_ids, B, Tk, q.device, order)
 
 
+def check_positions(position_ids, n_rows):
+    """Validate position_ids against a rotation table of n_rows rows (positions 0..n_rows-1): every position
+    must be >= 0 and < n_rows (a negative one would read the table's last rows, one past it raise IndexError).
+    Reads the ids (one host sync), so it runs in eager mode only: skipped while torch.compile traces, on the
+    meta device, and for None. Raises ValueError with one line that says what to pass."""
+    if position_ids is None or torch.compiler.is_compiling() or position_ids.device.type == "meta":
+        return
+    if not position_ids.numel():
+        return
+    lo, hi = (int(v) for v in position_ids.aminmax())
+    if lo < 0:
+        raise ValueError(f"position_ids must be >= 0 (token positions), got {lo}")
+    if hi >= n_rows:
+        raise ValueError(
+            f"position_ids reach {hi}, past the rotation table's {n_rows} rows (positions 0..{n_rows - 1}): pass "
+            f"rotation=pope_rotation_table({hi + 1}, head_dim) or longer (GPT.ensure_positions grows GPT.rotation)"
+        )
+
+
 def _position_rows(rotation, position_ids, q_offset, Tq, Tk):
     """Rotation rows for the queries and keys: the table's rows q_offset.. and 0.. ((Tq, 2d), (Tk, 2d)), or with
     position_ids (B, Tk) int64 the rows of each token's own position, (B, 1, Tq, 2d) and (B, 1, Tk, 2d)."""
@@ -477,19 +496,24 @@ def pope_attention(
             i's is position_ids[:, q_offset + i]; the rotation table must hold max + 1 rows. None: 0..Tk-1.
         mask: the torch path's document_mask(document_ids, Tq, q_offset, causal=causal), built once and shared
             by every layer; None builds it here from document_ids. The Triton backend reads document_ids only.
-        ids_checked: True where the caller has checked that document_ids never decrease (GPT.forward, once per
-            forward): skips that test, which reads the ids (a host sync per call on a GPU, in eager mode).
+        ids_checked: True where the caller has checked the ids (GPT.forward, once per forward): that document_ids
+            never decrease and that position_ids lie in the table (check_positions); skips both tests, which read
+            the ids (a host sync per call on a GPU, in eager mode; under torch.compile they never run).
 
     Returns:
         (B, H, Tq, dv) in v's dtype (in the autocast dtype under autocast, for both backends),
         differentiable in q, k, v and delta.
 
     Raises:
-        ValueError on shape, magnitude, q_offset or backend errors, and for backend='triton' on cases
-        the kernel does not support (see pope_attention_triton).
+        ValueError on shape, magnitude, q_offset or backend errors, for a negative position or one past the
+        rotation table (check_positions; eager mode), and for backend='triton' on cases the kernel does not
+        support (see pope_attention_triton).
     """
     rope_theta = _rope_theta(rope_theta, theta)
     _check(q, k, v, delta, q_offset, magnitude, document_ids, position_ids, order=not ids_checked)
+    if not ids_checked:
+        n_rows = rotation.shape[0] if rotation is not None else max(q_offset + q.shape[2], k.shape[2])
+        check_positions(position_ids, n_rows)
     documents = document_ids is not None or position_ids is not None
     backend = pope_backend(q, k, v, backend)
     if backend == "triton":
@@ -504,7 +528,7 @@ def pope_attention(
             q_offset=q_offset,
             magnitude=magnitude,
             rotation=rotation,
-            **(dict(document_ids=document_ids, position_ids=position_ids) if documents else {}),
+            **(dict(document_ids=document_ids, position_ids=position_ids, ids_checked=True) if documents else {}),
         )
     if backend != "torch":
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
@@ -832,6 +856,7 @@ def pope_attention_triton(
     theta=None,
     document_ids=None,
     position_ids=None,
+    ids_checked=False,
 ):
     """PoPE attention through pope_kernel's FlashAttention-2 kernels (pope_attention(..., backend='triton')).
 
@@ -851,7 +876,8 @@ def pope_attention_triton(
     kept for the backward. position_ids: None (positions 0..Tk-1, query rows from q_offset), or (B, Tk) int64
     positions per key (query row i: position_ids[:, q_offset + i]), each below max(q_offset + Tq, Tk) unless
     `rotation` has more rows (positions that restart at each document always are). Raises ValueError (one line) for
-    document_ids or position_ids of the wrong shape, dtype or device.
+    document_ids or position_ids of the wrong shape, dtype or device, and (unless ids_checked, as pope_attention)
+    for a negative position or one past the table (check_positions).
     """
     rope_theta = _rope_theta(rope_theta, theta)
     _check(q, k, v, delta, q_offset, magnitude)
@@ -861,6 +887,8 @@ def pope_attention_triton(
     Tq, Tk, d = q.shape[2], k.shape[2], q.shape[-1]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     rotation = _rotation_rows(rotation, max(q_offset + Tq, Tk), d, rope_theta, q.device)
+    if not ids_checked:
+        check_positions(position_ids, rotation.shape[0])
     pope_kernel.check_limits(q.shape[0], q.shape[1], Tq, Tk, q_offset, (v.stride(2),))
     docs = _triton_documents(q, k, q_offset, document_ids, position_ids)
     rows = (rotation[q_offset : q_offset + Tq], rotation[:Tk]) if position_ids is None else (rotation, rotation)

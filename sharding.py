@@ -14,7 +14,9 @@ train.py's settings `fsdp`, `activation_checkpointing` and `checkpoint_format` c
     save_dcp / load_dcp           checkpoint_format='dcp': a sharded torch.distributed.checkpoint folder
                                   (out_dir/ckpt.dcp, out_dir/best.dcp) for models too large to gather
     memory_per_rank               bytes per rank of parameters, gradients and AdamW state under DDP and FSDP,
-                                  from the model's shapes; measured_bytes: the same from a rank's local shards
+                                  from the model's shapes, at their peak inside a step (fsdp_reduce_every_micro_step:
+                                  gradients sharded throughout, or whole until the last micro-step); measured_bytes
+                                  and grad_bytes: the same from a rank's local tensors
 
 Convert a dcp folder to the single-file format that sample.py and the evaluation scripts read (one process,
 no process group; the folder's optimizer state comes along, so the file resumes too):
@@ -30,9 +32,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+from checkpoint import DCP_SUFFIX, convert_hint, current_model_args, dcp_path  # noqa: F401 (dcp_path: train.py's)
 from cli import UserError, atomic_open, exit_on_user_error
 
-DCP_SUFFIX = ".dcp"  # ckpt.dcp, best.dcp: the sharded twins of ckpt.pt and best.pt
 ADAMW_STATES = 2  # exp_avg, exp_avg_sq (fp32, the parameter's shape), plus a 0-d fp32 step per tensor
 
 
@@ -194,11 +196,6 @@ def lockstep(batches, dev):
 # --- checkpoint_format='dcp': sharded folders --------------------------------------------------------------
 
 
-def dcp_path(out_dir, name):
-    """out_dir/ckpt.dcp for 'ckpt.pt' (and best.dcp for 'best.pt')."""
-    return os.path.join(out_dir, os.path.splitext(name)[0] + DCP_SUFFIX)
-
-
 EXTRA = "extra.pt"  # in a dcp folder: the checkpoint's keys but model and optimizer (rank 0, torch.save)
 
 
@@ -250,8 +247,6 @@ def load_dcp(path, model, optimizer=None):
 def load_dcp_extra(path):
     """The small keys of a save_dcp folder (all but model and optimizer), model_args under today's names as
     checkpoint.load_checkpoint gives them. Raises UserError if it has none."""
-    from checkpoint import current_model_args
-
     file = os.path.join(path, EXTRA)
     if not os.path.isfile(file):
         raise UserError(f"{path} is not a dcp checkpoint of this repo (no {EXTRA}); train with checkpoint_format='dcp'")
@@ -282,17 +277,6 @@ def dcp_to_single(folder, out_path):
     return out_path
 
 
-def convert_hint(folder):
-    """The one line that says how to turn a dcp folder into a file sample.py and the evaluation scripts read."""
-    name = os.path.basename(os.path.normpath(folder))
-    stem = name[: -len(DCP_SUFFIX)] if name.endswith(DCP_SUFFIX) else name
-    target = os.path.join(os.path.dirname(os.path.normpath(folder)), stem + ".pt")
-    return (
-        f"{folder} is a sharded torch.distributed.checkpoint folder (checkpoint_format='dcp'); convert it to "
-        f"one file first: python sharding.py {folder} {target}"
-    )
-
-
 # --- memory per rank ----------------------------------------------------------------------------------------
 
 
@@ -303,17 +287,23 @@ def _shard_rows(rows, world, rank=0):
     return max(0, min(per, rows - rank * per))
 
 
-def memory_per_rank(model, world):
+def memory_per_rank(model, world, grad_accum=1, reduce_every_micro_step=True):
     """Bytes per rank (rank 0, which holds the most) of fp32 parameters, gradients and AdamW state (two moments
-    and a 0-d step per tensor) of `model` (any GPT, a meta-device one is enough: shapes only) -> {"ddp": {...},
-    "fsdp": {...}}, each {"params", "grads", "optimizer", "total"}. DDP: every rank holds all of it. FSDP: each
-    parameter's dim-0 shard (_shard_rows); the bf16 copy of one Block that FSDP all-gathers for compute, and
-    activations (activation_bytes), come on top."""
+    and a 0-d step per tensor) of `model` (any GPT, a meta-device one is enough: shapes only), at their peak
+    inside an optimizer step of grad_accum micro-steps per rank -> {"ddp": {...}, "fsdp": {...}}, each {"params",
+    "grads", "optimizer", "total"}. DDP: every rank holds all of it. FSDP: each parameter's dim-0 shard
+    (_shard_rows), and its gradient's, where gradients are reduce-scattered after every micro-step
+    (reduce_every_micro_step, train.py's fsdp_reduce_every_micro_step) or there is one micro-step; reduced on the
+    last of several only, every rank holds whole fp32 gradients until then (FSDP2 accumulates them unsharded), as
+    DDP does. The bf16 copy of one Block that FSDP all-gathers for compute (and one Block's unsharded gradients
+    while they are reduce-scattered), and activations (activation_bytes), come on top."""
     out = {}
+    whole = sum(p.numel() for p in model.parameters())
     for kind, w in (("ddp", 1), ("fsdp", world)):
         n = sum(_shard_rows(p.shape[0], w) * (p.numel() // max(p.shape[0], 1)) for p in model.parameters())
         steps = sum(1 for _ in model.parameters())
-        b = {"params": 4 * n, "grads": 4 * n, "optimizer": 4 * ADAMW_STATES * n + 4 * steps}
+        grads = n if reduce_every_micro_step or grad_accum == 1 else whole
+        b = {"params": 4 * n, "grads": 4 * grads, "optimizer": 4 * ADAMW_STATES * n + 4 * steps}
         out[kind] = {**b, "total": sum(b.values())}
     return out
 
@@ -330,6 +320,28 @@ def activation_bytes(config, batch_size, block_size, dtype, checkpointing):
     layer = 17 * sbh * e
     kept = config.n_layer * (sbh * e if checkpointing else layer) + (layer if checkpointing else 0)
     return kept + batch_size * block_size * config.vocab_size * (e + 4)
+
+
+def grad_bytes(model):
+    """Bytes of gradients this rank holds now: every parameter's local .grad (a DTensor's shard under FSDP), plus
+    the whole (unsharded) gradients FSDP2 keeps between micro-steps that do not reduce-scatter
+    (set_requires_gradient_sync(False)). Those live in FSDP's private FSDPParam fields (unsharded_accumulated_grad,
+    _unsharded_param.grad; torch 2.6 to 2.13), read where present; a torch that moved them counts 0 for them."""
+
+    def size(t):
+        if t is None:
+            return 0
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()  # not its storage's: FSDP's shards are views of one flat buffer
+
+    total = sum(size(p.grad) for p in model.parameters())
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        group = getattr(state, "_fsdp_param_group", None)
+        for fsdp_param in getattr(group, "fsdp_params", ()):
+            total += size(getattr(fsdp_param, "unsharded_accumulated_grad", None))
+            total += size(getattr(getattr(fsdp_param, "_unsharded_param", None), "grad", None))
+    return total
 
 
 def measured_bytes(model, optimizer):
@@ -350,14 +362,16 @@ def measured_bytes(model, optimizer):
     return {**b, "total": sum(b.values())}
 
 
-def memory_report(config, world, batch_size, block_size, dtype, checkpointing):
+def memory_report(config, world, batch_size, block_size, dtype, checkpointing, grad_accum=1, reduce_every=True):
     """The lines train.py prints at start: bytes per rank of parameters, gradients and AdamW state under DDP
-    and under FSDP at this world size (memory_per_rank), and the activation estimate (activation_bytes)."""
+    and under FSDP at this world size (memory_per_rank, grad_accum micro-steps per rank, FSDP's gradients reduced
+    after every micro-step or on the last only as reduce_every says), what the other choice would cost where there
+    are several micro-steps, and the activation estimate (activation_bytes)."""
     from model import GPT
 
     with torch.device("meta"):
         model = GPT(config)
-    m = memory_per_rank(model, world)
+    m = memory_per_rank(model, world, grad_accum, reduce_every)
     lines = [f"memory per rank at world {world} (fp32 master weights, AdamW):"]
     for kind in ("ddp", "fsdp"):
         b = m[kind]
@@ -365,11 +379,33 @@ def memory_report(config, world, batch_size, block_size, dtype, checkpointing):
             f"  {kind.upper():4s} params {gib(b['params'])}, grads {gib(b['grads'])}, optimizer "
             f"{gib(b['optimizer'])}: {gib(b['total'])}"
         )
+    if grad_accum > 1:
+        lines.append(fsdp_reduce_choices(model, world, grad_accum, reduce_every))
     act = activation_bytes(config, batch_size, block_size, dtype, checkpointing)
     lines.append(
         f"  activations of one micro-batch ({batch_size} x {block_size}, {dtype}, activation checkpointing "
         f"{'on' if checkpointing else 'off'}): ~{gib(act)} (estimate)"
     )
+    return "\n".join(lines)
+
+
+def fsdp_reduce_choices(model, world, grad_accum, reduce_every):
+    """Three lines: what FSDP's two gradient-reduction choices cost per rank and step at grad_accum micro-steps per
+    rank: gradient bytes at their peak (memory_per_rank) and reduce-scatters (one per FSDP group, n_layer Blocks
+    and the root, per reduction), for fsdp_reduce_every_micro_step=True and False; the run's choice marked."""
+    groups = len(model.transformer.h) + 1
+    cost = {
+        every: (
+            memory_per_rank(model, world, grad_accum, every)["fsdp"]["grads"],
+            groups * (grad_accum if every else 1),
+        )
+        for every in (True, False)
+    }
+    text = {True: "reduce-scatter after every micro-step", False: "on the last micro-step only (whole fp32 grads)"}
+    lines = [f"  FSDP with {grad_accum} micro-steps per rank (fsdp_reduce_every_micro_step), per step:"]
+    for e in (True, False):
+        mark = ", this run" if e == reduce_every else ""
+        lines.append(f"    {e}{mark}: {text[e]}: grads {gib(cost[e][0])}, {cost[e][1]} reduce-scatters")
     return "\n".join(lines)
 
 

@@ -89,6 +89,8 @@ pope_use_delta = True  # learnable phase bias delta; False: the "no delta" ablat
 attn_backend = "auto"  # PoPE attention: 'auto' (Triton on CUDA) | 'triton' | 'torch'
 attn_mask_type = "causal"  # 'causal' | 'block_causal': a token attends only to its own document (docs/usage.md)
 reset_position_ids = None  # positions restart at 0 in each document; None: True under block_causal, else False
+mask_document_boundary_targets = False  # block_causal: leave out of the loss each document's last target (the next
+# document's first token, which it cannot see); False trains it as nanoGPT's packed stream does
 # AdamW with linear warmup then cosine decay to min_lr
 learning_rate = 1e-3
 max_iters = 3000  # 3000 x 8 x 256 characters: ~1.3 epochs
@@ -107,6 +109,9 @@ compile = None  # torch.compile; None: on for CUDA, off for CPU
 peak_flops = 0.0  # one device's peak FLOP/s for MFU (reported per device); 0: look it up (model.device_peak_flops)
 # past one GPU's memory (sharding.py)
 fsdp = False  # shard parameters, gradients and AdamW state over the processes (FSDP2 fully_shard); one process too
+# fsdp with several micro-steps per rank: True reduce-scatters gradients after every micro-step (each rank keeps 1/world
+# of them; torchtitan's way); False on the last only (one reduce-scatter per step, but whole fp32 gradients meanwhile)
+fsdp_reduce_every_micro_step = True
 activation_checkpointing = False  # recompute each Block in the backward: activations of one layer input each
 checkpoint_format = "single"  # 'single': ckpt.pt, best.pt gathered to rank 0 | 'dcp' (fsdp): sharded ckpt.dcp, best.dcp
 # -----------------------------------------------------------------------------
@@ -178,12 +183,14 @@ def main(argv):
         lr = set_lr(optimizer, cfg, iter_num, decay_iters)
         for micro_step in range(run.grad_accum):
             x, y, docs = batch_to_device(data.train_batch(iter_num, micro_step), run.dev, cfg.reset_position_ids)
-            set_grad_sync(model, raw_model, run, micro_step == run.grad_accum - 1)  # reduce on the last only
+            set_grad_sync(model, raw_model, run, micro_step == run.grad_accum - 1)  # reduce on the last (or each: FSDP)
             with run.ctx:
                 _, loss = model(x, y, **docs)
             loss_acc += loss.detach()
             tokens_seen += x.numel()
             scaler.scale(loss / run.grad_accum).backward()
+            if run.sharding["memory_per_rank"]["measured"] is None:  # the first step: the gradients' peak inside it
+                run.grad_peak = max(getattr(run, "grad_peak", 0), sharding.grad_bytes(raw_model))
         if cfg.grad_clip:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
@@ -236,8 +243,8 @@ MASK_TYPES = ("causal", "block_causal")
 def document_settings(config):
     """config with attn_mask_type checked and reset_position_ids resolved (None: True under block_causal, else
     False), so metrics.json and checkpoints record the values the run used. Raises UserError (exit 2, one
-    line) for an unknown value, and for reset_position_ids=True without block_causal (positions restart at
-    document starts, which only block_causal loads)."""
+    line) for an unknown value, and for reset_position_ids=True or mask_document_boundary_targets=True without
+    block_causal (positions restart, and targets are dropped, at document starts, which only block_causal loads)."""
     mask, reset = config["attn_mask_type"], config["reset_position_ids"]
     if mask not in MASK_TYPES:
         raise UserError(f"attn_mask_type must be one of {MASK_TYPES}, got {mask!r}")
@@ -249,6 +256,14 @@ def document_settings(config):
         raise UserError(
             "reset_position_ids=True restarts positions at document starts, which only "
             "attn_mask_type='block_causal' reads: add --attn_mask_type=block_causal, or leave reset_position_ids unset"
+        )
+    boundary = config["mask_document_boundary_targets"]
+    if not isinstance(boundary, bool):
+        raise UserError(f"mask_document_boundary_targets must be True or False, got {boundary!r}")
+    if boundary and mask != "block_causal":
+        raise UserError(
+            "mask_document_boundary_targets=True drops the targets at document boundaries, which only "
+            "attn_mask_type='block_causal' loads: add --attn_mask_type=block_causal, or leave it False"
         )
     return {**config, "reset_position_ids": reset}
 
@@ -289,6 +304,7 @@ def setup_processes(cfg):
         world_size=world_size,
         master=rank == 0,
         grad_accum=cfg.gradient_accumulation_steps // world_size,
+        fsdp_reduce_every_micro_step=bool(cfg.fsdp_reduce_every_micro_step),
         device_type=device_type,
         dtype=dtype,
         ctx=autocast_context(dev, dtype),
@@ -328,6 +344,7 @@ def open_data(cfg, run, data_dir, block_size):
             rank=run.rank,
             world_size=run.world_size,
             documents=block_size is not None and cfg.attn_mask_type == "block_causal",
+            mask_boundary_targets=cfg.mask_document_boundary_targets,
         )
         if block_size is None:
             return data, None
@@ -358,8 +375,7 @@ def initial_state(cfg, config, run, data, tokenizer):
     if cfg.init_from != "resume" and _elastic_restart(cfg, run):
         cfg.init_from = config["init_from"] = "resume"
     if cfg.init_from == "resume":
-        if cfg.checkpoint_format == "dcp":
-            start.ckpt_path = sharding.dcp_path(cfg.out_dir, "ckpt.pt")
+        start.ckpt_path = _resume_path(cfg, config, run)
         if not os.path.exists(start.ckpt_path):
             raise UserError(
                 f"init_from='resume' but {start.ckpt_path} does not exist; train with init_from='scratch' first"
@@ -369,6 +385,7 @@ def initial_state(cfg, config, run, data, tokenizer):
         saved = checkpoint.get("config") or {}  # the model is the checkpoint's: record and feed it as the run did
         config.update({k: saved[k] for k in model_args if k in saved and k in config and k != "attn_backend"})
         config["rope_yarn_ramp"] = model_args["rope_yarn_ramp"]  # 'paper' for a run saved before the setting
+        _restore_run_settings(config, saved, start.ckpt_path, run.master)
         start.checkpoint, start.iter_num = checkpoint, checkpoint["iter_num"]
         start.best_val_loss = checkpoint["best_val_loss"]
         start.prov_earlier = list(checkpoint.get("provenance") or [])
@@ -384,6 +401,38 @@ def initial_state(cfg, config, run, data, tokenizer):
         raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
     start.model_args = model_args
     return start
+
+
+RUN_SETTINGS = ("attn_mask_type", "reset_position_ids", "mask_document_boundary_targets")  # how batches are fed
+
+
+def _restore_run_settings(config, saved, path, master):
+    """A resumed or evaluated run (init_from='resume', eval_only too) feeds its batches as it was trained: the
+    checkpoint's RUN_SETTINGS (its document mask, positions and loss targets) replace this run's, with a one-line
+    note where they differ (a block_causal run resumed without --attn_mask_type kept it no longer). A checkpoint
+    written before a setting existed keeps this run's value of it."""
+    changed = {k: saved[k] for k in RUN_SETTINGS if k in saved and k in config and saved[k] != config[k]}
+    if changed and master:
+        print(
+            f"note: {', '.join(f'{k}={v!r}' for k, v in changed.items())} as {path} was trained (this run asked "
+            f"for {', '.join(f'{k}={config[k]!r}' for k in changed)}; a fine-tune, init_from='finetune', may change it)"
+        )
+    config.update(changed)
+
+
+def _resume_path(cfg, config, run):
+    """The checkpoint init_from='resume' reads: out_dir/ckpt.pt, or out_dir/ckpt.dcp under checkpoint_format='dcp';
+    and where only ckpt.dcp exists, that folder, with checkpoint_format set to 'dcp' in cfg and config (a dcp run
+    resumed without repeating --checkpoint_format=dcp) and a one-line note."""
+    single, dcp = os.path.join(cfg.out_dir, "ckpt.pt"), sharding.dcp_path(cfg.out_dir, "ckpt.pt")
+    if cfg.checkpoint_format == "dcp":
+        return dcp
+    if not os.path.exists(single) and os.path.isdir(dcp):
+        cfg.checkpoint_format = config["checkpoint_format"] = "dcp"
+        if run.master:
+            print(f"note: {single} does not exist; resuming from {dcp}, with checkpoint_format='dcp' (as it was saved)")
+        return dcp
+    return single
 
 
 def _elastic_restart(cfg, run):
@@ -476,16 +525,26 @@ def compile_model(model, ddp):
 def shard_model(cfg, run, model, gptconf):
     """Activation checkpointing and FSDP as cfg asks, on the GPT `model` (in place, before its optimizer is
     built); prints the bytes per rank of parameters, gradients and AdamW state under DDP and FSDP at this world
-    size and the activation estimate (rank 0). Sets run.sharding, what metrics.json records: fsdp, world_size,
-    mixed_precision (FSDP's MixedPrecisionPolicy, None without FSDP), activation_checkpointing,
-    checkpoint_format, memory_per_rank {"estimate": sharding.memory_per_rank's, "measured": after step 1}."""
+    size and the activation estimate (rank 0) where memory matters: several processes, fsdp, or a GPU (a CPU
+    process's first screen shows the data, the model and the loss). Sets run.sharding, what metrics.json records:
+    fsdp, world_size, mixed_precision (FSDP's MixedPrecisionPolicy, None without FSDP), activation_checkpointing,
+    checkpoint_format, fsdp_reduce_every_micro_step, memory_per_rank {"estimate": sharding.memory_per_rank's at
+    the peak inside a step, "measured": step 1's, its gradients at their peak (_measure_after_first_step)}."""
     if cfg.activation_checkpointing:
         sharding.checkpoint_blocks(model)
-    estimate = sharding.memory_per_rank(model, run.world_size)
-    if run.master:
+    every = run.fsdp_reduce_every_micro_step
+    estimate = sharding.memory_per_rank(model, run.world_size, run.grad_accum, every)
+    if run.master and (run.world_size > 1 or cfg.fsdp or run.device_type == "cuda"):  # where memory matters
         print(
             sharding.memory_report(
-                gptconf, run.world_size, cfg.batch_size, gptconf.block_size, run.dtype, cfg.activation_checkpointing
+                gptconf,
+                run.world_size,
+                cfg.batch_size,
+                gptconf.block_size,
+                run.dtype,
+                cfg.activation_checkpointing,
+                run.grad_accum,
+                every,
             )
         )
     run.sharding = {
@@ -494,16 +553,21 @@ def shard_model(cfg, run, model, gptconf):
         "mixed_precision": sharding.shard(model, run.dev, run.dtype) if cfg.fsdp else None,
         "activation_checkpointing": bool(cfg.activation_checkpointing),
         "checkpoint_format": cfg.checkpoint_format,
+        "fsdp_reduce_every_micro_step": every,
         "memory_per_rank": {"estimate": estimate["fsdp" if cfg.fsdp else "ddp"], "measured": None},
     }
 
 
 def _measure_after_first_step(run, model, optimizer):
-    """Record in run.sharding the bytes this rank holds of parameters, gradients and AdamW state, measured
-    from its local tensors right after the first optimizer step (gradients still there)."""
+    """Record in run.sharding the bytes this rank holds of parameters and AdamW state, measured from its local
+    tensors right after the first optimizer step, and of gradients at their peak inside that step: the largest
+    sharding.grad_bytes after any of its micro-steps' backward (run.grad_peak; FSDP's whole gradients between
+    micro-steps that do not reduce included)."""
 
     def hook(opt, args, kwargs):
-        run.sharding["memory_per_rank"]["measured"] = sharding.measured_bytes(model, opt)
+        b = sharding.measured_bytes(model, opt)
+        b["grads"] = max(b["grads"], getattr(run, "grad_peak", 0))
+        run.sharding["memory_per_rank"]["measured"] = {**b, "total": b["params"] + b["grads"] + b["optimizer"]}
         handle.remove()
 
     handle = optimizer.register_step_post_hook(hook)
@@ -511,9 +575,10 @@ def _measure_after_first_step(run, model, optimizer):
 
 def set_grad_sync(model, raw_model, run, sync):
     """Reduce gradients across processes in this backward only if sync (the last micro-step of a step):
-    DDP's require_backward_grad_sync, FSDP's set_requires_gradient_sync (its reduce-scatter)."""
+    DDP's require_backward_grad_sync; FSDP's set_requires_gradient_sync (its reduce-scatter), on every micro-step
+    where run.fsdp_reduce_every_micro_step (skipped, FSDP2 would hold whole fp32 gradients until the last one)."""
     if run.fsdp:
-        raw_model.set_requires_gradient_sync(sync)
+        raw_model.set_requires_gradient_sync(sync or run.fsdp_reduce_every_micro_step)
     elif run.ddp:
         model.require_backward_grad_sync = sync
 

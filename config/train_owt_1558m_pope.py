@@ -4,8 +4,10 @@
 # Budget: 64 x 1024 tokens x 100,000 iters = 6.55B tokens; 6 x 1555M x 6.55B = 6.1e19 FLOP; at 40% MFU of an A100
 # ~136 A100-hours, ~17 h on 8xA100, plus the recomputed forward of activation checkpointing (+1/3: ~23 h).
 # Memory per GPU at 8 ranks (train.py prints it at start; bench.py --only=shard): fp32 weights, gradients and AdamW
-# state 25 GB per rank unsharded (DDP), 3.1 GB under FSDP; activations of a micro-batch of 4 x 1024 in bf16 ~1.9 GiB
-# with activation checkpointing (~11 GiB without; the logits are 1.2 GB of either).
+# state 25 GB per rank unsharded (DDP), 3.1 GB under FSDP, whose gradients are reduce-scattered after each of a rank's
+# 2 micro-steps (fsdp_reduce_every_micro_step=True, the default: 98 reduce-scatters per step; reduced on the last only,
+# 49, each rank would hold whole fp32 gradients meanwhile: 8.6 GB); activations of a micro-batch of 4 x 1024 in bf16
+# ~1.9 GiB with activation checkpointing (~11 GiB without; the logits are 1.2 GB of either).
 #   python prepare/openwebtext.py
 #   torchrun --standalone --nproc_per_node=8 train.py config/train_owt_1558m_pope.py
 #   (several nodes: docs/usage.md, "More than one GPU")
@@ -41,5 +43,6 @@ grad_clip = 1.0
 # past one GPU's memory (sharding.py): parameters, gradients and AdamW state sharded over the ranks, each Block
 # recomputed in the backward, bf16 compute with fp32 reduce and master weights (MixedPrecisionPolicy)
 fsdp = True
+fsdp_reduce_every_micro_step = True  # sharded gradients through the micro-steps (see above)
 activation_checkpointing = True
 checkpoint_format = 'single'  # ckpt.pt, best.pt gathered to rank 0 (12 GB of CPU memory there); 'dcp': sharded

@@ -3,6 +3,8 @@
 import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -256,3 +258,30 @@ def test_compile_is_true_false_or_unset():
     for bad in ("false", "off", 0):
         with pytest.raises(UserError, match="compile must be True or False"):
             resolve_compile(bad, "cuda")
+
+
+def test_a_setting_refused_under_torchrun_prints_its_line_once_and_every_rank_exits_2(tmp_path):
+    """A real torchrun of 2 gloo processes with a refused setting (2 ranks, gradient_accumulation_steps=1): rank 0
+    prints the one 'error:' line, the other rank nothing; each exits 2 (unless torchrun, seeing the first exit,
+    stops it), and torchrun's report (it exits 1) shows the line as the root cause's traceback instead of
+    '<N/A>', so the line buried in it is found there too."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+        + ["--device=cpu", "--gradient_accumulation_steps=1", f"--out_dir={tmp_path / 'out'}"],
+        cwd=repo,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = "error: gradient_accumulation_steps=1 must be divisible by the 2 processes"
+    assert p.returncode == 1, p.stderr[-2000:]
+    printed = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert len(printed) <= 1 and all(x.startswith(line) for x in printed), p.stderr  # never once per rank
+    root = p.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert "exitcode  : 2 " in root and f"traceback : {line}" in root, p.stderr
+    # each rank exits 2 and says why, unless torchrun stopped it first (SIGTERM to the survivors of a failure)
+    failures = p.stderr.split("Failures:", 1)[1].split("Root Cause", 1)[0]
+    assert f"traceback : {line}" in failures or "SIGTERM" in failures or "<NO_OTHER_FAILURES>" in failures
+    assert not os.path.exists(tmp_path / "out")

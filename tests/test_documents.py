@@ -298,3 +298,42 @@ def test_the_order_of_the_ids_is_read_once_per_forward_and_no_mask_is_built_for_
     m.config.attn_backend = "triton"  # resolves to the kernel as 'auto' does on a GPU in bf16 (CPU: the interpreter)
     assert m._documents(torch.zeros(3, T, dtype=torch.long), None, ids, pos).mask is None
     assert masks == [1]
+
+
+@pytest.mark.parametrize("name", ["rope", "pope", "alibi_half", "learned"])
+def test_position_ids_alone_take_the_causal_path_and_give_the_masked_result(name, monkeypatch):
+    """position_ids without document_ids are one document per row: causal attention. GPT builds no document
+    mask (the masked SDPA path, and on CUDA a BlockMask per step, for a causal result) and gives the logits of
+    the masked path with every id 0 (the reference: that path, run with one document per row)."""
+    torch.manual_seed(4)
+    m = gpt(name)
+    idx, pos = torch.randint(0, V, (2, T)), torch.arange(T).repeat(2, 1) + torch.tensor([[0], [3]])
+    pos = pos.clamp(max=T - 1) if name == "learned" else pos
+    want = m(idx, document_ids=torch.zeros(2, T, dtype=torch.int32), position_ids=pos)[0]
+    masks, real = [], model_module.document_mask
+    monkeypatch.setattr(model_module, "document_mask", lambda ids: masks.append(1) or real(ids))
+    got = m(idx, position_ids=pos)[0]
+    assert masks == []
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+
+
+def test_alibi_builds_its_document_bias_once_per_forward_for_every_layer(monkeypatch):
+    """ALiBi under the CPU's boolean document mask: the (B, n_head, T, T) float bias is built once per forward
+    and shared by the 3 layers (it was built in every layer); the logits are still each document's alone."""
+    calls, real = [], model_module.alibi_bias
+    monkeypatch.setattr(model_module, "alibi_bias", lambda *a, **kw: calls.append(a[1:3]) or real(*a, **kw))
+    m = gpt("alibi_half", n_layer=3)
+    ids, pos = document_ids()
+    m(torch.zeros(3, T, dtype=torch.long), document_ids=ids, position_ids=pos)
+    assert calls == [(T, T)]
+    assert_packed_equals_documents(gpt("alibi_half", n_layer=3))
+
+
+@pytest.mark.parametrize("name", ["learned", "sinusoidal", "rope", "pope"])
+def test_a_negative_position_is_a_one_line_value_error_for_every_encoding(name):
+    """position_ids -1: the one-line ValueError of GPT.forward for every encoding (learned raised a bare
+    IndexError from its embedding, before the check ran)."""
+    ids, pos = document_ids()
+    with pytest.raises(ValueError, match="position_ids must be >= 0") as e:
+        gpt(name)(torch.zeros(3, T, dtype=torch.long), document_ids=ids, position_ids=pos - 1)
+    assert "\n" not in str(e.value)

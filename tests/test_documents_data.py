@@ -222,3 +222,78 @@ def test_block_causal_ddp_step_equals_one_process_and_is_recorded(tmp_path):
     ma, mb = (json.load(open(os.path.join(d, "metrics.json"))) for d in (one, two))
     np.testing.assert_allclose(mb["test"]["loss"], ma["test"]["loss"], rtol=1e-5)
     assert ma["config"]["attn_mask_type"] == "block_causal" and ma["config"]["reset_position_ids"] is True
+
+
+def test_a_block_causal_run_resumed_or_evaluated_without_the_setting_keeps_its_mask(tmp_path, capsys):
+    """A real resume: a block_causal run saved at step 3 and resumed to step 6 without --attn_mask_type gives the
+    uninterrupted run's losses at steps 4..6 (it silently trained causally on); --eval_only=True without it gives
+    the run's own val and test losses; both say so in one note line, and record the checkpoint's settings."""
+    root = str(tmp_path / "data")
+    stream(root, "docs", n=600, offsets=document_offsets([5, 1, 40, 7, 100, 147, 3, 60, 237]))
+    common = [
+        "--dataset=docs",
+        f"--data_root={root}",
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=32",
+        "--block_size=32",
+        "--batch_size=4",
+        "--eval_iters=2",
+        "--log_interval=1",
+        "--eval_interval=3",
+        "--learning_rate=1e-2",
+        "--attn_backend=torch",
+        "--compile=False",
+    ]
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    m_full = train.main([*common, "--attn_mask_type=block_causal", "--max_iters=6", f"--out_dir={full}"])
+    train.main([*common, "--attn_mask_type=block_causal", "--max_iters=3", f"--out_dir={part}"])
+    capsys.readouterr()
+    m_res = train.main([*common, "--init_from=resume", "--max_iters=6", f"--out_dir={part}"])
+    out = capsys.readouterr().out
+    assert "note: attn_mask_type='block_causal', reset_position_ids=True as" in out, out
+    losses = [
+        {r["iter"]: r["loss"] for r in map(json.loads, open(os.path.join(d, "log.jsonl"))) if "loss" in r}
+        for d in (full, part)
+    ]
+    np.testing.assert_allclose([losses[1][i] for i in (4, 5, 6)], [losses[0][i] for i in (4, 5, 6)], rtol=1e-6)
+    assert m_res["config"]["attn_mask_type"] == "block_causal" and m_res["config"]["reset_position_ids"] is True
+    m_eval = train.main([*common, "--init_from=resume", "--eval_only=True", f"--out_dir={full}"])
+    for split in ("val", "test"):
+        np.testing.assert_allclose(m_eval[split]["loss"], m_full[split]["loss"], rtol=1e-9)
+
+
+def test_boundary_targets_are_left_out_of_the_loss_when_asked_by_hand(tmp_path):
+    """Documents [0, 3), [3, 4), [4, 9), [9, 12), [12, 300) of a stream whose token t is t. Windows of 6 from 0 and 6
+    (full_split_batches): targets 1..6 and 7..12. With mask_boundary_targets the targets that start a document
+    (tokens 3, 4, 9 and 12, the last one the window's final target, beyond its own ids) are -1; the ids and x are
+    unchanged; without it every target stays (the last token of a document predicts the next one's first)."""
+    path = stream(str(tmp_path), "docs", n=300, offsets=document_offsets([3, 1, 5, 3, 288]))
+    kw = dict(batch_size=2, block_size=6, documents=True)
+    (x, y, ids), *_ = Dataset(path, mask_boundary_targets=True, **kw).full_split_batches("val")
+    assert x.tolist() == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    assert y.tolist() == [[1, 2, -1, -1, 5, 6], [7, 8, -1, 10, 11, -1]]
+    assert ids.tolist() == [[0, 0, 0, 1, 2, 2], [0, 0, 0, 1, 1, 1]] and ids.dtype == torch.int32
+    (x2, y2, ids2), *_ = Dataset(path, **kw).full_split_batches("val")
+    assert torch.equal(x2, x) and torch.equal(ids2, ids) and y2.tolist() == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]
+    (_, y3), *_ = Dataset(path, mask_boundary_targets=True, batch_size=2, block_size=6).full_split_batches("val")
+    assert y3.tolist() == y2.tolist()  # causal (no documents): nothing is dropped
+
+
+def test_train_py_drops_boundary_targets_under_block_causal_only(tmp_path, capsys):
+    """--mask_document_boundary_targets=True: the final evaluation counts 299 - 4 targets of the 300-token val
+    split (4 document starts past token 0), recorded in metrics.json; without block_causal it exits 2 in one line."""
+    root = str(tmp_path / "data")
+    stream(root, "docs", n=300, offsets=document_offsets([3, 1, 5, 3, 288]))
+    common = ["--dataset=docs", f"--data_root={root}", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16"]
+    common += ["--batch_size=4", "--eval_iters=1", "--max_iters=1", "--attn_backend=torch", "--compile=False"]
+    on = ["--mask_document_boundary_targets=True"]
+    m = train.main([*common, *on, "--attn_mask_type=block_causal", f"--out_dir={tmp_path / 'a'}"])
+    assert m["val"]["targets"] == m["test"]["targets"] == 295 and m["config"]["mask_document_boundary_targets"]
+    m = train.main([*common, "--attn_mask_type=block_causal", f"--out_dir={tmp_path / 'b'}"])
+    assert m["val"]["targets"] == 299
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train.main([*common, *on, f"--out_dir={tmp_path / 'c'}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--attn_mask_type=block_causal" in err and "\n" not in err

@@ -88,10 +88,10 @@ def runs(small_chars, tmp_path_factory):
     activation checkpointing); resumes of pope2's settings saved at step 5 (part2: FSDP on 2 ranks; part1: one
     process): res_fsdp2, res_ddp2 (FSDP -> DDP), res_1 (FSDP -> one process), res_fsdp1 (FSDP -> FSDP in one
     process), res_from1 (one process -> FSDP on 2 ranks); dcp2: pope2 with checkpoint_format='dcp' resumed from
-    its ckpt.dcp at step 5."""
+    its ckpt.dcp at step 5 (without repeating --checkpoint_format=dcp)."""
     tmp = tmp_path_factory.mktemp("fsdp")
     d = {name: str(tmp / name) for name in ("rope1", "rope2", "pope1", "pope2", "part1", "part2", "dcp2", "bc1", "bc2")}
-    for name in ("res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1"):
+    for name in ("res_fsdp2", "res_ddp2", "res_1", "res_fsdp1", "res_from1", "last2"):
         d[name] = str(tmp / name)
     base = TINY + [f"--data_root={small_chars}"]
     full, part = ["--max_iters=10"], ["--max_iters=5"]
@@ -104,6 +104,13 @@ def runs(small_chars, tmp_path_factory):
     resume = ["--init_from=resume"] + full
     jobs = [
         {"argv": base + CASES["rope"] + FSDP + full + [f"--out_dir={d['rope2']}"]},
+        {
+            "argv": base
+            + CASES["rope"]
+            + FSDP
+            + full
+            + ["--fsdp_reduce_every_micro_step=False", f"--out_dir={d['last2']}"]
+        },
         {"argv": pope2 + full + [f"--out_dir={d['pope2']}"]},
         {"argv": pope2 + part + [f"--out_dir={d['part2']}"]},
         {"copy": [d["part2"], d["res_fsdp2"]]},
@@ -113,7 +120,7 @@ def runs(small_chars, tmp_path_factory):
         {"argv": base + CASES["pope"] + resume + [f"--out_dir={d['res_ddp2']}"]},
         {"argv": pope2 + resume + [f"--out_dir={d['res_from1']}"]},
         {"argv": pope2 + part + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
-        {"argv": pope2 + resume + ["--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
+        {"argv": pope2 + resume + [f"--out_dir={d['dcp2']}"]},  # without --checkpoint_format=dcp: finds ckpt.dcp
         {"argv": block_causal + FSDP + [f"--out_dir={d['bc2']}"]},
     ]
     with open(tmp / "jobs.json", "w") as f:
@@ -190,6 +197,10 @@ def test_a_resume_on_any_set_up_continues_the_uninterrupted_run(runs, name):
     full = losses(runs["pope1"])
     got = losses(runs[name])
     assert_same_losses({i: full[i] for i in range(6, 11)}, {i: got[i] for i in range(6, 11)}, range(6, 11))
+    if name == "dcp2":  # resumed without repeating --checkpoint_format=dcp: it found ckpt.dcp and said so
+        folder = os.path.join(runs["dcp2"], "ckpt.dcp")
+        assert f"resuming from {folder}, with checkpoint_format='dcp'" in runs["stdout"]
+        assert metrics(runs["dcp2"])["config"]["checkpoint_format"] == "dcp"
     ckpt = torch.load(os.path.join(runs[name if name != "dcp2" else "pope1"], "ckpt.pt"), weights_only=True)
     assert ckpt["iter_num"] == 10 and set(ckpt["optimizer"]["state"]) == set(range(len(ckpt["optimizer"]["state"])))
 
@@ -255,6 +266,35 @@ def test_bytes_per_rank_at_world_2_are_half_of_world_1(runs):
         assert (w1 - fixed) / 2 <= w2 - fixed <= (w1 - fixed) / 2 + rows * row, (key, w1, w2)
         assert m1["estimate"][key] == w1 and m2["estimate"][key] == w2
     assert m1["measured"]["params"] == 4 * sum(p.numel() for p in model.parameters())
+
+
+def test_fsdp_gradients_stay_sharded_through_the_micro_steps_unless_reduced_on_the_last_only(runs):
+    """2 ranks x 2 micro-steps (issue 69): with fsdp_reduce_every_micro_step=True (the default) a rank's gradients
+    peak inside the step at its shard, half of the whole plus at most one row of each tensor; with False FSDP2
+    keeps whole fp32 gradients until the last micro-step: 4 bytes per parameter on every rank. Measured after each
+    micro-step's backward of step 1 (metrics.json); the estimate equals the measurement for both; the losses of
+    both are the one-process run's; train.py prints both choices' bytes and reduce-scatters."""
+    model_args = torch.load(os.path.join(runs["rope1"], "ckpt.pt"), weights_only=True)["model_args"]
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**model_args))
+    whole = 4 * sum(p.numel() for p in model.parameters())
+    row = sum(4 * p.numel() // p.shape[0] for p in model.parameters())
+    every = metrics(runs["rope2"])["sharding"]
+    last = metrics(runs["last2"])["sharding"]
+    assert every["fsdp_reduce_every_micro_step"] and not last["fsdp_reduce_every_micro_step"]
+    assert last["memory_per_rank"]["measured"]["grads"] == last["memory_per_rank"]["estimate"]["grads"] == whole
+    got = every["memory_per_rank"]["measured"]["grads"]
+    assert got == every["memory_per_rank"]["estimate"]["grads"] and whole / 2 <= got <= whole / 2 + row, (got, whole)
+    assert_same_losses(losses(runs["rope1"]), losses(runs["last2"]), range(1, 11))
+    groups = model_args["n_layer"] + 1
+    assert (
+        f"True, this run: reduce-scatter after every micro-step: grads {sharding.gib(got)}, {2 * groups} reduce"
+        in (runs["stdout"])
+    )
+    assert (
+        f"False: on the last micro-step only (whole fp32 grads): grads {sharding.gib(whole)}, {groups} reduce"
+        in (runs["stdout"])
+    )
 
 
 def test_a_dcp_folder_given_to_sample_says_how_to_convert_it_and_the_conversion_samples(runs, tmp_path, capsys):
@@ -385,10 +425,13 @@ def test_activation_checkpointing_keeps_only_each_blocks_input_and_the_same_grad
         torch.testing.assert_close(ckpt(x)[0], plain(x)[0], rtol=0, atol=0)
 
 
-def test_a_non_final_micro_step_reduces_no_gradient_and_the_last_reduces_both():
-    """train.set_grad_sync under FSDP (a process group of one, gloo): after a micro-step with sync off no sharded
-    gradient exists yet (FSDP kept the unsharded one: no reduce-scatter ran); after the last micro-step every
-    parameter's sharded gradient is the sum of both micro-steps', as a plain model's two backward passes give."""
+@pytest.mark.parametrize("every", [False, True])
+def test_a_non_final_micro_step_reduces_only_if_asked_and_the_last_reduces_both(every):
+    """train.set_grad_sync under FSDP (a process group of one, gloo). fsdp_reduce_every_micro_step=False: after a
+    non-final micro-step no sharded gradient exists yet (no reduce-scatter ran) and FSDP holds the whole ones
+    (sharding.grad_bytes: 4 bytes per parameter); True: the first micro-step's sharded gradients exist already.
+    Either way, after the last micro-step every sharded gradient is the sum of both micro-steps', as a plain
+    model's two backward passes give."""
     from types import SimpleNamespace
 
     import torch.distributed as dist
@@ -400,18 +443,21 @@ def test_a_non_final_micro_step_reduces_no_gradient_and_the_last_reduces_both():
     xs = [torch.randint(0, 64, (2, 16)) for _ in range(2)]
     for x in xs:
         plain(x, x)[1].backward()
+    whole = 4 * sum(p.numel() for p in plain.parameters())
     sharding.init_single_process("cpu")
     try:
         sharding.shard(sharded, "cpu", "float32")
-        run = SimpleNamespace(fsdp=True, ddp=True)
+        run = SimpleNamespace(fsdp=True, ddp=True, fsdp_reduce_every_micro_step=every)
         train.set_grad_sync(sharded, sharded, run, False)
         sharded(xs[0], xs[0])[1].backward()
-        assert all(p.grad is None for p in sharded.parameters())
+        assert all((p.grad is not None) == every for p in sharded.parameters())
+        assert sharding.grad_bytes(sharded) == whole  # world 1: a shard is the whole tensor, held once either way
         train.set_grad_sync(sharded, sharded, run, True)
         sharded(xs[1], xs[1])[1].backward()
         want = dict(plain.named_parameters())
         for name, p in sharded.named_parameters():
             torch.testing.assert_close(p.grad.full_tensor(), want[name].grad, rtol=1e-5, atol=1e-7)
+        assert sharding.grad_bytes(sharded) == whole
     finally:
         dist.destroy_process_group()
 
@@ -517,3 +563,23 @@ def test_a_dcp_folder_written_before_a_model_field_existed_reads_it_as_a_single_
         extra["model_args"] == load_checkpoint(str(tmp_path), "ckpt.pt")["model_args"] == {**LEGACY_MODEL_ARGS, **args}
     )
     assert extra["model_args"]["rope_yarn_ramp"] == "paper" and extra["iter_num"] == 3
+
+
+def test_a_dcp_run_from_before_rope_yarn_ramp_resumes_with_the_papers_ramp(small_chars, tmp_path, capsys):
+    """A real resume of a checkpoint_format='dcp' folder written before issue 60 (its extra.pt's model_args and
+    config without rope_yarn_ramp), under FSDP in one process: the run resumes with the ramp those runs had,
+    'paper' (checkpoint.LEGACY_MODEL_ARGS), not today's default 'code', and records it."""
+    out = str(tmp_path / "yarn")
+    args = [*TINY, f"--data_root={small_chars}", "--pos_encoding=rope", "--rope_scaling=2.0"]
+    args += ["--rope_original_block_size=32", *FSDP, "--checkpoint_format=dcp", f"--out_dir={out}"]
+    train.main([*args, "--max_iters=5"])
+    extra_file = os.path.join(out, "ckpt.dcp", sharding.EXTRA)
+    extra = torch.load(extra_file, weights_only=True)
+    assert extra["model_args"]["rope_yarn_ramp"] == "code"
+    for key in ("model_args", "config"):
+        del extra[key]["rope_yarn_ramp"]
+    torch.save(extra, extra_file)
+    m = train.main([*args, "--init_from=resume", "--max_iters=6"])
+    assert m["config"]["rope_yarn_ramp"] == "paper" and m["iter_num"] == 6
+    saved = torch.load(extra_file, weights_only=True)
+    assert saved["model_args"]["rope_yarn_ramp"] == saved["config"]["rope_yarn_ramp"] == "paper"

@@ -128,3 +128,45 @@ def test_triton_q_offset_sweep_over_a_key_tile_period():
             if err > 1e-4 * max(1.0, b.abs().max().item()):
                 failures.append((q_offset, name, err))
     assert not failures, failures
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_negative_position_or_one_past_the_table_is_refused_in_one_line(backend):
+    """pope_attention with position_ids (issue 69): position -1 would read the table's last row (a silently wrong
+    output, on both backends) and a position past the table's rows raised IndexError; both are one-line
+    ValueErrors, with the table given (rotation=) and without it (a table of max(q_offset + Tq, Tk) rows).
+    Positions inside the table still match the float64 reference."""
+    T, H = 8, 2
+    q, k, v, delta = _qkv(H, H, T, T, seed=5)
+    pos = torch.arange(T, device=DEV).expand(1, T).contiguous()
+    table = pope.pope_rotation_table(2 * T, q.shape[-1], device=DEV)
+    for rotation, rows in ((None, T), (table, 2 * T)):
+        kw = dict(backend=backend, rotation=rotation)
+        got = pope.pope_attention(q, k, v, delta, position_ids=pos + (rows - T), **kw)
+        want = pope.pope_attention_reference(q, k, v, delta)  # relative: shifting every position changes nothing
+        torch.testing.assert_close(got.double().cpu(), want.double().cpu(), atol=2e-4, rtol=2e-4)
+        for bad, words in ((pos - 1, "must be >= 0"), (pos + rows - T + 1, f"past the rotation table's {rows} rows")):
+            with pytest.raises(ValueError, match=words) as e:
+                pope.pope_attention(q, k, v, delta, position_ids=bad, **kw)
+            assert "\n" not in str(e.value)
+    if backend == "triton":  # the kernel's own entry point checks too
+        with pytest.raises(ValueError, match="must be >= 0"):
+            pope.pope_attention_triton(q, k, v, delta, position_ids=pos - 1)
+
+
+def test_the_position_check_leaves_a_compiled_graph_whole(tmp_path):
+    """The check reads the positions (a host sync) in eager mode only: under torch.compile(fullgraph=True), which
+    fails on any graph break, pope_attention with position_ids compiles (Inductor) and equals the eager call."""
+    from compiled import fresh_inductor
+
+    T, H = 8, 2
+    q, k, v, delta = (t.cpu() for t in _qkv(H, H, T, T, seed=6))
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]], dtype=torch.int32)
+
+    def attend(q, k, v, delta, pos, ids):
+        return pope.pope_attention(q, k, v, delta, backend="torch", position_ids=pos, document_ids=ids)
+
+    with fresh_inductor(tmp_path):
+        got = torch.compile(attend, fullgraph=True)(q, k, v, delta, pos, ids)
+    torch.testing.assert_close(got, attend(q, k, v, delta, pos, ids), atol=1e-5, rtol=1e-5)

@@ -706,6 +706,9 @@ def test_default_run_builds_the_text_learns_and_prints_loss_sample_and_next_comm
     assert m["test"]["loss"] < math.log(meta["vocab_size"]) - 0.5, m["test"]  # uniform: ln 55 = 4.01 nats
 
     out = capsys.readouterr().out
+    # the first screen of one CPU process: the data, the model, the loss; no bytes per rank (where they matter only)
+    assert "memory per rank" not in out and "activations of one micro-batch" not in out
+    assert out.index("pope GPT:") < out.index("iter 0: val loss")
     head = f"test loss {m['test']['loss']:.4f} nats/token, perplexity {math.exp(m['test']['loss']):.3f}"
     assert head in out
     body = out.split("seed 1337):\n", 1)[1].split("\n---------------\n", 1)[0]
