@@ -102,6 +102,9 @@ CASES = [
     ("chunked_prefill_q_offset", [[20, 30, 14]], 4, 2, 24, torch.float32, True),
     ("two_rows_different_boundaries", [[10, 40, 14], [33, 31]], 4, 2, 0, torch.float16, True),
     ("not_causal_same_document_only", [[7, 33, 24]], 2, 2, 5, torch.float32, False),
+    # q_offset 1: each 32-row query block's last row sits at position 32 or 64, the first key of a 16-key block (the
+    # block's causal key range must end one past it, not at it); position 32 starts a document, 64 ends one
+    ("last_rows_at_key_block_starts", [[20, 12, 33]], 2, 1, 1, torch.float32, True),
 ]
 
 
@@ -160,6 +163,7 @@ def _dense_block_counts(ids, Tq, bm, bn, causal, q_offset, role):
         ([[15, 17, 31, 16, 1, 32]], 0, True),
         ([[1, 1, 1, 13, 1, 31, 1, 15], [64]], 0, True),
         ([[20, 30, 14]], 24, True),
+        ([[20, 12, 33]], 1, True),
         ([[3, 2, 4, 1, 5, 2, 3, 6, 2, 4, 32], [33, 31]], 9, False),
     ],
 )
