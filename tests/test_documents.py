@@ -235,6 +235,37 @@ def test_bad_document_ids_get_one_line_errors(make, match):
         gpt("rope")(torch.zeros(3, T, dtype=torch.long), document_ids=make(ids))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda pos: pos[0],  # rank 1: one row of positions for every batch row
+        lambda pos: pos[:, :, None],  # rank 3
+        lambda pos: pos[:1],  # (1, T) for B = 3: would broadcast the first row's positions to every row
+        lambda pos: pos[:, :-1],  # one key short
+        lambda pos: torch.cat([pos, pos[:, :1]], 1),  # one key too many
+        lambda pos: pos.int(),  # int32
+        lambda pos: pos.double(),  # float
+        lambda pos: pos.tolist(),  # not a tensor
+    ],
+    ids=["rank1", "rank3", "one_row_for_three", "short", "long", "int32", "float64", "list"],
+)
+def test_bad_position_ids_get_one_line_errors_on_the_torch_path(make):
+    """pope_attention's torch backend (and GPT.forward over it) refuses position_ids that are not a (B, Tk) int64
+    tensor, in one line that names the shape and dtype it needs, before any row of the table is read; a (1, T) table
+    for B = 3 would otherwise broadcast one row's positions to every row, and an int32 one would index the table
+    silently. The same call with the real (B, T) int64 positions runs."""
+    q = torch.randn(3, 2, T, 8)
+    ids, pos = document_ids()
+    for kw in ({"document_ids": ids}, {}):
+        with pytest.raises(ValueError, match=r"position_ids must be a \(B, Tk\) = \(3, 16\) torch.int64") as e:
+            pope.pope_attention(q, q, q, backend="torch", position_ids=make(pos), **kw)
+        assert "\n" not in str(e.value)
+        assert pope.pope_attention(q, q, q, backend="torch", position_ids=pos, **kw).shape == q.shape
+    m = gpt("pope")
+    with pytest.raises(ValueError, match=r"position_ids must be a \(B, Tk\)"):
+        m(torch.zeros(3, T, dtype=torch.long), document_ids=ids, position_ids=make(pos))
+
+
 def test_pope_attention_over_packed_documents_under_torch_compile(tmp_path):
     """The real Inductor (a fresh cache) on the torch path's attention with document ids, positions reset and
     GQA: outputs and the gradients of q, k, v and δ equal eager's, which equals each document alone (above)."""
