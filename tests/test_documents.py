@@ -266,6 +266,40 @@ def test_bad_position_ids_get_one_line_errors_on_the_torch_path(make):
         m(torch.zeros(3, T, dtype=torch.long), document_ids=ids, position_ids=make(pos))
 
 
+def test_the_mask_is_left_out_where_popes_attention_resolves_to_the_kernel_not_where_it_is_set(monkeypatch):
+    """GPT builds the per-step document mask (on CUDA a FlexAttention BlockMask) unless PoPE's attention resolves to
+    the Triton kernel, which masks from the ids itself. What decides is the backend 'auto' resolves to for the
+    run's tensors (pope_backend), not the setting: on a GPU (mocked: CUDA tensors, sm_90, tiles that fit) 'auto' in
+    bf16 resolves to the kernel (no mask), 'auto' in fp32 and 'torch' to the torch path (a mask); on this CPU 'auto'
+    resolves to the torch path whatever the dtype (a mask). Each case's decision is pope_backend's on the layer's
+    q, k, v; the mask is counted, not built."""
+    import model as model_module
+    import pope_kernel
+
+    m = gpt("pope", n_layer=1, n_embd=64)  # head dim 16: the kernel's smallest
+    masks = []
+    monkeypatch.setattr(model_module, "document_mask", lambda ids: masks.append(1) or "mask")
+    idx, (ids, pos) = torch.zeros(3, T, dtype=torch.long), document_ids()
+
+    def built(backend, autocast):
+        m.config.attn_backend = backend
+        n = len(masks)
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            mask = m._documents(idx, None, ids, pos).mask
+            probe = torch.zeros(1, 4, T, 16)
+            resolved = pope.pope_backend(probe, probe, probe, backend)
+        assert (mask == "mask") == (len(masks) == n + 1) == (resolved == "torch"), (backend, autocast, resolved)
+        return mask is not None
+
+    assert built("auto", True) and built("auto", False) and built("torch", True)  # this CPU: the torch path
+    assert not built("triton", False)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(pope_kernel, "device_unsupported_reason", lambda *a: None)
+    assert not built("auto", True)  # a GPU in bf16: the kernel, no mask
+    assert built("auto", False) and built("torch", True) and not built("triton", True)
+
+
 def test_pope_attention_over_packed_documents_under_torch_compile(tmp_path):
     """The real Inductor (a fresh cache) on the torch path's attention with document ids, positions reset and
     GQA: outputs and the gradients of q, k, v and δ equal eager's, which equals each document alone (above)."""
