@@ -58,8 +58,9 @@ def stream(root, name, n=300, offsets=None):
         "loss": "all",
         "tokenizer": {"kind": "none"},
     }
-    if offsets is not None:
-        meta["documents"] = write_documents(path, dict.fromkeys(("train", "val", "test"), offsets))
+    if offsets is not None:  # one array for every split, or {split: offsets}
+        per_split = offsets if isinstance(offsets, dict) else dict.fromkeys(("train", "val", "test"), offsets)
+        meta["documents"] = write_documents(path, per_split)
     write_meta(path, meta)
     return path
 
@@ -80,6 +81,36 @@ def test_dataset_serves_document_ids_beside_every_batch(tmp_path, capsys):
     assert capsys.readouterr().err == ""
     plain = Dataset(str(tmp_path / "docs"), batch_size=4, block_size=32)
     assert len(plain.train_batch(3, 0)) == 2  # without documents=True: (x, y) as before
+
+
+def test_each_split_serves_the_document_ids_of_its_own_offsets(tmp_path):
+    """Train, val and test of one stream (token t at position t) with different document boundaries: every batch
+    reader (train_batch at several steps and micro-steps, fixed_batches, full_split_batches) serves the ids that a
+    loop over that split's own offsets gives, never another split's (the ids differ between splits in every
+    batch drawn here)."""
+    lengths = {"train": [7] * 42 + [6], "val": [11] * 27 + [3], "test": [13] * 23 + [1]}  # 300 tokens each
+    off = {split: document_offsets(n) for split, n in lengths.items()}
+    ds = Dataset(stream(str(tmp_path), "splits", offsets=off), batch_size=4, block_size=32, grad_accum=2, documents=True)
+
+    def loop(split, x):  # each token's document by a scan of the split's offsets, renumbered from the window's first
+        o = off[split].tolist()
+        rows = [[max(i for i in range(len(o) - 1) if o[i] <= t) for t in row] for row in x.tolist()]
+        return [[d - r[0] for d in r] for r in rows]
+
+    def check(split, batch):
+        x, _, ids = batch
+        assert ids.tolist() == loop(split, x), split
+        others = [s for s in off if s != split]
+        assert all(ids.tolist() != loop(s, x) for s in others), (split, "the case cannot tell the splits apart")
+
+    for it, micro in ((0, 0), (3, 1), (7, 0)):
+        check("train", ds.train_batch(it, micro))
+    for split in ("val", "test"):
+        for batch in ds.fixed_batches(split, 2):
+            check(split, batch)
+        for batch in ds.full_split_batches(split):
+            x, _, ids = batch
+            assert ids.tolist() == loop(split, x), split
 
 
 def test_an_old_dataset_is_one_document_with_a_one_line_warning(tmp_path, capsys):
