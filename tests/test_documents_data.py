@@ -164,6 +164,45 @@ def test_shakespeare_records_one_document_per_work_in_both_tokenizations(tmp_pat
         assert works[2].startswith(pieces[2])
 
 
+def test_shakespeare_works_that_start_inside_val_and_test_open_documents_there(tmp_path):
+    """Four works whose starts fall in train (0 and one more), in val and in test (the 90/5/5 character split of a
+    real multi-work --input): every split's recorded boundaries, decoded in both tokenizations, cut the split's
+    text exactly where the works start inside it (the split's first document may be the tail of a work the split
+    cut). The reference: the split's characters cut at the global work starts that lie inside it."""
+    works = [  # 1,998 characters joined: train 0..1797, val 1798..1897, test 1898..1997; works start at 0, 1598,
+        "ROMEO\n" + "But soft! " * 159,  # 1848 (val) and 1913 (test)
+        "LEAR\n" + "Nothing. " * 27,
+        "MACBETH\n" + "Out, spot! " * 5,
+        "OTHELLO\n" + "Put out the light. " * 4,
+    ]
+    src = tmp_path / "works"
+    src.mkdir()
+    for i, w in enumerate(works):
+        (src / f"{i}.txt").write_text(w, encoding="utf-8")
+    out = str(tmp_path / "shk")
+    shakespeare.prepare(out, input=str(src))
+    text, starts = shakespeare.join_works(works)
+    n_train, n_val = round(0.9 * len(text)), round(0.05 * len(text))
+    bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, len(text))}
+    assert [sum(a < c < b for c in starts) for a, b in bounds.values()] == [1, 1, 1], (starts, bounds)
+    want = {}
+    for split, (a, b) in bounds.items():
+        cuts = [a] + [c for c in starts if a < c < b] + [b]
+        want[split] = [text[x:y] for x, y in zip(cuts, cuts[1:])]
+    assert want["val"][1].startswith("MACBETH") and want["test"][1].startswith("OTHELLO")
+    enc = shakespeare.gpt2_encoding()
+    for folder, decode in ((out + "_char", None), (out, enc.decode)):
+        meta = json.load(open(os.path.join(folder, "meta.json")))
+        itos = meta["tokenizer"].get("itos")
+        decode = decode or (lambda t, itos=itos: "".join(itos[i] for i in t))
+        for split in bounds:
+            ids = np.fromfile(os.path.join(folder, f"{split}.bin"), dtype=meta["dtype"])
+            off = np.fromfile(os.path.join(folder, f"{split}.docs.bin"), dtype=np.int64)
+            assert meta["documents"][split]["n_docs"] == len(off) - 1 and off[0] == 0 and off[-1] == len(ids)
+            got = [decode(ids[x:y].tolist()) for x, y in zip(off, off[1:])]
+            assert got == want[split], (folder, split)
+
+
 def test_copy_mix_moves_a_boundary_to_the_start_of_its_span():
     """Spans of 3, all copied: source boundary 4 lies in span 3..5, which starts at 6 in the mix."""
     mixed, _, _, src, out = cm._copy_mix(np.arange(10), p_copy=1.0, min_span=3, max_span=3)
