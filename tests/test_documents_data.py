@@ -90,7 +90,8 @@ def test_each_split_serves_the_document_ids_of_its_own_offsets(tmp_path):
     batch drawn here)."""
     lengths = {"train": [7] * 42 + [6], "val": [11] * 27 + [3], "test": [13] * 23 + [1]}  # 300 tokens each
     off = {split: document_offsets(n) for split, n in lengths.items()}
-    ds = Dataset(stream(str(tmp_path), "splits", offsets=off), batch_size=4, block_size=32, grad_accum=2, documents=True)
+    folder = stream(str(tmp_path), "splits", offsets=off)
+    ds = Dataset(folder, batch_size=4, block_size=32, grad_accum=2, documents=True)
 
     def loop(split, x):  # each token's document by a scan of the split's offsets, renumbered from the window's first
         o = off[split].tolist()
