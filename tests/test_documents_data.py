@@ -293,3 +293,58 @@ def test_block_causal_ddp_step_equals_one_process_and_is_recorded(tmp_path):
     ma, mb = (json.load(open(os.path.join(d, "metrics.json"))) for d in (one, two))
     np.testing.assert_allclose(mb["test"]["loss"], ma["test"]["loss"], rtol=1e-5)
     assert ma["config"]["attn_mask_type"] == "block_causal" and ma["config"]["reset_position_ids"] is True
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "pope"])
+def test_the_periodic_val_loss_of_a_block_causal_run_is_each_document_alone(tmp_path, pos_encoding):
+    """The val loss train.py logs every eval_interval under block_causal reads its batches as training does, with
+    positions restarting at each document: it equals the loss of the same fixed val batches (Dataset.fixed_batches,
+    the run's seed) with every document of every window run alone from position 0 through the run's checkpoint
+    of that step, token-weighted. An absolute encoding (learned) would read other rows with positions not reset;
+    PoPE is relative (its result changes only by rounding)."""
+    from checkpoint import load_run
+
+    root = str(tmp_path / "data")
+    lengths = [5, 1, 40, 7, 100, 147, 3, 60, 237]  # 600 tokens
+    stream(root, "docs", n=600, offsets=document_offsets(lengths))
+    out = str(tmp_path / "run")
+    train.main(
+        [
+            "--dataset=docs",
+            f"--data_root={root}",
+            "--n_layer=1",
+            "--n_head=2",
+            "--n_embd=32",
+            "--block_size=32",
+            "--batch_size=4",
+            "--eval_iters=3",
+            "--log_interval=1",
+            "--max_iters=4",
+            "--eval_interval=2",
+            "--learning_rate=1e-2",
+            "--attn_backend=torch",
+            "--compile=False",
+            "--dropout=0.0",
+            "--attn_mask_type=block_causal",
+            f"--pos_encoding={pos_encoding}",
+            f"--out_dir={out}",
+        ]
+    )
+    logged = {
+        r["iter"]: r["val_loss"] for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if "val_loss" in r
+    }
+    model, _ = load_run(out, "ckpt.pt", "cpu")  # the weights of step 4, where the last periodic evaluation ran
+    model.eval()
+    data = Dataset(os.path.join(root, "docs"), batch_size=4, block_size=32, seed=1337, documents=True)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y, ids in data.fixed_batches("val", 3):
+            for b in range(len(x)):
+                for doc in ids[b].unique():
+                    part = (ids[b] == doc).nonzero().flatten()
+                    a, e = int(part[0]), int(part[-1]) + 1
+                    logits, _ = model(x[b : b + 1, a:e])
+                    total += torch.nn.functional.cross_entropy(logits[0], y[b, a:e], reduction="sum").item()
+                    count += e - a
+    assert sorted(logged) == [0, 2, 4]
+    np.testing.assert_allclose(logged[4], total / count, rtol=1e-5)
