@@ -581,3 +581,30 @@ def test_bytes_per_rank_when_rows_do_not_divide_by_the_ranks_or_are_fewer(ranks)
         got = sharding.memory_per_rank(params, world)["fsdp"]
         assert got["params"] == got["grads"] == 4 * floats, (world, got)
         assert got["optimizer"] == 4 * 2 * floats + 4 * 3, (world, got)
+
+
+def test_a_resume_under_fsdp_reads_the_whole_checkpoint_to_the_cpu_not_the_runs_device(tmp_path):
+    """Under FSDP every rank reads the whole ckpt.pt (and best.pt for an evaluation) before it keeps its shard: to
+    the CPU, not to its GPU (a 1.5B model's 18 GB of weights and AdamW state on every GPU). Without FSDP the file
+    goes straight to the run's device. The `meta` device stands in for the GPU (a real device: torch.load's
+    map_location honours it): train._resume_checkpoint gives CPU tensors under FSDP and meta tensors without;
+    train.load_weights under FSDP loads best.pt's weights into a CPU model (meta tensors could not be copied)."""
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    args = dict(n_layer=1, n_head=2, n_embd=32, vocab_size=64, block_size=16)
+    model = GPT(GPTConfig(**args))
+    opt = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+    model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1].backward()
+    opt.step()
+    for name in ("ckpt.pt", "best.pt"):
+        torch.save({"model": model.state_dict(), "model_args": args, "optimizer": opt.state_dict()}, tmp_path / name)
+    cfg = SimpleNamespace(checkpoint_format="single", out_dir=str(tmp_path), fsdp=True)
+    for fsdp, device in ((True, "cpu"), (False, "meta")):
+        state = train._resume_checkpoint(cfg, SimpleNamespace(fsdp=fsdp, dev="meta"), str(tmp_path / "ckpt.pt"))
+        tensors = list(state["model"].values()) + [t for s in state["optimizer"]["state"].values() for t in s.values()]
+        assert {t.device.type for t in tensors} == {device}, fsdp
+    fresh = GPT(GPTConfig(**args))
+    train.load_weights(SimpleNamespace(fsdp=True, dev="meta"), fresh, str(tmp_path / "best.pt"))
+    for (n, a), b in zip(fresh.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), n
