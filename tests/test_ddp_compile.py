@@ -110,6 +110,7 @@ def test_train_applies_the_fallback_to_popes_ddp_runs_only(
     args = [f"--data_root={toy_stream}", "--dataset=toy", "--n_layer=1", "--n_head=2", "--n_embd=32"]
     args += ["--block_size=16", "--batch_size=2", "--max_iters=1", "--eval_iters=1", "--eval_interval=1"]
     args += ["--attn_backend=torch", "--compile=True", f"--pos_encoding={pos_encoding}", f"--out_dir={tmp_path}"]
+    args += ["--device=cpu"]  # gloo, whatever the machine
     with torch._dynamo.config.patch(optimize_ddp=True):
         metrics = train.main(args + (["--fsdp=True"] if fsdp else []))
         assert torch._dynamo.config.optimize_ddp is not fallback, (pos_encoding, fsdp)
