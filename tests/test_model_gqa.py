@@ -467,3 +467,40 @@ def test_a_boolean_document_mask_with_grouped_heads_reaches_sdpa_with_expanded_k
     want = torch.cat(parts, dim=2)
     for out in got:
         torch.testing.assert_close(out.double(), want, rtol=0, atol=3e-2)
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "alibi_half", "pope"])
+def test_gpt_with_packed_documents_and_grouped_heads_hands_cuda_sdpa_expanded_keys(monkeypatch, pos_encoding):
+    """GPT.forward with document_ids, grouped heads (4 query heads, 2 key/value heads) and the boolean mask (the CPU
+    batch's; flex turned off), in bf16 on a GPU (mocked: CUDA tensors, sm_90): every layer's SDPA call gets k and v
+    repeated to the query heads with the mask, never enable_gqa (ALiBi's float bias from the mask included), and
+    the logits equal the same forward on this CPU, where SDPA takes enable_gqa (to bf16's rounding)."""
+    import functools
+
+    import torch.nn.functional as F
+
+    import model as model_module
+    import pope
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        block_size=16, vocab_size=40, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, attn_backend="torch",
+        pos_encoding=pos_encoding,
+    )  # fmt: skip
+    m = GPT(cfg).eval()
+    idx = torch.randint(0, 40, (2, 16))
+    ids = torch.tensor([[0] * 5 + [1] * 11, [0] * 9 + [1] * 2 + [2] * 5], dtype=torch.int32)
+    monkeypatch.setattr(model_module, "document_mask", functools.partial(pope.document_mask, flex=False))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        want = m(idx, document_ids=ids)[0]
+        _mock_cuda(monkeypatch, (9, 0))
+        calls, real = [], F.scaled_dot_product_attention
+
+        def sdpa(q, k, v, *args, **kw):
+            calls.append((k.shape[1], v.shape[1], kw.get("enable_gqa", False), kw.get("attn_mask") is not None))
+            return real(q, k, v, *args, **kw)
+
+        monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+        got = m(idx, document_ids=ids)[0]
+    assert calls == [(4, 4, False, True)] * 2, calls
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-2)
