@@ -124,6 +124,24 @@ def test_packed_documents_equal_each_document_alone(case):
         assert err <= TOL[dtype] * max(1.0, want.abs().max().item()), (name, which, err)
 
 
+def test_every_query_blocks_last_row_at_a_key_blocks_first_key_with_pinned_tiles():
+    """The forward and dq kernels pinned to 16 x 16 tiles (pope_kernel.pin_configs, restored after): at q_offset 1
+    the last row of every query block sits at position 16, 32, 48 or 64, the first key of a key block, which the
+    block's causal key range must include (the row sees at least itself); documents [0, 20), [20, 32), [32, 65):
+    position 32 starts a document, 16 and 48 lie inside one, 64 ends one. Output and gradients equal each document
+    alone (float64), fp32."""
+    before = pk.pin_configs("fwd=16,16,4,2;dq=16,16,4,2")
+    try:
+        out, grads, ref, ref_grads = _packed([[20, 12, 33]], 1, 2, 1, 1, 16, torch.float32, seed=13)
+    finally:
+        for role, configs in before.items():
+            pk.KERNELS[role].configs = configs
+    assert (out.double().cpu() - ref).abs().max().item() <= TOL[torch.float32] * max(1.0, ref.abs().max().item())
+    for which, got, want in zip(("dq", "dk", "dv", "ddelta"), grads, ref_grads):
+        err = (got.double().cpu() - want).abs().max().item()
+        assert err <= TOL[torch.float32] * max(1.0, want.abs().max().item()), (which, err)
+
+
 def test_one_document_is_causal_bit_for_bit():
     """A row that is one document (ids all 0) gives exactly today's causal output and gradients: the document path
     visits the same tiles with the same arithmetic. With position_ids 0..T-1 as well, the output, dq, dk, dv stay
