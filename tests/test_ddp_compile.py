@@ -82,3 +82,36 @@ def test_ddp_with_tiny_buckets_never_reruns_the_attention_kernel_in_the_backward
     assert rows["installed"]["fallback"] == train.ddp_drops_selective_checkpoint(), rows  # 2.13: fixed, no fallback
     assert rows["old"]["backward"] == 0 and rows["old"]["fallback"], rows
     assert rows["old_raw"]["backward"] == 1, rows
+
+
+@pytest.mark.parametrize(
+    "pos_encoding, fsdp, fallback",
+    [("pope", False, True), ("rope", False, False), ("alibi_half", False, False), ("learned", False, False)]
+    + [("pope", True, False)],
+)
+def test_train_applies_the_fallback_to_popes_ddp_runs_only(
+    monkeypatch, toy_stream, tmp_path, pos_encoding, fsdp, fallback
+):
+    """Which runs train.py turns DDPOptimizer off for, on an affected torch (the old propagate_metadata patched in):
+    only PoPE under DDP, whose Triton path holds the selective checkpoint DDPOptimizer drops. The other encodings
+    keep DDP's bucket overlap (nothing of theirs is lost), and FSDP is not DDP (no DDPOptimizer). A real process
+    group of one gloo process: torchrun's variables set by hand for DDP, fsdp=True's own group of one; torch.compile
+    spied (the model runs eagerly), --compile=True."""
+    import socket
+
+    monkeypatch.setattr(ddp_backend, "propagate_metadata", old_propagate_metadata)
+    monkeypatch.setattr(torch, "compile", lambda model: model)
+    if not fsdp:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for k, v in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=port).items():
+            monkeypatch.setenv(k, str(v))
+    args = [f"--data_root={toy_stream}", "--dataset=toy", "--n_layer=1", "--n_head=2", "--n_embd=32"]
+    args += ["--block_size=16", "--batch_size=2", "--max_iters=1", "--eval_iters=1", "--eval_interval=1"]
+    args += ["--attn_backend=torch", "--compile=True", f"--pos_encoding={pos_encoding}", f"--out_dir={tmp_path}"]
+    args += ["--device=cpu"]  # gloo, whatever the machine
+    with torch._dynamo.config.patch(optimize_ddp=True):
+        metrics = train.main(args + (["--fsdp=True"] if fsdp else []))
+        assert torch._dynamo.config.optimize_ddp is not fallback, (pos_encoding, fsdp)
+    assert metrics["sharding"]["fsdp"] == fsdp

@@ -235,6 +235,71 @@ def test_bad_document_ids_get_one_line_errors(make, match):
         gpt("rope")(torch.zeros(3, T, dtype=torch.long), document_ids=make(ids))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda pos: pos[0],  # rank 1: one row of positions for every batch row
+        lambda pos: pos[:, :, None],  # rank 3
+        lambda pos: pos[:1],  # (1, T) for B = 3: would broadcast the first row's positions to every row
+        lambda pos: pos[:, :-1],  # one key short
+        lambda pos: torch.cat([pos, pos[:, :1]], 1),  # one key too many
+        lambda pos: pos.int(),  # int32
+        lambda pos: pos.double(),  # float
+        lambda pos: pos.tolist(),  # not a tensor
+    ],
+    ids=["rank1", "rank3", "one_row_for_three", "short", "long", "int32", "float64", "list"],
+)
+def test_bad_position_ids_get_one_line_errors_on_the_torch_path(make):
+    """pope_attention's torch backend (and GPT.forward over it) refuses position_ids that are not a (B, Tk) int64
+    tensor, in one line that names the shape and dtype it needs, before any row of the table is read; a (1, T) table
+    for B = 3 would otherwise broadcast one row's positions to every row, and an int32 one would index the table
+    silently. The same call with the real (B, T) int64 positions runs."""
+    q = torch.randn(3, 2, T, 8)
+    ids, pos = document_ids()
+    for kw in ({"document_ids": ids}, {}):
+        with pytest.raises(ValueError, match=r"position_ids must be a \(B, Tk\) = \(3, 16\) torch.int64") as e:
+            pope.pope_attention(q, q, q, backend="torch", position_ids=make(pos), **kw)
+        assert "\n" not in str(e.value)
+        assert pope.pope_attention(q, q, q, backend="torch", position_ids=pos, **kw).shape == q.shape
+    m = gpt("pope")
+    with pytest.raises(ValueError, match=r"position_ids must be a \(B, Tk\)"):
+        m(torch.zeros(3, T, dtype=torch.long), document_ids=ids, position_ids=make(pos))
+
+
+def test_the_mask_is_left_out_where_popes_attention_resolves_to_the_kernel_not_where_it_is_set(monkeypatch):
+    """GPT builds the per-step document mask (on CUDA a FlexAttention BlockMask) unless PoPE's attention resolves to
+    the Triton kernel, which masks from the ids itself. What decides is the backend 'auto' resolves to for the
+    run's tensors (pope_backend), not the setting: on a GPU (mocked: CUDA tensors, sm_90, tiles that fit) 'auto' in
+    bf16 resolves to the kernel (no mask), 'auto' in fp32 and 'torch' to the torch path (a mask); on this CPU 'auto'
+    resolves to the torch path whatever the dtype (a mask). Each case's decision is pope_backend's on the layer's
+    q, k, v; the mask is counted, not built."""
+    import model as model_module
+    import pope_kernel
+
+    m = gpt("pope", n_layer=1, n_embd=64)  # head dim 16: the kernel's smallest
+    masks = []
+    monkeypatch.setattr(model_module, "document_mask", lambda ids: masks.append(1) or "mask")
+    idx, (ids, pos) = torch.zeros(3, T, dtype=torch.long), document_ids()
+
+    def built(backend, autocast):
+        m.config.attn_backend = backend
+        n = len(masks)
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            mask = m._documents(idx, None, ids, pos).mask
+            probe = torch.zeros(1, 4, T, 16)
+            resolved = pope.pope_backend(probe, probe, probe, backend)
+        assert (mask == "mask") == (len(masks) == n + 1) == (resolved == "torch"), (backend, autocast, resolved)
+        return mask is not None
+
+    assert built("auto", True) and built("auto", False) and built("torch", True)  # this CPU: the torch path
+    assert not built("triton", False)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(pope_kernel, "device_unsupported_reason", lambda *a: None)
+    assert not built("auto", True)  # a GPU in bf16: the kernel, no mask
+    assert built("auto", False) and built("torch", True) and not built("triton", True)
+
+
 def test_pope_attention_over_packed_documents_under_torch_compile(tmp_path):
     """The real Inductor (a fresh cache) on the torch path's attention with document ids, positions reset and
     GQA: outputs and the gradients of q, k, v and δ equal eager's, which equals each document alone (above)."""

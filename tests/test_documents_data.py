@@ -58,8 +58,9 @@ def stream(root, name, n=300, offsets=None):
         "loss": "all",
         "tokenizer": {"kind": "none"},
     }
-    if offsets is not None:
-        meta["documents"] = write_documents(path, dict.fromkeys(("train", "val", "test"), offsets))
+    if offsets is not None:  # one array for every split, or {split: offsets}
+        per_split = offsets if isinstance(offsets, dict) else dict.fromkeys(("train", "val", "test"), offsets)
+        meta["documents"] = write_documents(path, per_split)
     write_meta(path, meta)
     return path
 
@@ -80,6 +81,37 @@ def test_dataset_serves_document_ids_beside_every_batch(tmp_path, capsys):
     assert capsys.readouterr().err == ""
     plain = Dataset(str(tmp_path / "docs"), batch_size=4, block_size=32)
     assert len(plain.train_batch(3, 0)) == 2  # without documents=True: (x, y) as before
+
+
+def test_each_split_serves_the_document_ids_of_its_own_offsets(tmp_path):
+    """Train, val and test of one stream (token t at position t) with different document boundaries: every batch
+    reader (train_batch at several steps and micro-steps, fixed_batches, full_split_batches) serves the ids that a
+    loop over that split's own offsets gives, never another split's (the ids differ between splits in every
+    batch drawn here)."""
+    lengths = {"train": [7] * 42 + [6], "val": [11] * 27 + [3], "test": [13] * 23 + [1]}  # 300 tokens each
+    off = {split: document_offsets(n) for split, n in lengths.items()}
+    folder = stream(str(tmp_path), "splits", offsets=off)
+    ds = Dataset(folder, batch_size=4, block_size=32, grad_accum=2, documents=True)
+
+    def loop(split, x):  # each token's document by a scan of the split's offsets, renumbered from the window's first
+        o = off[split].tolist()
+        rows = [[max(i for i in range(len(o) - 1) if o[i] <= t) for t in row] for row in x.tolist()]
+        return [[d - r[0] for d in r] for r in rows]
+
+    def check(split, batch):
+        x, _, ids = batch
+        assert ids.tolist() == loop(split, x), split
+        others = [s for s in off if s != split]
+        assert all(ids.tolist() != loop(s, x) for s in others), (split, "the case cannot tell the splits apart")
+
+    for it, micro in ((0, 0), (3, 1), (7, 0)):
+        check("train", ds.train_batch(it, micro))
+    for split in ("val", "test"):
+        for batch in ds.fixed_batches(split, 2):
+            check(split, batch)
+        for batch in ds.full_split_batches(split):
+            x, _, ids = batch
+            assert ids.tolist() == loop(split, x), split
 
 
 def test_an_old_dataset_is_one_document_with_a_one_line_warning(tmp_path, capsys):
@@ -131,6 +163,45 @@ def test_shakespeare_records_one_document_per_work_in_both_tokenizations(tmp_pat
         pieces = [decode(ids[a:b].tolist()) for a, b in zip(off, off[1:])]
         assert len(pieces) == 3 and pieces[:2] == [works[0] + "\n\n", works[1] + "\n\n"], folder
         assert works[2].startswith(pieces[2])
+
+
+def test_shakespeare_works_that_start_inside_val_and_test_open_documents_there(tmp_path):
+    """Four works whose starts fall in train (0 and one more), in val and in test (the 90/5/5 character split of a
+    real multi-work --input): every split's recorded boundaries, decoded in both tokenizations, cut the split's
+    text exactly where the works start inside it (the split's first document may be the tail of a work the split
+    cut). The reference: the split's characters cut at the global work starts that lie inside it."""
+    works = [  # 1,998 characters joined: train 0..1797, val 1798..1897, test 1898..1997; works start at 0, 1598,
+        "ROMEO\n" + "But soft! " * 159,  # 1848 (val) and 1913 (test)
+        "LEAR\n" + "Nothing. " * 27,
+        "MACBETH\n" + "Out, spot! " * 5,
+        "OTHELLO\n" + "Put out the light. " * 4,
+    ]
+    src = tmp_path / "works"
+    src.mkdir()
+    for i, w in enumerate(works):
+        (src / f"{i}.txt").write_text(w, encoding="utf-8")
+    out = str(tmp_path / "shk")
+    shakespeare.prepare(out, input=str(src))
+    text, starts = shakespeare.join_works(works)
+    n_train, n_val = round(0.9 * len(text)), round(0.05 * len(text))
+    bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, len(text))}
+    assert [sum(a < c < b for c in starts) for a, b in bounds.values()] == [1, 1, 1], (starts, bounds)
+    want = {}
+    for split, (a, b) in bounds.items():
+        cuts = [a] + [c for c in starts if a < c < b] + [b]
+        want[split] = [text[x:y] for x, y in zip(cuts, cuts[1:])]
+    assert want["val"][1].startswith("MACBETH") and want["test"][1].startswith("OTHELLO")
+    enc = shakespeare.gpt2_encoding()
+    for folder, decode in ((out + "_char", None), (out, enc.decode)):
+        meta = json.load(open(os.path.join(folder, "meta.json")))
+        itos = meta["tokenizer"].get("itos")
+        decode = decode or (lambda t, itos=itos: "".join(itos[i] for i in t))
+        for split in bounds:
+            ids = np.fromfile(os.path.join(folder, f"{split}.bin"), dtype=meta["dtype"])
+            off = np.fromfile(os.path.join(folder, f"{split}.docs.bin"), dtype=np.int64)
+            assert meta["documents"][split]["n_docs"] == len(off) - 1 and off[0] == 0 and off[-1] == len(ids)
+            got = [decode(ids[x:y].tolist()) for x, y in zip(off, off[1:])]
+            assert got == want[split], (folder, split)
 
 
 def test_copy_mix_moves_a_boundary_to_the_start_of_its_span():
@@ -297,3 +368,59 @@ def test_train_py_drops_boundary_targets_under_block_causal_only(tmp_path, capsy
         train.main([*common, *on, f"--out_dir={tmp_path / 'c'}"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "--attn_mask_type=block_causal" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "pope"])
+def test_the_periodic_val_loss_of_a_block_causal_run_is_each_document_alone(tmp_path, pos_encoding):
+    """The val loss train.py logs every eval_interval under block_causal reads its batches as training does, with
+    positions restarting at each document: it equals the loss of the same fixed val batches (Dataset.fixed_batches,
+    the run's seed) with every document of every window run alone from position 0 through the run's checkpoint
+    of that step, token-weighted. An absolute encoding (learned) would read other rows with positions not reset;
+    PoPE is relative (its result changes only by rounding)."""
+    from checkpoint import load_run
+
+    root = str(tmp_path / "data")
+    lengths = [5, 1, 40, 7, 100, 147, 3, 60, 237]  # 600 tokens
+    stream(root, "docs", n=600, offsets=document_offsets(lengths))
+    out = str(tmp_path / "run")
+    train.main(
+        [
+            "--dataset=docs",
+            f"--data_root={root}",
+            "--n_layer=1",
+            "--n_head=2",
+            "--n_embd=32",
+            "--block_size=32",
+            "--batch_size=4",
+            "--eval_iters=3",
+            "--log_interval=1",
+            "--max_iters=4",
+            "--eval_interval=2",
+            "--learning_rate=1e-2",
+            "--attn_backend=torch",
+            "--compile=False",
+            "--dropout=0.0",
+            "--attn_mask_type=block_causal",
+            "--device=cpu",  # the reference runs on the CPU: no TF32 on a GPU machine
+            f"--pos_encoding={pos_encoding}",
+            f"--out_dir={out}",
+        ]
+    )
+    logged = {
+        r["iter"]: r["val_loss"] for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if "val_loss" in r
+    }
+    model, _ = load_run(out, "ckpt.pt", "cpu")  # the weights of step 4, where the last periodic evaluation ran
+    model.eval()
+    data = Dataset(os.path.join(root, "docs"), batch_size=4, block_size=32, seed=1337, documents=True)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y, ids in data.fixed_batches("val", 3):
+            for b in range(len(x)):
+                for doc in ids[b].unique():
+                    part = (ids[b] == doc).nonzero().flatten()
+                    a, e = int(part[0]), int(part[-1]) + 1
+                    logits, _ = model(x[b : b + 1, a:e])
+                    total += torch.nn.functional.cross_entropy(logits[0], y[b, a:e], reduction="sum").item()
+                    count += e - a
+    assert sorted(logged) == [0, 2, 4]
+    np.testing.assert_allclose(logged[4], total / count, rtol=1e-5)

@@ -583,3 +583,94 @@ def test_a_dcp_run_from_before_rope_yarn_ramp_resumes_with_the_papers_ramp(small
     assert m["config"]["rope_yarn_ramp"] == "paper" and m["iter_num"] == 6
     saved = torch.load(extra_file, weights_only=True)
     assert saved["model_args"]["rope_yarn_ramp"] == saved["config"]["rope_yarn_ramp"] == "paper"
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """What each of 2 real gloo ranks holds under FSDP2 (tests/fsdp_rank_probe.py, one torchrun launch): a list
+    of the two ranks' reports."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    p = subprocess.Popen(
+        [*cmd, "tests/fsdp_rank_probe.py", str(tmp)],
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:  # a hung rank fails the test and leaves no orphan
+        _, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        raise
+    assert p.returncode == 0, err[-4000:]
+    return [json.load(open(tmp / f"rank{r}.json")) for r in range(2)]
+
+
+def test_the_bf16_policy_reduces_gradients_in_float32_on_two_ranks(ranks):
+    """bf16 compute, fp32 reduce: the two ranks' bf16 gradients (different data) are summed and averaged in fp32,
+    so the reduced shards keep bits no bf16 value has (more than a quarter of the elements here); reduced in bf16
+    every element would be a bf16 value. The shards are fp32 (the master weights' dtype) either way."""
+    assert sharding.mixed_precision("bfloat16") == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+    for r in ranks:
+        assert r["bf16"]["grad_dtypes"] == ["torch.float32"]
+        assert r["bf16"]["not_bf16"] > r["bf16"]["elements"] / 4, r["bf16"]
+
+
+def test_a_gathered_checkpoint_lives_whole_on_rank_0s_cpu_and_nowhere_else(ranks):
+    """sharding.full_states on 2 ranks (what train.py saves ckpt.pt from): rank 0 gets every tensor whole, on the CPU,
+    as plain tensors equal to the shards' full_tensor(), and AdamW's state of every parameter; rank 1 gets nothing,
+    so no rank but the writer ever holds the whole model (on a GPU: not in its memory at all; a 1.5B model's
+    18 GB of state gathered on every GPU would not fit)."""
+    g0, g1 = ranks[0]["gathered"], ranks[1]["gathered"]
+    assert g0["model_keys"] == g0["keys"] == 10 and g0["optimizer_states"] == 9
+    assert g0["devices"] == ["cpu"] and not g0["dtensor"] and g0["equal"] is True
+    assert (g1["model_keys"], g1["optimizer_states"], g1["devices"]) == (0, 0, [])
+
+
+def test_bytes_per_rank_when_rows_do_not_divide_by_the_ranks_or_are_fewer(ranks):
+    """A PoPE GPT whose embedding has 65 rows (33 on rank 0, 32 on rank 1) and whose δ has one row (one key/value
+    head: rank 0 holds it, rank 1 nothing): memory_per_rank's estimate is rank 0's measurement on 2 real ranks,
+    parameters, gradients and AdamW state; rank 1 holds one embedding row (32 floats) and δ's row (16) fewer,
+    three times over in the optimizer. Hand-worked, tensors of 1 x 3, 5 x 2 and 65 rows: rank 0 holds
+    1 + 3 + 33 rows at world 2 (3 + 6 + 33 = 42 floats), 1 + 2 + 17 at world 4 (3 + 4 + 17 = 24), 1 + 1 + 9 at
+    world 8 (3 + 2 + 9 = 14), all 78 floats at world 1."""
+    b0, b1 = ranks[0]["bytes"], ranks[1]["bytes"]
+    assert b0["measured"] == b0["estimate"] == b1["estimate"]
+    less = 4 * (32 + 16)
+    for key, times in (("params", 1), ("grads", 1), ("optimizer", 2)):
+        assert b1["measured"][key] == b0["measured"][key] - times * less, key
+    params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(*s)) for s in ((1, 3), (5, 2), (65,))])
+    for world, floats in ((1, 78), (2, 42), (4, 24), (8, 14)):
+        got = sharding.memory_per_rank(params, world)["fsdp"]
+        assert got["params"] == got["grads"] == 4 * floats, (world, got)
+        assert got["optimizer"] == 4 * 2 * floats + 4 * 3, (world, got)
+
+
+def test_a_resume_under_fsdp_reads_the_whole_checkpoint_to_the_cpu_not_the_runs_device(tmp_path):
+    """Under FSDP every rank reads the whole ckpt.pt (and best.pt for an evaluation) before it keeps its shard: to
+    the CPU, not to its GPU (a 1.5B model's 18 GB of weights and AdamW state on every GPU). Without FSDP the file
+    goes straight to the run's device. The `meta` device stands in for the GPU (a real device: torch.load's
+    map_location honours it): train._resume_checkpoint gives CPU tensors under FSDP and meta tensors without;
+    train.load_weights under FSDP loads best.pt's weights into a CPU model (meta tensors could not be copied)."""
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    args = dict(n_layer=1, n_head=2, n_embd=32, vocab_size=64, block_size=16)
+    model = GPT(GPTConfig(**args))
+    opt = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+    model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1].backward()
+    opt.step()
+    for name in ("ckpt.pt", "best.pt"):
+        torch.save({"model": model.state_dict(), "model_args": args, "optimizer": opt.state_dict()}, tmp_path / name)
+    cfg = SimpleNamespace(checkpoint_format="single", out_dir=str(tmp_path), fsdp=True)
+    for fsdp, device in ((True, "cpu"), (False, "meta")):
+        state = train._resume_checkpoint(cfg, SimpleNamespace(fsdp=fsdp, dev="meta"), str(tmp_path / "ckpt.pt"))
+        tensors = list(state["model"].values()) + [t for s in state["optimizer"]["state"].values() for t in s.values()]
+        assert {t.device.type for t in tensors} == {device}, fsdp
+    fresh = GPT(GPTConfig(**args))
+    train.load_weights(SimpleNamespace(fsdp=True, dev="meta"), fresh, str(tmp_path / "best.pt"))
+    for (n, a), b in zip(fresh.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), n

@@ -202,6 +202,42 @@ def test_absolute_embeddings_match_formula_and_refuse_positions_past_block_size(
             model.generate(idx, 20)
 
 
+@pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal"])
+def test_absolute_embeddings_take_exactly_block_size_positions_and_refuse_one_more(pos_encoding):
+    """block_size 24: positions 0..23 exist. A context of exactly 24 tokens runs (ln_f(token + position rows 0..23),
+    no blocks), 25 is refused; a cache prefilled with 20 takes 4 more (positions 20..23: the full forward's logits)
+    and refuses 5; position_ids whose largest is 23 read row 23, 24 is refused; generate may reach exactly 24
+    tokens (5 + 19) and refuses 5 + 20. Each refusal is one ValueError line that names block_size."""
+    model = tiny(pos_encoding)
+    wpe = model.wpe_sinusoidal if pos_encoding == "sinusoidal" else model.transformer.wpe.weight
+    torch.manual_seed(1)
+    idx = torch.randint(0, V, (1, 25))
+
+    def refused(call):
+        with pytest.raises(ValueError, match="block_size") as e:
+            call()
+        assert "\n" not in str(e.value)
+
+    with torch.no_grad():
+        with __import__("unittest").mock.patch.object(model.transformer, "h", torch.nn.ModuleList()):
+            hidden = model.hidden_states(idx[:, :24])
+            torch.testing.assert_close(hidden, model.transformer.ln_f(model.transformer.wte(idx[:, :24]) + wpe[:24]))
+            pos = torch.tensor([[0, 1, 2, 23]])
+            hidden = model.hidden_states(idx[:, :4], position_ids=pos)
+            torch.testing.assert_close(hidden, model.transformer.ln_f(model.transformer.wte(idx[:, :4]) + wpe[pos[0]]))
+        refused(lambda: model.hidden_states(idx[:, :4], position_ids=torch.tensor([[0, 1, 2, 24]])))
+        full = model(idx[:, :24])[0]
+        refused(lambda: model(idx))
+        cache = KVCache(2, 30)
+        model(idx[:, :20], kv_cache=cache)
+        torch.testing.assert_close(model(idx[:, 20:24], kv_cache=cache)[0][0, -1], full[0, -1], atol=1e-5, rtol=1e-5)
+        cache = KVCache(2, 30)
+        model(idx[:, :20], kv_cache=cache)
+        refused(lambda: model(idx[:, 20:25], kv_cache=cache))
+    assert model.generate(idx[:, :5], 19, temperature=0).shape == (1, 24)
+    refused(lambda: model.generate(idx[:, :5], 20, temperature=0))
+
+
 @pytest.mark.parametrize("pos_encoding", NEW)
 def test_new_encodings_causal_decode_and_train(pos_encoding):
     model = tiny(pos_encoding)

@@ -426,3 +426,81 @@ def test_cuda_gqa_calls_sdpa_without_enable_gqa_where_flash_cannot_run(monkeypat
     assert calls and all(c == w for c, w in calls), calls
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_boolean_document_mask_with_grouped_heads_reaches_sdpa_with_expanded_keys_on_cuda(monkeypatch, dtype):
+    """A boolean document mask (document_mask(flex=False): what a CPU batch builds, and a CUDA one where flex is not
+    used) with grouped heads: on CUDA, SDPA's flash kernel takes no attn_mask and its memory-efficient kernel no
+    enable_gqa, so enable_gqa there would run the O(T^2) math kernel. masked_attention and sdpa_attention(mask=)
+    must hand SDPA k and v repeated to the query heads, even in fp16 / bf16 on an sm_90 GPU (where an unmasked call
+    keeps enable_gqa). CUDA is mocked; the output equals each document attended alone (float64, k and v repeated)."""
+    import torch.nn.functional as F
+
+    import pope
+
+    g = torch.Generator().manual_seed(1)
+    lens = [3, 5, 4]
+    ids = torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in enumerate(lens)])[None]
+    q = (2 * torch.randn(1, 4, 12, 16, generator=g)).to(dtype)
+    k, v = ((2 * torch.randn(1, 2, 12, 16, generator=g)).to(dtype) for _ in range(2))
+    mask = pope.document_mask(ids, flex=False)
+    _mock_cuda(monkeypatch, (9, 0))
+    calls, real = [], F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, *args, **kw):
+        calls.append((k.shape[1], v.shape[1], kw.get("enable_gqa", False), kw.get("attn_mask") is not None))
+        return real(q, k, v, *args, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+    got = [pope.masked_attention(q, k, v, mask), pope.sdpa_attention(q, k, v, mask=mask)]
+    pope.sdpa_attention(q, k, v, causal=True)  # the unmasked causal call keeps the grouped heads (flash)
+    assert calls == [(4, 4, False, True)] * 2 + [(2, 2, True, False)], calls
+    monkeypatch.undo()
+    kr, vr = (t.double().repeat_interleave(2, 1) for t in (k, v))
+    parts, start = [], 0
+    for n in lens:  # each document alone, causal
+        s = q.double()[:, :, start : start + n] @ kr[:, :, start : start + n].transpose(-1, -2) / 4
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        parts.append(torch.softmax(s, -1) @ vr[:, :, start : start + n])
+        start += n
+    want = torch.cat(parts, dim=2)
+    for out in got:
+        torch.testing.assert_close(out.double(), want, rtol=0, atol=3e-2)
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "alibi_half", "pope"])
+def test_gpt_with_packed_documents_and_grouped_heads_hands_cuda_sdpa_expanded_keys(monkeypatch, pos_encoding):
+    """GPT.forward with document_ids, grouped heads (4 query heads, 2 key/value heads) and the boolean mask (the CPU
+    batch's; flex turned off), in bf16 on a GPU (mocked: CUDA tensors, sm_90): every layer's SDPA call gets k and v
+    repeated to the query heads with the mask, never enable_gqa (ALiBi's float bias from the mask included), and
+    the logits equal the same forward on this CPU, where SDPA takes enable_gqa (to bf16's rounding)."""
+    import functools
+
+    import torch.nn.functional as F
+
+    import model as model_module
+    import pope
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        block_size=16, vocab_size=40, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, attn_backend="torch",
+        pos_encoding=pos_encoding,
+    )  # fmt: skip
+    m = GPT(cfg).eval()
+    idx = torch.randint(0, 40, (2, 16))
+    ids = torch.tensor([[0] * 5 + [1] * 11, [0] * 9 + [1] * 2 + [2] * 5], dtype=torch.int32)
+    monkeypatch.setattr(model_module, "document_mask", functools.partial(pope.document_mask, flex=False))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        want = m(idx, document_ids=ids)[0]
+        _mock_cuda(monkeypatch, (9, 0))
+        calls, real = [], F.scaled_dot_product_attention
+
+        def sdpa(q, k, v, *args, **kw):
+            calls.append((k.shape[1], v.shape[1], kw.get("enable_gqa", False), kw.get("attn_mask") is not None))
+            return real(q, k, v, *args, **kw)
+
+        monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+        got = m(idx, document_ids=ids)[0]
+    assert calls == [(4, 4, False, True)] * 2, calls
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-2)

@@ -10,6 +10,8 @@ output (the key or query blocks each program visits) against pope_kernel.visited
 blocks of the dense block-causal mask that hold a visible pair.
 """
 
+import inspect
+
 import pytest
 import torch
 from compiled import fresh_inductor
@@ -102,6 +104,9 @@ CASES = [
     ("chunked_prefill_q_offset", [[20, 30, 14]], 4, 2, 24, torch.float32, True),
     ("two_rows_different_boundaries", [[10, 40, 14], [33, 31]], 4, 2, 0, torch.float16, True),
     ("not_causal_same_document_only", [[7, 33, 24]], 2, 2, 5, torch.float32, False),
+    # q_offset 1: each 32-row query block's last row sits at position 32 or 64, the first key of a 16-key block (the
+    # block's causal key range must end one past it, not at it); position 32 starts a document, 64 ends one
+    ("last_rows_at_key_block_starts", [[20, 12, 33]], 2, 1, 1, torch.float32, True),
 ]
 
 
@@ -117,6 +122,24 @@ def test_packed_documents_equal_each_document_alone(case):
     for which, got, want in zip(("dq", "dk", "dv", "ddelta"), grads, ref_grads):
         err = (got.double().cpu() - want).abs().max().item()
         assert err <= TOL[dtype] * max(1.0, want.abs().max().item()), (name, which, err)
+
+
+def test_every_query_blocks_last_row_at_a_key_blocks_first_key_with_pinned_tiles():
+    """The forward and dq kernels pinned to 16 x 16 tiles (pope_kernel.pin_configs, restored after): at q_offset 1
+    the last row of every query block sits at position 16, 32, 48 or 64, the first key of a key block, which the
+    block's causal key range must include (the row sees at least itself); documents [0, 20), [20, 32), [32, 65):
+    position 32 starts a document, 16 and 48 lie inside one, 64 ends one. Output and gradients equal each document
+    alone (float64), fp32."""
+    before = pk.pin_configs("fwd=16,16,4,2;dq=16,16,4,2")
+    try:
+        out, grads, ref, ref_grads = _packed([[20, 12, 33]], 1, 2, 1, 1, 16, torch.float32, seed=13)
+    finally:
+        for role, configs in before.items():
+            pk.KERNELS[role].configs = configs
+    assert (out.double().cpu() - ref).abs().max().item() <= TOL[torch.float32] * max(1.0, ref.abs().max().item())
+    for which, got, want in zip(("dq", "dk", "dv", "ddelta"), grads, ref_grads):
+        err = (got.double().cpu() - want).abs().max().item()
+        assert err <= TOL[torch.float32] * max(1.0, want.abs().max().item()), (which, err)
 
 
 def test_one_document_is_causal_bit_for_bit():
@@ -160,6 +183,7 @@ def _dense_block_counts(ids, Tq, bm, bn, causal, q_offset, role):
         ([[15, 17, 31, 16, 1, 32]], 0, True),
         ([[1, 1, 1, 13, 1, 31, 1, 15], [64]], 0, True),
         ([[20, 30, 14]], 24, True),
+        ([[20, 12, 33]], 1, True),
         ([[3, 2, 4, 1, 5, 2, 3, 6, 2, 4, 32], [33, 31]], 9, False),
     ],
 )
@@ -310,3 +334,116 @@ def test_kernel_entry_point_takes_document_ids():
         torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-4)
     with pytest.raises(ValueError, match="must be int32"):
         pk.attention(q, k, v, q_offset=6, document_ids=ids.long())
+
+
+def _value(x):
+    """An int from the interpreter's scalar or block (its first element), or a Python value."""
+    data = getattr(getattr(x, "handle", x), "data", x)
+    return int(data.ravel()[0]) if hasattr(data, "ravel") else int(data)
+
+
+@interpreter_only
+@pytest.mark.parametrize(
+    "lens, q_offset, causal",
+    [([5, 91], 0, True), ([3, 28, 1, 96], 16, True), ([7, 57, 32], 0, False), ([33, 63], 8, False)],
+)
+def test_the_unmasked_loops_visit_exactly_the_tiles_where_every_pair_is_visible(monkeypatch, lens, q_offset, causal):
+    """Which loop visits a tile, not only how many tiles: each kernel's inner loops are spied (the interpreter looks
+    them up in pope_kernel's globals at every call) and every (program, tile) is recorded with its MASKED flag. The
+    unmasked loops must visit exactly the tiles of the dense block-causal mask in which every (query, key) pair is
+    visible (a tile that straddles a document edge, the diagonal, or the end of the keys (fwd, dq) or rows (dK/dV)
+    is masked), the masked loops the other tiles that hold a visible pair. Hand-worked, documents [0, 5), [5, 96),
+    fwd 32 x 16: rows 32-63 run keys 16-31 unmasked, 0-15 and 32-63 masked; dK/dV 16 x 32: keys 32-63 run rows
+    64-95 unmasked. A kernel that sends every tile through the masked loop gives the same numbers and tile counts,
+    only slower."""
+    ids = _ids(lens)
+    Tk = len(ids)
+    Tq = Tk - q_offset
+    g = torch.Generator().manual_seed(11)
+    q, k = (torch.randn(1, 1, n, 32, generator=g) for n in (Tq, Tk))
+    v = torch.randn(1, 1, Tk, 16, generator=g)
+    visits = []
+    for name, own in (("_fwd_inner", "offs_m"), ("_dq_inner", "offs_m"), ("_dkdv_inner", "offs_n")):
+        inner = getattr(pk, name)
+        signature = inspect.signature(inner.fn)
+
+        def spy(*args, _inner=inner, _sig=signature, _name=name, _own=own, **kwargs):
+            a = _sig.bind(*args, **kwargs).arguments
+            lo, hi = _value(a["lo"]), _value(a["hi"])
+            step = _value(a["BLOCK_M"] if _name == "_dkdv_inner" else a["BLOCK_N"])
+            visits.extend((_name, _value(a[_own]), t, bool(_value(a["MASKED"]))) for t in range(lo, hi, step))
+            return _inner(*args, **kwargs)
+
+        monkeypatch.setattr(pk, name, spy)
+    docs = pk.document_bounds(ids[None])
+    o, lse = pk._forward(q, k, v, causal, q_offset, docs)
+    pk._backward(torch.ones_like(o), q, k, v, o, lse, causal, q_offset, docs)
+    rows = torch.arange(Tq) + q_offset
+    visible = ids[rows][:, None] == ids[None, :]
+    if causal:
+        visible &= torch.arange(Tk)[None, :] <= rows[:, None]
+    for name, role in (("_fwd_inner", "fwd"), ("_dq_inner", "dq"), ("_dkdv_inner", "dkdv")):
+        bm, bn = BLOCKS[role]
+        want = {}
+        if role == "dkdv":  # a key block's programs: its real keys against query blocks (rows past Tq: masked)
+            for n0 in range(0, Tk, bn):
+                for m0 in range(0, Tq, bm):
+                    tile = visible[m0 : m0 + bm, n0 : n0 + bn]
+                    if tile.any():
+                        want[(n0, m0)] = not (tile.all() and m0 + bm <= Tq)
+        else:  # a query block's programs: its real rows against key blocks (keys past Tk: masked)
+            for m0 in range(0, Tq, bm):
+                for n0 in range(0, Tk, bn):
+                    tile = visible[m0 : m0 + bm, n0 : n0 + bn]
+                    if tile.any():
+                        want[(m0, n0)] = not (tile.all() and n0 + bn <= Tk)
+        got = [(own, t, masked) for n, own, t, masked in visits if n == name]
+        assert len(got) == len(set(got)), (role, "a tile visited twice")
+        assert {(own, t): masked for own, t, masked in got} == want, role
+        assert not all(want.values()), (role, "the case has no unmasked tile")
+    if lens == [5, 91]:
+        assert {(t, m) for n, own, t, m in visits if n == "_fwd_inner" and own == 32} == {
+            (0, True),
+            (16, False),
+            (32, True),
+            (48, True),
+        }
+        assert {t for n, own, t, m in visits if n == "_dkdv_inner" and own == 32 and not m} == {64, 80}
+
+
+@interpreter_only
+def test_a_document_launch_is_tuned_apart_from_a_causal_launch_of_the_same_shape(monkeypatch):
+    """Documents enter the autotune key: the forward given two candidates and a timing that prefers 32-row tiles
+    for causal launches and 16-row tiles for document launches (the autotuner's _bench replaced, no disk cache)
+    tunes a causal launch, then a document launch of the same shapes and dtypes: the document launch is timed on
+    its own and runs its own winner, not the causal launch's cached tile; a second causal launch reuses its entry.
+    Every kernel's declared key names DOC (without it, Triton 3.7-3.9 still part the two by the document table's
+    dtype, which the autotuner appends to every key: the declared key is what a later Triton keeps)."""
+    assert all("DOC" in pk.KERNELS[role].keys and "CAUSAL" in pk.KERNELS[role].keys for role in pk.KERNELS)
+    kernel = pk.KERNELS["fwd"]
+    wide, narrow = pk.tile_config(32, 16, 4, 2), pk.tile_config(16, 16, 4, 2)
+    monkeypatch.setattr(kernel, "configs", [wide, narrow])
+    monkeypatch.setattr(kernel, "cache", {})
+    monkeypatch.setattr(kernel, "cache_results", False)
+    timed = []
+
+    def bench(*args, config, **kwargs):
+        doc = bool(kwargs.get("DOC", False))
+        timed.append((doc, config.kwargs["BLOCK_M"]))
+        return [1.0 if config.kwargs["BLOCK_M"] == (16 if doc else 32) else 2.0] * 3
+
+    monkeypatch.setattr(kernel, "_bench", bench)
+    g = torch.Generator().manual_seed(12)
+    q, k = (torch.randn(1, 2, 48, 32, generator=g) for _ in range(2))
+    v = torch.randn(1, 2, 48, 16, generator=g)
+    ids = _ids([20, 28])[None]
+    pk._forward(q, k, v, True, 0)
+    assert kernel.best_config == wide and timed == [(False, 32), (False, 16)]
+    o, _ = pk._forward(q, k, v, True, 0, pk.document_bounds(ids))
+    assert kernel.best_config == narrow and timed[2:] == [(True, 32), (True, 16)]
+    pk._forward(q, k, v, True, 0)
+    assert kernel.best_config == wide and len(timed) == 4 and len(kernel.cache) == 2
+    visible = (ids[0][:, None] == ids[0][None, :]) & torch.ones(48, 48, dtype=torch.bool).tril()
+    s = (q.double() @ k.double().transpose(-1, -2)) * 0.6931471805599453  # the narrow tile's output is right too
+    ref = torch.softmax(s.masked_fill(~visible, float("-inf")), -1) @ v.double()
+    torch.testing.assert_close(o.double(), ref, rtol=0, atol=1e-5)

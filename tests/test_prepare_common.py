@@ -100,3 +100,78 @@ def test_a_folder_whose_meta_json_lacks_a_split_is_not_complete(tmp_path):
     assert common.is_complete(str(tmp_path), ("train", "val")) and not common.is_complete(str(tmp_path))
     os.remove(tmp_path / "val.bin")
     assert not common.is_complete(str(tmp_path), ("train", "val"))
+
+
+def _stream_meta(folder, n=10):
+    """Three stream splits of n tokens 0..n-1 in `folder`; returns their meta (not yet written)."""
+    import numpy as np
+
+    for split in ("train", "val", "test"):
+        with common.BinWriter(os.path.join(folder, f"{split}.bin"), np.uint8) as w:
+            w.write(np.arange(n))
+    return {
+        "dataset": "toy",
+        "vocab_size": n,
+        "dtype": "uint8",
+        "layout": "stream",
+        "splits": {s: {"file": f"{s}.bin", "shape": [n], "tokens": n} for s in ("train", "val", "test")},
+        "pad_id": None,
+        "loss": "all",
+        "tokenizer": {"kind": "none"},
+    }
+
+
+def test_document_offsets_drop_empty_documents_and_the_dataset_serves_no_empty_one(tmp_path):
+    """Hand-worked: lengths [3, 0, 2, 0, 5] (a script that meets an empty work or line) -> offsets [0, 3, 5, 10]:
+    three documents, not five with two empty. Written and read back (data.Dataset), the ten tokens' ids are
+    0 0 0 1 1 2 2 2 2 2."""
+    from data import Dataset
+
+    off = common.document_offsets([3, 0, 2, 0, 5])
+    assert off.tolist() == [0, 3, 5, 10] and off.dtype.name == "int64"
+    assert common.document_offsets([0, 4, 0]).tolist() == [0, 4]
+    meta = _stream_meta(str(tmp_path))
+    meta["documents"] = common.write_documents(str(tmp_path), dict.fromkeys(("train", "val", "test"), off))
+    assert meta["documents"]["train"]["n_docs"] == 3
+    common.write_meta(str(tmp_path), meta)
+    ds = Dataset(str(tmp_path), batch_size=1, block_size=9, documents=True)
+    x, _, ids = next(ds.full_split_batches("val"))
+    assert x.tolist() == [list(range(9))] and ids.tolist() == [[0, 0, 0, 1, 1, 2, 2, 2, 2]]
+    assert ds.offsets("train").tolist() == [0, 3, 5, 10]
+
+
+@pytest.mark.parametrize(
+    "offsets",
+    [[0, 3, 3, 10], [0, 3, 10, 10], [1, 3, 10], [0, 5, 3, 10], [[0, 10]], [0]],
+    ids=["repeated", "repeated_last", "not_from_0", "falling", "two_d", "one_offset_for_a_nonempty_split"],
+)
+def test_offsets_that_repeat_fall_or_miss_0_are_refused_in_one_line_and_write_nothing(tmp_path, offsets):
+    """write_documents refuses offsets that do not start at 0 and rise strictly (a repeated offset is an empty
+    document) with one ValueError line, before any .docs.bin is written. A single offset [0] is an empty split:
+    nothing is recorded for it (write_meta refuses the empty split itself, naming the fix)."""
+    import numpy as np
+
+    if offsets == [0]:
+        assert common.write_documents(str(tmp_path), {"train": np.array(offsets)}) == {}
+        assert not os.path.exists(tmp_path / "train.docs.bin")
+        return
+    with pytest.raises(ValueError, match="must start at 0 and rise strictly") as e:
+        common.write_documents(str(tmp_path), {"train": np.array(offsets)})
+    assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "train.docs.bin")
+
+
+@pytest.mark.parametrize("last", [9, 11, 10])
+def test_offsets_must_end_at_the_splits_length(tmp_path, last):
+    """A split of ten tokens: offsets ending at 9 (its last token in no document) or 11 (past its end) are refused
+    by write_meta in one ValueError line that gives both numbers, and no meta.json is written (the folder is not a
+    complete dataset); ending at exactly 10 is written."""
+    meta = _stream_meta(str(tmp_path))
+    off = {"train": [0, 4, 10], "val": [0, 4, last], "test": [0, 10]}
+    meta["documents"] = common.write_documents(str(tmp_path), off)
+    if last == 10:
+        common.write_meta(str(tmp_path), meta)
+        assert common.is_complete(str(tmp_path))
+        return
+    with pytest.raises(ValueError, match=f"documents of split 'val' end at {last}, the split has 10") as e:
+        common.write_meta(str(tmp_path), meta)
+    assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "meta.json")

@@ -81,3 +81,27 @@ def test_the_table_prints_both_ps_and_the_separation(tmp_path):
     csv_rows = results.compare_csv(c).splitlines()
     assert csv_rows[0].endswith(",perm_p,mannwhitney_p,complete_separation")
     assert csv_rows[1].endswith(",0.2,0.2,False")
+
+
+def test_fifteen_against_fifteen_is_computed_exactly_and_sixteen_against_fifteen_is_not():
+    """PERMUTATION_MAX_RUNS = 30 runs in all is the largest computed: 15 against 15, completely separated (1..15
+    against 16..30), gives 2 / C(30, 15) (the observed split and its mirror); with 15 and 16 swapped, the B-sums
+    344 and 345 and their mirrors 121 and 120 are as extreme: 4 / C(30, 15). 31 runs: nan (not computed)."""
+    a, b = [float(x) for x in range(1, 16)], [float(x) for x in range(16, 31)]
+    assert results.PERMUTATION_MAX_RUNS == 30
+    assert results.permutation_p(a, b) == pytest.approx(2 / math.comb(30, 15), rel=1e-12)  # 1.29e-8
+    a[-1], b[0] = b[0], a[-1]
+    assert results.permutation_p(a, b) == pytest.approx(4 / math.comb(30, 15), rel=1e-12)
+    assert math.isnan(results.permutation_p(a, b + [31.0]))
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.1, 1e-3])
+def test_splits_tied_with_the_observed_one_in_the_upper_tail_count_as_extreme(scale):
+    """A = 1, 2, 3 and B = 3, 4, 5 (times `scale`): the pooled runs hold two 3s, so C(6, 3) = 20 splits, and two of
+    them have the observed B-sum 12 (B's 3 or A's 3 with 4 and 5): both count, as do the two with B-sum 6 in the
+    lower tail, p = 4 / 20; as decimals (0.1, 0.2, 0.3 against 0.3, 0.4, 0.5) the tied sums differ in their last
+    bits and still count. Shifted by 0.5, B = 3.5, 4.5, 5.5 ties no split: 2 / 20."""
+    a, b = [scale * x for x in (1, 2, 3)], [scale * x for x in (3, 4, 5)]
+    assert results.permutation_p(a, b) == pytest.approx(4 / 20, abs=1e-15)
+    assert results.permutation_p(b, a) == pytest.approx(4 / 20, abs=1e-15)
+    assert results.permutation_p(a, [x + 0.5 * scale for x in b]) == pytest.approx(2 / 20, abs=1e-15)

@@ -136,3 +136,36 @@ def test_a_table_grown_ahead_costs_the_compiled_training_step_no_recompile():
         assert graphs(grow_ahead=False) == 2 and graphs(grow_ahead=True) == 1
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("pos_encoding", ["pope", "rope"])
+def test_positions_up_to_a_power_of_two_grow_the_table_to_hold_it(pos_encoding):
+    """The table grows to the next power of two that holds the largest position: hand-worked, a model built with 16
+    rows (block_size 16) given position_ids whose largest is 15 keeps 16 rows; 16 -> 32 rows, 31 -> 32, 32 -> 64
+    (exactly a power of two needs the next one: positions 0..32 are 33 rows), 63 -> 64, 64 -> 128; a context of
+    exactly 32 tokens (no position_ids) -> 32 rows, 33 -> 64. RoPE and PoPE are relative, so the logits of the
+    positions shifted up to each largest equal those at positions 0..7 (the table's own rows, float32, to 1e-5)."""
+    torch.manual_seed(0)
+    cfg = dict(block_size=16, vocab_size=32, n_layer=1, n_head=2, n_embd=32, pos_encoding=pos_encoding, bias=False)
+    if pos_encoding == "pope":
+        cfg["pope_delta_init"] = "uniform"
+    base = GPT(GPTConfig(**cfg)).eval()
+    with torch.no_grad():  # peaked attention: a wrong row changes the logits
+        base.transformer.h[0].attn.c_attn.weight.mul_(8.0)
+    idx = torch.randint(0, 32, (2, 8))
+    pos = torch.arange(8).expand(2, 8)
+    with torch.no_grad():
+        ref = base(idx, position_ids=pos)[0]
+    for largest, rows in ((15, 16), (16, 32), (31, 32), (32, 64), (63, 64), (64, 128)):
+        m = GPT(GPTConfig(**cfg)).eval()
+        m.load_state_dict(base.state_dict())
+        assert m.rotation.shape[0] == 16
+        with torch.no_grad():
+            got = m(idx, position_ids=pos + (largest - 7))[0]
+        assert m.rotation.shape[0] == rows, (largest, m.rotation.shape[0])
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=f"largest position {largest}")
+    for T, rows in ((32, 32), (33, 64)):
+        m = GPT(GPTConfig(**cfg)).eval()
+        with torch.no_grad():
+            m(torch.randint(0, 32, (1, T)))
+        assert m.rotation.shape[0] == rows, (T, m.rotation.shape[0])

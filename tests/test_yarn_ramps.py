@@ -128,3 +128,27 @@ def test_a_yarn_run_saved_before_the_setting_resumes_with_the_papers_ramp(toy_st
     assert state["iter_num"] == 4 and state["model_args"]["rope_yarn_ramp"] == "paper"
     with open(os.path.join(out, "metrics.json")) as f:
         assert json.load(f)["config"]["rope_yarn_ramp"] == "paper"
+
+
+def test_the_code_ramps_upper_bound_at_a_large_original_context_is_in_channels():
+    """The released code (find_correction_range; Hugging Face's _compute_yarn_parameters) clamps high to head_dim - 1,
+    a channel index, not the last pair's: at a large original context L, i(1) passes the last pair and the ramp ends
+    past it, so even the slowest pair keeps part of its frequency. By hand, rope_theta 10^4, i(n) = head_dim
+    ln(L / (2 pi n)) / (2 ln 10^4):
+      head_dim 64, L 65536: i(32) = 20.105 -> 20, i(1) = 32.146 -> 33 (> 31, the last pair; <= 63): pair 31 has
+        gamma 1 - 11/13 = 2/13 and ratio (1 - 2/13) / 4 + 2/13 = 19/52 at s = 4 (clamped to pairs it would be 1/4);
+      head_dim 16, L 65536: i(32) = 5.026 -> 5, i(1) = 8.037 -> 9 (> 7, the last pair; <= 15);
+      head_dim 8, L 2^27: i(32) = 5.824 -> 5, i(1) = 7.330 -> 8, clamped to 7: every pair (0..3) lies below low,
+        kept (ratio 1); clamped to the last pair (3 < low) the ramp would run backwards and interpolate them all."""
+    assert yarn_correction_range(64, 10000.0, 65536) == (20, 33)
+    assert yarn_correction_range(16, 10000.0, 65536) == (5, 9)
+    assert yarn_correction_range(8, 10000.0, 2**27) == (5, 7)
+    ratio = rope_frequencies(64, 10000.0, 4.0, 65536, ramp="code") / rope_frequencies(64, 10000.0)
+    want = [1.0] * 21 + [(1 - g) / 4 + g for g in (1 - (i - 20) / 13 for i in range(21, 32))]
+    torch.testing.assert_close(ratio, torch.tensor(want, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert abs(ratio[31].item() - 19 / 52) < 1e-12
+    ratio = rope_frequencies(16, 10000.0, 4.0, 65536, ramp="code") / rope_frequencies(16, 10000.0)
+    want = [1.0] * 6 + [(1 - g) / 4 + g for g in (1 - (i - 5) / 4 for i in (6, 7))]  # pairs 6, 7: 3/4, 1/2
+    torch.testing.assert_close(ratio, torch.tensor(want, dtype=torch.float64), atol=1e-12, rtol=0)
+    ratio = rope_frequencies(8, 10000.0, 4.0, 2**27, ramp="code") / rope_frequencies(8, 10000.0)
+    assert ratio.tolist() == [1.0] * 4
