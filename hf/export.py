@@ -123,7 +123,9 @@ def config_json(config):
     d = config.to_dict()
     params = d.pop("rope_parameters", None) or d.get("rope_scaling") or {}
     d["rope_theta"] = config.rope_theta
-    d["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"} if params.get("rope_type") == "yarn" else None
+    d["rope_scaling"] = (
+        {k: v for k, v in params.items() if k != "rope_theta"} if params.get("rope_type") == "yarn" else None
+    )
     return d
 
 
@@ -164,7 +166,9 @@ def build_tokenizer(meta, block_size):
         if longer:
             t.add_special_tokens(longer)
         pad = meta.get("pad_id")
-        fast = PreTrainedTokenizerFast(tokenizer_object=t, **({"pad_token": itos[pad]} if pad is not None else {}), **common)
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=t, **({"pad_token": itos[pad]} if pad is not None else {}), **common
+        )
         return fast, ({"pad_token_id": pad} if pad is not None else {})
     return None, {}
 
@@ -219,7 +223,9 @@ def model_card(state, config, ckpt_file, run_dir, metrics, tokenizer_kind):
     if state.get("best_val_loss") is not None:
         lines.append(f"- best val loss on the run's fixed evaluation batches: {state['best_val_loss']:.4f}")
     if metrics:
-        which = "these weights" if ckpt_file.endswith("best.pt") else "best.pt (not these weights: ckpt.pt was exported)"
+        which = (
+            "these weights" if ckpt_file.endswith("best.pt") else "best.pt (not these weights: ckpt.pt was exported)"
+        )
         for split in ("val", "test"):
             if split in metrics:
                 m = metrics[split]
@@ -251,8 +257,11 @@ def model_card(state, config, ckpt_file, run_dir, metrics, tokenizer_kind):
 
 def write_folder(folder, model, state, ckpt_file, run_dir):
     """Everything OUT_DIR holds, written into `folder` (an empty temporary folder)."""
+    from transformers.utils import logging as hf_logging
+
     from hf.modeling_pope_gpt import PopeGPTForCausalLM
 
+    hf_logging.disable_progress_bar()  # one line of output: the folder written
     meta = tokenizer_from_checkpoint(state, source=os.path.join(run_dir, ckpt_file))
     tokenizer, special = build_tokenizer(meta, model.config.block_size)
     config = hf_config(state["model_args"], special)
@@ -274,8 +283,12 @@ def write_folder(folder, model, state, ckpt_file, run_dir):
 
 
 def _fsync_tree(folder):
+    """Every file of `folder` (flat) on disk and readable as a file written with open() is (0666 minus the umask)."""
+    mode = 0o666 & ~_umask()
     for name in os.listdir(folder):
-        with open(os.path.join(folder, name), "rb") as f:
+        path = os.path.join(folder, name)
+        os.chmod(path, mode)
+        with open(path, "rb") as f:
             os.fsync(f.fileno())
     _fsync_dir(folder)
 
@@ -348,7 +361,9 @@ def main(argv):
     a = p.parse_args(argv)
     out = export(a.run_dir, a.out_dir, a.ckpt, a.force)
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    print(f"wrote {out} ({size / 2**20:.1f} MiB): AutoModelForCausalLM.from_pretrained({out!r}, trust_remote_code=True)")
+    print(
+        f"wrote {out} ({size / 2**20:.1f} MiB): AutoModelForCausalLM.from_pretrained({out!r}, trust_remote_code=True)"
+    )
     return out
 
 
