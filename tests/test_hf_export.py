@@ -23,6 +23,7 @@ from conftest import CHAR_TEXT  # noqa: E402
 from checkpoint import load_codec, load_run, save_checkpoint  # noqa: E402
 from hf import export as hf_export  # noqa: E402
 from model import GPT, GPTConfig, KVCache  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ITOS = sorted(set(CHAR_TEXT))
@@ -89,6 +90,7 @@ def save_run(folder, model, tokenizer, metrics=None):
         rng={},
         tokenizer=tokenizer,
         best=True,
+        provenance=[provenance()],
     )
     if metrics is not None:
         with open(os.path.join(folder, "metrics.json"), "w") as f:
@@ -206,12 +208,19 @@ def test_trained_char_run_generates_as_gpt(char_pretrained, tmp_path):
     got = hf.generate(prompt, max_new_tokens=40, do_sample=False)
     assert got.tolist() == want.tolist()
     assert "to be" in tok.decode(got[0, prompt.shape[1] :])  # the run learnt some of its text
+
+
+def test_model_card_records_settings_losses_provenance_and_citation(tmp_path):
+    metrics = {
+        s: {"loss": loss, "ppl": 2.0, "acc": 0.5, "targets": 1000} for s, loss in (("val", 1.2345), ("test", 1.3456))
+    }
+    _, out = exported(tmp_path, built_model(len(ITOS), **ENCODINGS["pope"]), CHAR_TOKENIZER, metrics=metrics)
     with open(os.path.join(out, "README.md")) as f:
         card = f.read()
-    with open(os.path.join(char_pretrained["run"], "metrics.json")) as f:
-        metrics = json.load(f)
-    assert f"- val: {metrics['val']['loss']:.4f}" in card and f"- test: {metrics['test']['loss']:.4f}" in card
-    assert "arXiv 2509.10534" in card and "commit " in card
+    assert "- val: 1.2345 (perplexity" in card and "- test: 1.3456 (perplexity" in card
+    assert "| model.pos_encoding | pope |" in card and "| model.n_kv_head | 2 |" in card and "iteration 7" in card
+    assert f"commit {provenance()['code']['commit'][:12]}" in card
+    assert "Decoupling the What and Where with Polar Coordinate Positional Embedding" in card and "2509.10534" in card
 
 
 @pytest.mark.parametrize("pos_encoding", ["pope", "rope", "alibi_half", "learned"])
