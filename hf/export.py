@@ -205,7 +205,9 @@ def model_card(state, config, ckpt_file, run_dir, metrics, tokenizer_kind):
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         'model = AutoModelForCausalLM.from_pretrained(PATH, trust_remote_code=True)',
-        "tokenizer = AutoTokenizer.from_pretrained(PATH)" if tokenizer_kind else "# no tokenizer: token ids are data",
+        "tokenizer = AutoTokenizer.from_pretrained(PATH, trust_remote_code=True)  # it reads config.json"
+        if tokenizer_kind
+        else "# no tokenizer: this run's token ids are not text",
         "```",
         "",
         "## Run",
@@ -277,6 +279,13 @@ def write_folder(folder, model, state, ckpt_file, run_dir):
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
         kind = meta["tokenizer"]["kind"]
+        path = os.path.join(folder, "tokenizer_config.json")
+        with open(path) as f:
+            tok_config = json.load(f)
+        tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # transformers 4's name; 5 reads it as its backend
+        with open(path, "w") as f:
+            json.dump(tok_config, f, indent=2, sort_keys=True)
+            f.write("\n")
     card = model_card(state, config, ckpt_file, run_dir, read_metrics(run_dir), kind)
     with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
         f.write(card)

@@ -301,6 +301,8 @@ def test_config_json_uses_the_fields_names(tmp_path):
     assert cfg["max_position_embeddings"] == L and cfg["rope_theta"] == 10000.0 and cfg["tie_word_embeddings"]
     assert cfg["rope_scaling"]["rope_type"] == "yarn" and cfg["rope_scaling"]["factor"] == 4.0
     assert cfg["rope_scaling"]["original_max_position_embeddings"] == 8
+    with open(os.path.join(out, "tokenizer_config.json")) as f:
+        assert json.load(f)["tokenizer_class"] == "PreTrainedTokenizerFast"  # a name transformers 4 and 5 know
     assert set(os.listdir(out)) >= {
         "config.json",
         "model.safetensors",
