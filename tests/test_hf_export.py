@@ -154,9 +154,17 @@ def test_gpt2_bpe_run_logits_and_tokenizer(pos_encoding, tmp_path):
     assert tok(text)["input_ids"] == ids and tok.decode(ids) == decode(ids) == text
     assert tok.eos_token_id == tok.bos_token_id == 50256 and tok.model_max_length == L
     x = torch.tensor([ids[:L]])
+    hf = load_hf(out)
     with torch.no_grad():
-        err = relative_error(load_hf(out)(x).logits, gpt(x)[0])
+        err = relative_error(hf(x).logits, gpt(x)[0])
     assert err <= 1e-5
+    loss = hf(x, labels=x).loss  # transformers' convention: labels are the inputs, shifted inside (fine-tuning, PEFT)
+    with torch.no_grad():
+        want = float(gpt(x[:, :-1], targets=x[:, 1:])[1])
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-5)
+    loss.backward()
+    grads = [p.grad for p in hf.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads) and len(grads) == len(list(gpt.parameters()))
 
 
 def test_char_tokenizer_round_trips_every_symbol_and_pad(tmp_path):
