@@ -12,7 +12,8 @@ Field names as Llama's where one exists (this repo's GPTConfig name in brackets)
 PoPE's own: pos_encoding ('pope' | 'rope' | 'none' | 'rope_half' | 'alibi_half' | 'learned' | 'sinusoidal'),
 pope_magnitude ('softplus' | 'relu' | 'identity'), pope_use_delta (a learned phase bias delta per key/value head and
 channel), rope_yarn_ramp ('code': transformers' YaRN ramp, linear in the pair index; 'paper': the YaRN paper's,
-linear in rotations per original context).
+linear in rotations per original context). The export also records pope_tokenizer, the run's tokenizer description
+(this repo's checkpoint format), kept as an extra attribute for train.py --init_from=hf.
 """
 
 from transformers import PretrainedConfig

@@ -7,7 +7,8 @@ Reads RUN_DIR/best.pt (--ckpt=best, the default) or RUN_DIR/ckpt.pt (--ckpt=ckpt
 (one process, DDP or FSDP's single-file format) and writes OUT_DIR:
     config.json              PopeGPTConfig: transformers' names (hidden_size, num_attention_heads, num_key_value_heads,
                              max_position_embeddings, rope_theta, rope_scaling in transformers' YaRN format), PoPE's
-                             own fields (pos_encoding, pope_magnitude, pope_use_delta, rope_yarn_ramp), auto_map
+                             own fields (pos_encoding, pope_magnitude, pope_use_delta, rope_yarn_ramp), auto_map,
+                             pope_tokenizer (the run's tokenizer description: train.py --init_from=hf, hf/load.py)
     model.safetensors        the weights under model.py's names (lm_head tied to transformer.wte)
     configuration_pope_gpt.py, modeling_pope_gpt.py   the code (copied from hf/; torch and transformers only)
     tokenizer.json, tokenizer_config.json   GPT-2 BPE (built with `tokenizers` from the GPT-2 files of the
@@ -76,10 +77,12 @@ BIBTEX = """@inproceedings{gopalakrishnan2026pope,
 }"""
 
 
-def hf_config(model_args, special_tokens=None):
+def hf_config(model_args, special_tokens=None, tokenizer=None):
     """PopeGPTConfig of a checkpoint's model_args (GPTConfig's fields, checkpoint.load_checkpoint's names).
-    special_tokens: {"bos_token_id", "eos_token_id", "pad_token_id"} of the tokenizer. Raises UserError for an
-    encoding or a field this export does not know (a GPTConfig newer than this file)."""
+    special_tokens: {"bos_token_id", "eos_token_id", "pad_token_id"} of the tokenizer; tokenizer: the checkpoint's
+    tokenizer description (checkpoint.tokenizer_from_checkpoint), kept as pope_tokenizer for train.py's
+    init_from='hf' (hf/load.py). Raises UserError for an encoding or a field this export does not know (a
+    GPTConfig newer than this file)."""
     args = {**asdict(GPTConfig()), **model_args}
     unknown = sorted(set(args) - set(FIELDS) - set(YARN_FIELDS) - set(TRAINING_ONLY))
     if unknown:
@@ -113,6 +116,7 @@ def hf_config(model_args, special_tokens=None):
         architectures=["PopeGPTForCausalLM"],
         auto_map=AUTO_MAP,
         dtype="float32",
+        pope_tokenizer=tokenizer,
         **(special_tokens or {}),
     )
 
@@ -266,7 +270,7 @@ def write_folder(folder, model, state, ckpt_file, run_dir):
     hf_logging.disable_progress_bar()  # one line of output: the folder written
     meta = tokenizer_from_checkpoint(state, source=os.path.join(run_dir, ckpt_file))
     tokenizer, special = build_tokenizer(meta, model.config.block_size)
-    config = hf_config(state["model_args"], special)
+    config = hf_config(state["model_args"], special, meta)
     hf_model = PopeGPTForCausalLM(config)
     hf_model.load_state_dict(model.state_dict(), strict=True)  # model.py's names, buffers not persistent
     hf_model.eval().save_pretrained(folder)
