@@ -104,9 +104,11 @@ def load_hf(folder, **kw):
     return AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, **kw).eval()
 
 
-def exported(tmp_path, model, tokenizer, name="hf", **kw):
-    run = save_run(tmp_path / f"run-{name}", model, tokenizer, **kw)
-    return run, hf_export.export(run, str(tmp_path / name))
+def exported(tmp_path, model, tokenizer, **kw):
+    """(run folder, exported folder). The folder's name is the test's: transformers caches a folder's code under its
+    name (HF_MODULES_CACHE), so tests on two xdist workers never write the same cached module at once."""
+    run = save_run(tmp_path / "run", model, tokenizer, **kw)
+    return run, hf_export.export(run, str(tmp_path / f"hf-{tmp_path.name}"))
 
 
 def relative_error(got, want):
@@ -208,7 +210,7 @@ def test_greedy_generate_with_the_cache_equals_gpt_generate(pos_encoding, tmp_pa
 def test_trained_char_run_generates_as_gpt(char_pretrained, tmp_path):
     from transformers import AutoTokenizer
 
-    out = hf_export.export(char_pretrained["run"], str(tmp_path / "hf"))
+    out = hf_export.export(char_pretrained["run"], str(tmp_path / f"hf-{tmp_path.name}"))
     gpt, _ = load_run(char_pretrained["run"])
     hf, tok = load_hf(out), AutoTokenizer.from_pretrained(out, trust_remote_code=True)
     prompt = tok("to be, or", return_tensors="pt")["input_ids"]
@@ -283,8 +285,8 @@ def test_pope_cache_holds_key_magnitudes_as_the_repos_kv_cache(tmp_path):
 def test_save_pretrained_then_from_pretrained_round_trips_bit_for_bit(name, tmp_path):
     _, out = exported(tmp_path, built_model(len(ITOS), seed=4, **ENCODINGS[name]), CHAR_TOKENIZER)
     hf = load_hf(out)
-    hf.save_pretrained(tmp_path / "again")
-    again = load_hf(str(tmp_path / "again"))
+    hf.save_pretrained(tmp_path / f"again-{tmp_path.name}")
+    again = load_hf(str(tmp_path / f"again-{tmp_path.name}"))
     a, b = hf.state_dict(), again.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert again.lm_head.weight.data_ptr() == again.transformer.wte.weight.data_ptr()  # still tied

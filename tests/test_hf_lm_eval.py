@@ -30,7 +30,7 @@ def exported_pair(tmp_path_factory):
         mp.setenv(k, v)
     root = tmp_path_factory.mktemp("hf_lm_eval")
     run = save_run(root / "run", built_model(50304, seed=6, pos_encoding="pope"), GPT2_TOKENIZER)
-    out = hf_export.export(run, str(root / "hf"))
+    out = hf_export.export(run, str(root / f"hf-{root.name}"))  # a name of its own: test_hf_export.exported
     model, state = load_run(run)
     encode, decode = load_codec(state["tokenizer"])
     yield ed.gpt_lm_class()(model, encode, decode, batch_size=3), out
