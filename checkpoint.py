@@ -236,8 +236,9 @@ def describe_tokenizer(meta):
     return text + ")"
 
 
-def load_finetune_checkpoint(init_ckpt, model_args, out_dir, device, data_tokenizer):
+def load_finetune_checkpoint(init_ckpt, model_args, out_dir, device, data_tokenizer, state=None):
     """init_from='finetune': the checkpoint dict of init_ckpt (a path to a .pt file), checked against the run.
+    state: the checkpoint dict, read already (init_from='hf': hf/load.py's, init_ckpt the folder's weights file).
 
     Updates model_args (this run's GPTConfig fields) in place: the checkpoint's architecture, this run's
     FINETUNE_FREE settings, and YaRN's rope_original_block_size (the checkpoint's, or its block_size) when
@@ -262,7 +263,8 @@ def load_finetune_checkpoint(init_ckpt, model_args, out_dir, device, data_tokeni
         raise UserError(
             f"out_dir={out_dir!r} holds init_ckpt {init_ckpt}: a fine-tune would overwrite it; choose a new out_dir"
         )
-    state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), device)
+    if state is None:
+        state = load_checkpoint(os.path.dirname(init_ckpt) or ".", os.path.basename(init_ckpt), device)
     trained = tokenizer_from_checkpoint(state, source=init_ckpt)
     if not same_tokenizer(trained, data_tokenizer):
         raise UserError(

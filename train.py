@@ -59,8 +59,8 @@ eval_interval = 250  # iterations between evaluations and checkpoints
 log_interval = 50
 eval_iters = 20  # fixed validation batches per periodic evaluation
 eval_only = False  # evaluate the checkpoint (init_from='resume') and exit
-init_from = "scratch"  # 'scratch' | 'resume' (out_dir/ckpt.pt) | 'finetune' (weights of init_ckpt)
-init_ckpt = ""  # finetune: a checkpoint file, e.g. 'out-owt-124m-rope/best.pt'; fresh optimizer and schedule
+init_from = "scratch"  # 'scratch' | 'resume' (out_dir/ckpt.pt) | 'finetune' (weights of init_ckpt) | 'hf' (a folder)
+init_ckpt = ""  # finetune: a checkpoint file, e.g. 'out-owt-124m-rope/best.pt'; hf: a folder of hf/export.py
 seed = 1337
 wandb_log = False
 wandb_project = "pope"
@@ -160,7 +160,7 @@ def main(argv):
             if run.master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
                 log(cfg, wandb, {"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
-            if iter_num > 0 or cfg.init_from == "finetune":  # a fine-tune's step 0 has real weights too
+            if iter_num > 0 or cfg.init_from in ("finetune", "hf"):  # a fine-tune's step 0 has real weights too
                 save_run(
                     cfg,
                     run,
@@ -359,7 +359,8 @@ def open_data(cfg, run, data_dir, block_size):
 def initial_state(cfg, config, run, data, tokenizer):
     """Where training starts, by init_from: 'scratch'; 'resume' (out_dir/ckpt.pt: its model settings,
     written back into `config`, its iteration, best val loss and earlier processes' provenance); 'finetune'
-    (init_ckpt's weights only; checkpoint.load_finetune_checkpoint checks what may change). GPTConfig's
+    (init_ckpt's weights only; checkpoint.load_finetune_checkpoint checks what may change); 'hf' (the same from
+    a folder of hf/export.py, read by hf/load.py). GPTConfig's
     fields are settings of this script, but vocab_size (the data's, rounded up to a multiple of 64).
     -> a namespace: model_args, checkpoint (None from scratch), iter_num, best_val_loss, prov_earlier,
     ckpt_path. Raises UserError for a missing ckpt.pt or an unknown init_from."""
@@ -389,8 +390,14 @@ def initial_state(cfg, config, run, data, tokenizer):
         start.checkpoint, start.iter_num = checkpoint, checkpoint["iter_num"]
         start.best_val_loss = checkpoint["best_val_loss"]
         start.prov_earlier = list(checkpoint.get("provenance") or [])
-    elif cfg.init_from == "finetune":
-        start.checkpoint = load_finetune_checkpoint(cfg.init_ckpt, model_args, cfg.out_dir, run.dev, tokenizer)
+    elif cfg.init_from in ("finetune", "hf"):
+        ckpt_file, state = cfg.init_ckpt, None
+        if cfg.init_from == "hf":  # an exported Hugging Face folder (hf/load.py), checked as a checkpoint file is
+            from hf.load import checkpoint_from_folder
+
+            state = checkpoint_from_folder(cfg.init_ckpt)
+            ckpt_file = os.path.join(cfg.init_ckpt, "model.safetensors")
+        start.checkpoint = load_finetune_checkpoint(ckpt_file, model_args, cfg.out_dir, run.dev, tokenizer, state)
         if run.master:
             print(
                 f"fine-tuning the weights of {cfg.init_ckpt} (iter {start.checkpoint.get('iter_num')}) at "
@@ -398,7 +405,7 @@ def initial_state(cfg, config, run, data, tokenizer):
                 "optimizer and schedule"
             )
     elif cfg.init_from != "scratch":
-        raise UserError(f"init_from must be 'scratch', 'resume' or 'finetune', got {cfg.init_from!r}")
+        raise UserError(f"init_from must be 'scratch', 'resume', 'finetune' or 'hf', got {cfg.init_from!r}")
     start.model_args = model_args
     return start
 

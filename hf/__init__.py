@@ -1,0 +1,1 @@
+"""Hugging Face export of run folders (export.py) and the files that ship inside every exported model."""
