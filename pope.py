@@ -32,6 +32,7 @@ Public API
     pope_key_magnitude(k, magnitude)       the key form the KV cache stores (mu_k, d wide)
     pope_query_decode_form(q, q_offset, delta, ...), pope_rotation_table(n_positions, head_dim, rope_theta)
     polar_to_cartesian(x, positions, freqs, delta, magnitude, dtype, scale)
+    pope_cartesian(x, rows, delta, magnitude, scale, dtype)   the transform both backends run, from table rows
     pope_frequencies(head_dim, rope_theta), pope_magnitude(x, magnitude), MAGNITUDES
     pope_attention_reference(...)   float64 reference straight from the polar formula (tests)
     pope_attention_triton(...), pope_backend(q, k, v, backend), triton_unsupported_reason(q, k, v),
@@ -134,7 +135,7 @@ def polar_to_cartesian(x, positions, freqs, delta=None, magnitude="softplus", dt
     return out.to(dtype or x.dtype)
 
 
-def _cartesian(x, rows, delta=None, magnitude="softplus", scale=1.0, dtype=None):
+def pope_cartesian(x, rows, delta=None, magnitude="softplus", scale=1.0, dtype=None):
     """Raw x (B, H, T, d) and the rotation table's rows for its positions (T, 2d) float32 [cos(s theta) |
     sin(s theta)] (pope_rotation_table), or per-token rows (B, 1, T, 2d) broadcast over heads (position_ids:
     rotation[position_ids].unsqueeze(1)) -> (B, H, T, 2d) scale * mu [cos(phi), sin(phi)] in `dtype` (default
@@ -206,7 +207,7 @@ def pope_query_decode_form(
     H, Tq, d = q.shape[1], q.shape[2], q.shape[-1]
     rotation = _rotation_rows(rotation, q_offset + Tq, d, rope_theta, q.device)
     neg = None if delta is None else -delta.repeat_interleave(H // delta.shape[0], dim=0)
-    return _cartesian(q, rotation[q_offset : q_offset + Tq], neg, magnitude, scale, dtype)
+    return pope_cartesian(q, rotation[q_offset : q_offset + Tq], neg, magnitude, scale, dtype)
 
 
 def compute_dtype(q, v):
@@ -513,8 +514,8 @@ def pope_attention(
     rotation = _rotation_rows(rotation, max(q_offset + Tq, Tk), d, rope_theta, q.device)
     dtype = compute_dtype(q, v)
     rows_q, rows_k = _position_rows(rotation, position_ids, q_offset, Tq, Tk)
-    qc = _cartesian(q, rows_q, None, magnitude, 1.0, dtype)
-    kc = _cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
+    qc = pope_cartesian(q, rows_q, None, magnitude, 1.0, dtype)
+    kc = pope_cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
     if mask is None and document_ids is not None:
         mask = document_mask(document_ids, Tq, q_offset, causal=causal)
     if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask: flex takes v of width d
@@ -617,10 +618,10 @@ def pope_decode_step(
     neg = None if delta is None else -delta.repeat_interleave(G, dim=0)
     rows = rotation.index_select(0, at)
     if backend == "triton":  # pope_kernel.decode_at: keys rotated in registers, the position read on the device
-        qd = _cartesian(q, rows, neg, magnitude, sm_scale * LOG2E, mu_all.dtype)
+        qd = pope_cartesian(q, rows, neg, magnitude, sm_scale * LOG2E, mu_all.dtype)
         o = pope_kernel.decode_at(qd, mu_all, v_all, rotation, at, 0)[0]  # (B, H, 1, dv)
         return o.view(B, H_kv, G, -1)
-    qd = _cartesian(q, rows, neg, magnitude, 1.0, mu_all.dtype)  # (B, H, 1, 2d)
+    qd = pope_cartesian(q, rows, neg, magnitude, 1.0, mu_all.dtype)  # (B, H, 1, 2d)
     scores = _rotated_scores(qd.view(B, H_kv, G, 2 * d), mu_all, rotation[:L]).float() * sm_scale
     scores = scores.masked_fill(~seen, float("-inf"))
     return torch.softmax(scores, dim=-1).to(v_all.dtype) @ v_all
@@ -791,8 +792,8 @@ def _triton_region(q, k, v, delta, rows_q, rows_k, causal, q_offset, magnitude, 
     if pos is not None:  # position_ids (B, Tk): each token's table row, (B, 1, T, 2d), recomputed in the backward
         rows_q = rows_q[pos[:, q_offset : q_offset + q.shape[2]]].unsqueeze(1)
         rows_k = rows_k[pos].unsqueeze(1)
-    qc = _cartesian(q, rows_q, None, magnitude, scale, dtype)
-    kc = _cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
+    qc = pope_cartesian(q, rows_q, None, magnitude, scale, dtype)
+    kc = pope_cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
     extra = () if docs is None else (docs,)  # without documents: today's call, argument for argument
     return pope_kernel.attention_forward(qc, kc, v.to(dtype), causal, q_offset, *extra)[0]
 
@@ -836,7 +837,7 @@ def pope_attention_triton(
     """PoPE attention through pope_kernel's FlashAttention-2 kernels (pope_attention(..., backend='triton')).
 
     Arguments, result and errors as pope_attention. The Cartesian q~ (pre-scaled by sm_scale * log2(e))
-    and k~ are formed from the rotation table's rows in float32 (_cartesian), then cast to the compute dtype
+    and k~ are formed from the rotation table's rows in float32 (pope_cartesian), then cast to the compute dtype
     (v's dtype, or the autocast dtype); the kernels never see positions or delta. Differentiable in q, k, v
     and delta; the forward saves the raw q, k, v, delta and the kernel's o, lse, and the backward recomputes
     q~, k~ (a selective checkpoint). Supported: d, dv in TRITON_HEAD_DIMS; float16 / bfloat16 / float32

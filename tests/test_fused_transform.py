@@ -96,20 +96,20 @@ def _cartesian_formula(x, delta, n_positions):
 
 
 def test_the_transform_computes_in_float32_for_16_bit_inputs():
-    """_cartesian (both backends' transform) forms magnitudes, table rows and products in float32 and rounds once,
+    """pope_cartesian (both backends' transform) forms magnitudes, table rows and products in float32 and rounds once,
     to the dtype asked for: from bf16 raw values, a float32 result is the float64 formula to float32 precision, and
     a bf16 one is that formula rounded once to bf16. Computed in bf16 instead (the rows rounded to 8 bits, two
     roundings per product) it is off by up to 7e-2 and two elements in three differ."""
-    from pope import _cartesian, pope_rotation_table
+    from pope import pope_cartesian, pope_rotation_table
 
     g = torch.Generator().manual_seed(0)
     x = (2 * torch.randn(2, 2, 40, 16, generator=g)).bfloat16()
     delta = -2 * math.pi * torch.rand(2, 16, generator=g)
     rows, want = pope_rotation_table(40, 16), _cartesian_formula(x, delta, 40)
-    got = _cartesian(x, rows, delta, dtype=torch.float32)
+    got = pope_cartesian(x, rows, delta, dtype=torch.float32)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, atol=5e-6, rtol=0)
-    got16 = _cartesian(x, rows, delta)
+    got16 = pope_cartesian(x, rows, delta)
     assert got16.dtype == torch.bfloat16
     assert (got16 == want.to(torch.bfloat16)).float().mean() > 0.99
 
