@@ -285,7 +285,7 @@ BYTE_GROUPS = (
 )
 
 
-def design_minimum_bytes(n_embd=768, n_kv_embd=None, elem=2):
+def design_minimum_bytes(n_embd=768, n_kv_embd=None, elem=2, transform_only=False):
     """PoPE's extra bytes per token per layer over RoPE's that the design needs (the transform outside the kernels,
     q~ and k~ recomputed for the backward), one compiled training step in a 16-bit dtype (elem = 2 bytes). Per
     element of raw q (and of k), counting every buffer a kernel writes or reads once:
@@ -300,9 +300,14 @@ def design_minimum_bytes(n_embd=768, n_kv_embd=None, elem=2):
     18 bytes per element more (9 elem), for the n_embd elements of q and the n_kv_embd (default n_embd) of k per token:
     27,648 bytes (27.6 KB) per token per layer at 768 wide. d(delta) adds nothing where its reduction shares the pass
     that reads dk~ and k; the float32 table rows ([cos | sin], 8 d bytes per token, shared by the heads) add about 1 %
-    per read. Forming q~, k~ inside the attention kernels would drop the write, recompute and read of q~ (12 of 18)."""
+    per read. Forming q~, k~ inside the attention kernels would drop the write, recompute and read of q~ (12 of 18).
+    PoPE's transform alone (the table's middle column without the attention's reads and writes) needs 20 bytes per
+    element (10 elem): design_minimum_bytes(..., transform_only=True), 30,720 bytes per token per layer at 768 wide.
+
+    Inductor's count of RoPE's rotation is not this table's 8 bytes per element: on the CPU it moves about 27 (bench.py
+    --only=bytes, group 'rope transform'), so the measured PoPE minus RoPE can fall below this minimum."""
     n_kv_embd = n_embd if n_kv_embd is None else n_kv_embd
-    return 9 * elem * (n_embd + n_kv_embd)
+    return (10 if transform_only else 9) * elem * (n_embd + n_kv_embd)
 
 
 def _metrics_logger():
@@ -333,11 +338,26 @@ def _repo_frames(origins):
     return frames
 
 
+# pope.py's functions whose ops are the transform (the innermost repo frame of an op): pope_cartesian, its helpers and
+# _Cartesian's forward and backward, and _triton_region (each token's table rows); not sdpa_attention's layout ops
+POPE_TRANSFORM_FUNCTIONS = (
+    "pope_cartesian",
+    "pope_magnitude",
+    "_pair_magnitudes",
+    "_pair_rotations",
+    "_magnitude_grad",
+    "forward",
+    "backward",
+    "_triton_region",
+)
+
+
 def _byte_group(node, graph):
     """BYTE_GROUPS' name of an Inductor scheduler node of the 'fwd' or 'bwd' graph: an extern matmul or attention
-    op by its kernel; else by where its ops came from (their stack traces): pope.py's transform (in the backward:
-    recomputed where all its ops are, else its gradient; a reduction there is d(delta)), model.py's rope_rotate, or
-    the rest."""
+    op by its kernel; else by where its ops came from (their stack traces): pope.py's transform
+    (POPE_TRANSFORM_FUNCTIONS; in the backward recomputed where an op carries the selective checkpoint's recompute
+    tag and none comes from a backward formula, else its gradient; a reduction there is d(delta)), model.py's
+    rope_rotate, or the rest."""
     snodes = node.get_nodes() if hasattr(node, "get_nodes") else [node]
     irs = [s.node for s in snodes if getattr(s, "node", None) is not None]
     kernel = " ".join(str(getattr(n, "python_kernel_name", "") or "") for n in irs).lower()
@@ -346,31 +366,42 @@ def _byte_group(node, graph):
     if any(m in kernel for m in ("mm", "bmm", "addmm", "matmul")):
         return "matmul"
     origins = [o for n in irs for o in n.origins]
-    files = {f for f, _ in _repo_frames(origins)}
-    if "pope.py" in files:
+    frames = _repo_frames(origins)
+    if any(f == "pope.py" and fn in POPE_TRANSFORM_FUNCTIONS for f, fn in frames):
         if graph == "fwd":
             return "pope transform fwd"
-        if all(o.meta.get("recompute") is not None for o in origins):  # fused with a gradient op: a gradient
+        # recomputed: some op carries the checkpoint's recompute tag and none comes from a backward formula
+        gradient = any(f == "pope.py" and fn == "backward" for f, fn in frames)
+        if not gradient and any(o.meta.get("recompute") is not None for o in origins):
             return "pope transform recompute"
         return "pope ddelta" if node.is_reduction() else "pope transform bwd"
-    if any(f == "model.py" and fn == "rope_rotate" for f, fn in _repo_frames(origins)):
+    if any(f == "model.py" and fn == "rope_rotate" for f, fn in frames):
         return "rope transform"
     return "norms, pointwise"
 
 
 def compiled_step_bytes(
-    pos_encoding, T, batch_size=1, n_embd=768, n_head=12, n_kv_head=None, backend="triton", dtype=torch.bfloat16
+    pos_encoding,
+    T,
+    batch_size=1,
+    n_embd=768,
+    n_head=12,
+    n_kv_head=None,
+    backend="triton",
+    dtype=torch.bfloat16,
+    device="cpu",
 ):
     """Inductor's byte count of one compiled training step (forward and backward, torch.compile's default backend)
-    of one transformer layer (model.Block: RMSNorm, attention with pos_encoding, MLP) on the CPU, under `dtype`
+    of one transformer layer (model.Block: RMSNorm, attention with pos_encoding, MLP) on `device`, under `dtype`
     autocast, for batch_size x T tokens -> a list of {'graph': 'fwd' | 'bwd', 'node': Inductor's scheduler node
     name, 'group': one of BYTE_GROUPS (_byte_group), 'bytes': int, 'ops': its first FX ops}.
 
     The count is Inductor's (torch._inductor.metrics with its metrics log at INFO; caches off, so every graph is
     compiled and counted): each scheduler node's buffers read and written once, extern kernels (matmuls, the
-    attention ops) included. PoPE's Triton path runs its kernels in the interpreter (TRITON_INTERPRET=1 before
-    pope_kernel is imported), the graph around them is what a CUDA step compiles, but CPU Inductor fuses somewhat
-    differently from CUDA Inductor: a proxy. The input needs a gradient (as a layer's input in a GPT does)."""
+    attention ops) included. On the CPU PoPE's Triton path runs its kernels in the interpreter (TRITON_INTERPRET=1
+    before pope_kernel is imported) and the graph around them is what a CUDA step compiles, but CPU Inductor fuses
+    somewhat differently from CUDA Inductor (its C++ backend stores a broadcast exp / log1p in a buffer): a proxy;
+    on CUDA the count is the GPU step's. The input needs a gradient (as a layer's input in a GPT does)."""
     from torch._inductor import config as inductor_config
     from torch._inductor import metrics
 
@@ -390,9 +421,9 @@ def compiled_step_bytes(
         dropout=0.0,
         bias=False,
     )
-    block, rotation = Block(cfg, 0), rotation_table(cfg, T)
-    x = torch.randn(batch_size, T, n_embd, requires_grad=True)
-    grad = torch.randn(batch_size, T, n_embd)
+    block, rotation = Block(cfg, 0).to(device), rotation_table(cfg, T, device)
+    x = torch.randn(batch_size, T, n_embd, device=device, requires_grad=True)
+    grad = torch.randn(batch_size, T, n_embd, device=device)
     logger, info = _metrics_logger()
     level, propagate = logger.level, logger.propagate
     torch._dynamo.reset()
@@ -402,7 +433,7 @@ def compiled_step_bytes(
     try:
         with inductor_config.patch(force_disable_caches=True):
             forward = torch.compile(lambda x: block(x, rotation))
-            with torch.autocast("cpu", dtype=dtype):
+            with torch.autocast(torch.device(device).type, dtype=dtype):
                 y = forward(x)
             n_fwd = len(metrics.nodes_num_elem)
             y.backward(grad)
@@ -425,16 +456,19 @@ def compiled_step_bytes(
     return rows
 
 
-def bench_bytes(tokens=BYTES_SHAPE["tokens"], n_embd=768, n_head=12, n_kv_head=None, batch_size=1, top=12):
+def bench_bytes(
+    tokens=BYTES_SHAPE["tokens"], n_embd=768, n_head=12, n_kv_head=None, batch_size=1, top=12, device="cpu"
+):
     """Section 7: bytes per token per layer of a compiled training step for rope and pope (the Triton path), from
     compiled_step_bytes at two token counts T1 < T2 (batch_size x T tokens): the slope (bytes(T2) - bytes(T1)) /
     (tokens2 - tokens1), which leaves out what does not grow with the tokens (the weights' casts and gradients).
     -> (summary: one row per encoding, bytes per token and, on PoPE's row, PoPE minus RoPE beside
-    design_minimum_bytes; groups: bytes per token per BYTE_GROUPS group, fwd and bwd, both encodings, and their total;
+    design_minimum_bytes, and the bytes of PoPE's transform groups beside design_minimum_bytes(transform_only=True);
+    groups: bytes per token per BYTE_GROUPS group, fwd and bwd, both encodings, and their total;
     kernels: each encoding's `top` scheduler nodes by their own slope, side by side by rank, with their first ops)."""
     per = {}
     for pe in ("rope", "pope"):
-        per[pe] = {T: compiled_step_bytes(pe, T, batch_size, n_embd, n_head, n_kv_head) for T in tokens}
+        per[pe] = {T: compiled_step_bytes(pe, T, batch_size, n_embd, n_head, n_kv_head, device=device) for T in tokens}
     t1, t2 = tokens[0] * batch_size, tokens[-1] * batch_size
 
     def slope(pe, keep=lambda r: True):
@@ -451,9 +485,10 @@ def bench_bytes(tokens=BYTES_SHAPE["tokens"], n_embd=768, n_head=12, n_kv_head=N
     ]
     extra = summary[1]["bytes_per_token"] - summary[0]["bytes_per_token"]
     summary[1]["pope_minus_rope"] = extra
-    summary[1]["design_minimum"] = float(
-        design_minimum_bytes(n_embd, None if n_kv_head is None else n_embd // n_head * n_kv_head)
-    )
+    n_kv_embd = None if n_kv_head is None else n_embd // n_head * n_kv_head
+    summary[1]["design_minimum"] = float(design_minimum_bytes(n_embd, n_kv_embd))
+    summary[1]["pope_transform"] = slope("pope", lambda r: r["group"].startswith("pope"))
+    summary[1]["design_transform"] = float(design_minimum_bytes(n_embd, n_kv_embd, transform_only=True))
     groups = []
     for group in BYTE_GROUPS:
         row = {"group": group}
@@ -481,13 +516,18 @@ def print_bytes(tokens=BYTES_SHAPE["tokens"], **kw):
     """Section 7's tables (bench_bytes), with the design minimum and the issue's target beside PoPE minus RoPE."""
     summary, groups, kernels = bench_bytes(tokens, **kw)
     shape = (
-        f"{kw.get('n_embd', 768)} wide, {kw.get('n_head', 12)} heads, bf16 autocast, tokens {tokens[0]} -> {tokens[1]}"
+        f"{kw.get('n_embd', 768)} wide, {kw.get('n_head', 12)} heads, bf16 autocast, "
+        f"tokens {tokens[0]} -> {tokens[1]}, {kw.get('device', 'cpu')}"
     )
     print_table(f"bytes per token per layer, one compiled training step (Inductor's count), {shape}", summary)
     print_table("bytes per token per layer by group (fwd / bwd graphs)", groups)
     print_table("the largest scheduler nodes, bytes per token, side by side by rank", kernels)
-    extra, minimum = summary[1]["pope_minus_rope"], summary[1]["design_minimum"]
-    print(f"\nPoPE minus RoPE: {extra / 1e3:.1f} KB per token per layer; design minimum {minimum / 1e3:.1f} KB")
+    p = summary[1]
+    print(
+        f"\nPoPE minus RoPE: {p['pope_minus_rope'] / 1e3:.1f} KB per token per layer; design minimum "
+        f"{p['design_minimum'] / 1e3:.1f} KB; PoPE's transform {p['pope_transform'] / 1e3:.1f} KB, design "
+        f"{p['design_transform'] / 1e3:.1f} KB (issue 67's target: PoPE minus RoPE <= 30 KB)"
+    )
 
 
 PHASES = {"fwd": "bench::forward", "bwd": "bench::backward", "optimizer": "bench::optimizer"}  # the step's ranges
@@ -517,8 +557,10 @@ MATMUL_NAMES = (
     ": bmmbackward",
 )
 # PoPE's transform: its magnitude softplus is in the name of every kernel Inductor fuses it into (descriptive kernel
-# names list the fused aten ops), or is the op itself (eager); its gradient kernels carry softplus_backward
-POPE_TRANSFORM_NAMES = ("softplus",)
+# names list the fused aten ops), or is the op itself (eager); its gradient (pope._Cartesian.backward) is an autograd
+# node named _CartesianBackward (eager) or kernels with sigmoid (dx) and a sum (d(delta)) in their names
+POPE_TRANSFORM_NAMES = ("softplus", "cartesian", "sigmoid")
+GRADIENT_NAMES = ("backward", "sigmoid", "sum", "triton_red")
 
 
 def kernel_group(name, phase):
@@ -526,9 +568,9 @@ def kernel_group(name, phase):
     phase ('fwd', 'bwd', 'optimizer') it ran in: everything in the optimizer phase is 'optimizer' (clipping, AdamW,
     the delta clamp); else attention (ATTENTION_NAMES), matmul (MATMUL_NAMES), PoPE's transform
     (POPE_TRANSFORM_NAMES: fwd in the forward; in the backward recompute, or bwd when the name holds a gradient op,
-    softplus_backward); the rest 'norms, pointwise'. A heuristic on names: d(delta)'s reduction, where Inductor gives
-    it a kernel of its own without softplus, counts as pointwise, as do the eager transform's mul / cat ops;
-    bench.py --only=bytes attributes bytes by the ops' source lines instead."""
+    GRADIENT_NAMES); the rest 'norms, pointwise'. A heuristic on names: a transform kernel that Inductor fuses with
+    no op of those names counts as pointwise, as do the eager transform's mul ops; bench.py --only=bytes attributes
+    bytes by the ops' source lines instead."""
     n = name.lower()
     if phase == "optimizer":
         return "optimizer"
@@ -539,7 +581,7 @@ def kernel_group(name, phase):
     if any(t in n for t in POPE_TRANSFORM_NAMES):
         if phase == "fwd":
             return "pope transform fwd"
-        return "pope transform bwd" if "backward" in n else "pope transform recompute"
+        return "pope transform bwd" if any(g in n for g in GRADIENT_NAMES) else "pope transform recompute"
     return "norms, pointwise"
 
 
@@ -1092,6 +1134,13 @@ def main(argv):
         a.dtype = resolve_dtype(a.dtype, a.device)
     except UserError as e:
         p.error(str(e))  # one line and exit 2, as for the other bad arguments
+    if a.only == "bytes" and not a.device.startswith("cuda"):
+        import pope_kernel
+
+        if not pope_kernel.INTERPRETING:
+            p.error(
+                "--only=bytes on a CPU runs the Triton kernels in the interpreter: TRITON_INTERPRET=1 python bench.py"
+            )
     if a.device.startswith("cuda:"):
         torch.cuda.set_device(a.device)  # kernels and libraries that default to the current device use it too
     print(
@@ -1172,7 +1221,7 @@ def main(argv):
             print("\nattention kernels, bf16, causal, fwd / bwd / fwd+bwd")
             bench_kernel.print_table(bench_kernel.bench_attention_kernels(a.device))
     if a.only == "bytes":  # not in the default run: four Inductor compiles on the CPU, minutes with the interpreter
-        print_bytes(tuple(a.tokens))
+        print_bytes(tuple(a.tokens), device=a.device)
     if hasattr(os, "getloadavg"):
         print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

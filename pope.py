@@ -141,19 +141,79 @@ def pope_cartesian(x, rows, delta=None, magnitude="softplus", scale=1.0, dtype=N
     rotation[position_ids].unsqueeze(1)) -> (B, H, T, 2d) scale * mu [cos(phi), sin(phi)] in `dtype` (default
     x's), mu = magnitude(x), phi = s theta_c + delta_c: delta (H, d) radians (or None) enters by angle addition,
     cos(a + b) = cos a cos b - sin a sin b, so the only trigonometry is cos/sin of delta's H * d entries.
-    Computed in float32 (float64 for float64 x) under any autocast; O(T d), pointwise: torch.compile fuses it."""
-    d = x.shape[-1]
+    Computed in float32 (float64 for float64 x) under any autocast and rounded once to `dtype`; O(T d).
+
+    Differentiable in x and delta (first order; the rows get no gradient), with the chain rule written out
+    (_Cartesian) so that torch.compile makes one pass per direction (bench.py --only=bytes, docs/kernel.md): the
+    forward one pointwise kernel writing the result once; the backward one pointwise kernel reading the 2d-wide
+    gradient and x, writing dx, and for delta one reduction over batch and positions."""
     ct = torch.promote_types(x.dtype, torch.float32)
     with torch.autocast(device_type=x.device.type, enabled=False):
-        mu = pope_magnitude(x.to(ct), magnitude)
-        if scale != 1.0:
-            mu = mu * scale
-        cos, sin = rows[..., :d].to(ct), rows[..., d:].to(ct)
-        if delta is not None:
-            cd, sd = torch.cos(delta.to(ct)).unsqueeze(-2), torch.sin(delta.to(ct)).unsqueeze(-2)  # (H, 1, d)
-            cos, sin = cos * cd - sin * sd, sin * cd + cos * sd
-        out = torch.cat((mu * cos, mu * sin), dim=-1)
-    return out.to(dtype or x.dtype)
+        cos_delta = sin_delta = None
+        if delta is not None:  # detached: _Cartesian returns delta's gradient itself
+            cos_delta, sin_delta = torch.cos(delta.detach().to(ct)), torch.sin(delta.detach().to(ct))
+        return _Cartesian.apply(x, rows, delta, cos_delta, sin_delta, magnitude, float(scale), dtype or x.dtype)
+
+
+def _magnitude_grad(x, magnitude):
+    """d magnitude(x) / dx (pope_magnitude): sigmoid(x) for softplus (torch's, whose linear branch above 20 has
+    slope 1 = sigmoid(x) in float32), the step x > 0 for relu, 1 for identity."""
+    if magnitude == "softplus":
+        return torch.sigmoid(x)
+    if magnitude == "relu":
+        return (x > 0).to(x.dtype)
+    return torch.ones_like(x)
+
+
+def _pair_rotations(rows, cos_delta, sin_delta, ct):
+    """Table rows (..., T, 2d) -> (..., T, 2, d) [cos phi, sin phi] in ct; with delta's cos/sin (H, d), phi gains
+    delta by angle addition: [cos, sin] cos(delta) + [-sin, cos] sin(delta), (H, T, 2, d) or (B, H, T, 2, d)."""
+    rot = rows.to(ct).unflatten(-1, (2, rows.shape[-1] // 2))
+    if cos_delta is None:
+        return rot
+    sign = torch.tensor([-1.0, 1.0], dtype=ct, device=rows.device).unsqueeze(-1)  # [-sin, cos] = sign * flip
+    return rot * cos_delta[:, None, None, :] + rot.flip(-2) * sign * sin_delta[:, None, None, :]
+
+
+def _pair_magnitudes(x, magnitude, scale, ct):
+    """scale * magnitude(x) over (..., 2, d), one per half of the Cartesian form. x is broadcast before the magnitude
+    function, not its result: Inductor's CPU heuristic stores a broadcast softplus (exp, log1p: "heavy" ops) in a
+    float32 buffer of its own, a write and a read of 4 bytes per element that the CUDA backend does not make."""
+    pairs = x.unsqueeze(-2).expand(*x.shape[:-1], 2, x.shape[-1]).to(ct)
+    return pope_magnitude(pairs, magnitude) * scale
+
+
+class _Cartesian(torch.autograd.Function):
+    """pope_cartesian's transform with its chain rule written out. For an upstream gradient g = [g_x, g_y] (the
+    2d-wide gradient of the result) and mu = scale * magnitude(x):
+        dx     = (g_x cos phi + g_y sin phi) scale magnitude'(x)
+        ddelta = sum over batch and positions of mu (g_y cos phi - g_x sin phi)        (d phi / d delta = 1)
+    Autograd's own backward of the broadcast product writes d(mu) and d(rotation) tensors and sums them (five
+    kernels, issue 67); this one reads g and x once for dx, and once more for delta's reduction."""
+
+    @staticmethod
+    def forward(ctx, x, rows, delta, cos_delta, sin_delta, magnitude, scale, dtype):
+        ct = torch.promote_types(x.dtype, torch.float32)
+        ctx.save_for_backward(x, rows, cos_delta, sin_delta)
+        ctx.args = (magnitude, scale, delta is not None and delta.requires_grad)
+        out = _pair_magnitudes(x, magnitude, scale, ct) * _pair_rotations(rows, cos_delta, sin_delta, ct)
+        return out.to(dtype).flatten(-2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, rows, cos_delta, sin_delta = ctx.saved_tensors
+        magnitude, scale, delta_grad = ctx.args
+        ct = torch.promote_types(x.dtype, torch.float32)
+        g = grad.unflatten(-1, (2, x.shape[-1])).to(ct)
+        rot = _pair_rotations(rows, cos_delta, sin_delta, ct)
+        xf = x.to(ct)
+        dx = ((g * rot).sum(-2) * (scale * _magnitude_grad(xf, magnitude))).to(x.dtype)
+        ddelta = None
+        if delta_grad:
+            mu = pope_magnitude(xf, magnitude) * scale
+            dphi = mu * (g[..., 1, :] * rot[..., 0, :] - g[..., 0, :] * rot[..., 1, :])  # (B, H, T, d)
+            ddelta = dphi.sum([i for i in range(dphi.dim()) if i not in (dphi.dim() - 3, dphi.dim() - 1)])
+        return dx, None, ddelta, None, None, None, None, None
 
 
 def _rotation_rows(rotation, n_positions, head_dim, rope_theta, device):
