@@ -262,8 +262,10 @@ def profile_step(step, device, n_steps=2):
         _sync(device)
         wall = (time.perf_counter() - t) * 1e6
     events = [e for e in prof.events() if (e.device_type == torch.autograd.DeviceType.CUDA) == cuda]
-    if not cuda:  # outermost CPU ops only: their self and child times are in their total
-        events = [e for e in events if e.cpu_parent is None and e.name != "ProfilerStep*"]
+    if (
+        not cuda
+    ):  # outermost CPU ops only (inside the step's PHASES ranges): their self and child times are in their total
+        events = [e for e in events if _top_level(e)]
     attn = sum(e.time_range.elapsed_us() for e in events if any(n in e.name.lower() for n in ATTENTION_NAMES))
     busy = _union_us([(e.time_range.start, e.time_range.end) for e in events])
     other = sum(e.time_range.elapsed_us() for e in events) - attn
@@ -585,6 +587,15 @@ def kernel_group(name, phase):
     return "norms, pointwise"
 
 
+def _top_level(event):
+    """True for a CPU op whose parents are only the step's PHASES ranges (or none): not a range itself."""
+    names = set(PHASES.values())
+    p = event.cpu_parent
+    while p is not None and p.name in names:
+        p = p.cpu_parent
+    return p is None and event.name not in names and event.name != "ProfilerStep*"
+
+
 def _phase_of(start, ranges):
     """The phase ('fwd', 'bwd', 'optimizer') whose (start, end, phase) range holds time `start`, else None."""
     for a, b, phase in ranges:
@@ -624,14 +635,7 @@ def profile_kernels(step, device, n_steps=2, top=8):
         ranges = gpu_ranges or [r for r, e in zip(ranges, [e for e in events if e.name in names]) if not on_device(e)]
         kernels = [e for e in events if on_device(e) and e.name not in names]
     else:
-
-        def top_level(e):  # an op whose parents are only phase ranges (or none)
-            p = e.cpu_parent
-            while p is not None and p.name in names:
-                p = p.cpu_parent
-            return p is None and e.name not in names and e.name != "ProfilerStep*"
-
-        kernels = [e for e in events if not on_device(e) and top_level(e)]
+        kernels = [e for e in events if not on_device(e) and _top_level(e)]
     groups = {g: {"fwd": 0.0, "bwd": 0.0, "rest": 0.0} for g in KERNEL_GROUPS}
     by_name = {}
     per = 1e3 * n_steps

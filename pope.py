@@ -817,9 +817,10 @@ def _triton_ready(q, k, v):
 # ---- the Triton backend: the transform in PyTorch (fused by torch.compile), recomputed for the backward ------
 # The Cartesian q~, k~ are pointwise functions of the raw q, k (rows of the rotation table, softplus, delta by
 # angle addition): _triton_region forms them and calls pope_kernel's attention op. Under torch.compile Inductor
-# fuses each side into one generated kernel and the chain rule (with delta's gradient, a reduction over batch and
-# positions: deterministic, no atomics) into the backward's; the only eager work around the kernels is their
-# outputs' allocation inside pope_kernel's ops (6 aten ops per call, forward and backward: bench.py --only=ops).
+# fuses each side into one generated kernel and the chain rule (pope._Cartesian's: dx in one pointwise pass, delta's
+# gradient one reduction over batch and positions: deterministic, no atomics) into the backward's; the only eager
+# work around the kernels is their outputs' allocation inside pope_kernel's ops (6 aten ops per call, forward and
+# backward: bench.py --only=ops).
 # A selective checkpoint keeps q~, k~ out of what the forward saves: every op of the region is recomputed in the
 # backward except the attention op, whose o and lse are kept. Without it autograd (eager) or the min-cut
 # partitioner (compiled; docs/kernel.md) would save q~, k~: two (B, H, T, 2d) tensors per layer.

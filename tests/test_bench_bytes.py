@@ -121,13 +121,15 @@ def test_kernel_groups_by_name_and_phase(name, phase, want):
 
 
 def test_the_profile_table_of_a_cpu_step_adds_up():
-    """--profile's per-kernel table of an eager CPU step (the proxy: ops and their CPU time): per encoding the groups
+    """--profile's per-kernel table of an eager CPU step (the proxy: ops and their CPU time), and profile_step's
+    attention time, which it finds inside the step's phase ranges: per encoding the groups
     and the idle time add up to the wall time of a step (top-level ops do not overlap), attention runs in both phases,
     the optimizer's ops in the rest, PoPE's softplus is its transform (none in RoPE's step), the top kernels'
     calls are launches, and the top kernels of each phase are the largest, in order."""
     small = dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64, T=16, batch_size=2)
     rows = bench.bench_train_step("cpu", rounds=5, profile=True, **small)
     tables = {r["pos_encoding"]: r["kernels"] for r in rows}
+    assert all(r["attention_ms"] > 0 and r["other_ms"] > 0 for r in rows), rows  # profile_step sees into the ranges
     for pe, t in tables.items():
         g = t["groups"]
         total = sum(v for phases in g.values() for v in phases.values())
