@@ -195,21 +195,22 @@ class _Cartesian(torch.autograd.Function):
     def forward(ctx, x, rows, delta, cos_delta, sin_delta, magnitude, scale, dtype):
         ct = torch.promote_types(x.dtype, torch.float32)
         ctx.save_for_backward(x, rows, cos_delta, sin_delta)
-        ctx.args = (magnitude, scale, delta is not None and delta.requires_grad)
+        ctx.args = (magnitude, scale)
         out = _pair_magnitudes(x, magnitude, scale, ct) * _pair_rotations(rows, cos_delta, sin_delta, ct)
         return out.to(dtype).flatten(-2)
 
     @staticmethod
     def backward(ctx, grad):
         x, rows, cos_delta, sin_delta = ctx.saved_tensors
-        magnitude, scale, delta_grad = ctx.args
+        magnitude, scale = ctx.args
         ct = torch.promote_types(x.dtype, torch.float32)
         g = grad.unflatten(-1, (2, x.shape[-1])).to(ct)
         rot = _pair_rotations(rows, cos_delta, sin_delta, ct)
         xf = x.to(ct)
-        dx = ((g * rot).sum(-2) * (scale * _magnitude_grad(xf, magnitude))).to(x.dtype)
-        ddelta = None
-        if delta_grad:
+        dx = ddelta = None
+        if ctx.needs_input_grad[0]:
+            dx = ((g * rot).sum(-2) * (scale * _magnitude_grad(xf, magnitude))).to(x.dtype)
+        if ctx.needs_input_grad[2]:
             mu = pope_magnitude(xf, magnitude) * scale
             dphi = mu * (g[..., 1, :] * rot[..., 0, :] - g[..., 0, :] * rot[..., 1, :])  # (B, H, T, d)
             ddelta = dphi.sum([i for i in range(dphi.dim()) if i not in (dphi.dim() - 3, dphi.dim() - 1)])

@@ -39,15 +39,15 @@ step() { # step NAME LIMIT_S COMMAND...: run COMMAND under LIMIT_S seconds, outp
   echo "commit ${COMMIT:-unknown}, call $CALL, $(nproc) CPU cores"
 } 2>&1 | tee "$OUT/env.txt"
 if [ "$CALL" != 2 ]; then
-  step pytest "${SUITE_S:-180}" $PY -m pytest -q -rfE -n "${WORKERS:-14}" -p no:cacheprovider ${PYTEST_ARGS:-tests}
-  step bench_bytes "${BYTES_S:-90}" $PY bench.py --only=bytes ${BYTES_ARGS:-}
+  step pytest "${SUITE_S:-150}" $PY -m pytest -q -rfE -n "${WORKERS:-14}" -p no:cacheprovider ${PYTEST_ARGS:-tests}
+  step bench_bytes "${BYTES_S:-150}" $PY bench.py --only=bytes ${BYTES_ARGS:-}
   step bench_step "${STEP_S:-230}" $PY bench.py --only=step --profile ${STEP_ARGS:-}
 fi
 if [ "$CALL" != 1 ]; then
   step bench_kernel "${KERNEL_S:-150}" $PY bench_kernel.py --seq-lens ${KERNEL_SEQ_LENS:-4096 16384} ${KERNEL_ARGS:-}
-  step bench_kernel_docs "${DOCS_S:-120}" $PY bench_kernel.py --doc_len=512 --seq-lens ${DOCS_SEQ_LENS:-16384} ${DOCS_ARGS:-}
-  step bench_decode "${DECODE_S:-110}" $PY bench.py --only=decode --contexts ${DECODE_CONTEXTS:-4096 16384} ${DECODE_ARGS:-}
-  step bench_shard "${SHARD_S:-130}" $PY bench.py --only=shard ${SHARD_ARGS:-}
+  step bench_kernel_docs "${DOCS_S:-110}" $PY bench_kernel.py --doc_len=512 --seq-lens ${DOCS_SEQ_LENS:-16384} ${DOCS_ARGS:-}
+  step bench_decode "${DECODE_S:-100}" $PY bench.py --only=decode --contexts ${DECODE_CONTEXTS:-4096 16384} ${DECODE_ARGS:-}
+  step bench_shard "${SHARD_S:-150}" $PY bench.py --only=shard ${SHARD_ARGS:-}
 fi
 # a short train.py run per encoding (TRAIN_ARGS, e.g. --attn_mask_type=block_causal --max_iters=40), compiled as on
 # any GPU, with its end-of-run sample (the compiled decoding step); off unless TRAIN_S is set

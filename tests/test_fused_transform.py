@@ -210,3 +210,28 @@ def test_the_triton_path_runs_in_the_autocast_dtype_for_float32_inputs():
         torch_path = pope_attention(q.to(DEV), k.to(DEV), v.to(DEV), delta.to(DEV), backend="torch")
     assert got.dtype == torch_path.dtype == torch.float16
     torch.testing.assert_close(got.cpu().double(), want, atol=3e-3, rtol=3e-3)
+
+
+@pytest.mark.parametrize("magnitude", ["softplus", "relu", "identity"])
+@pytest.mark.parametrize("per_token", [False, True], ids=["table_rows", "position_ids_rows"])
+def test_the_transforms_written_out_chain_rule_is_the_derivative(magnitude, per_token):
+    """pope_cartesian's backward is written out (pope._Cartesian, issue 67): in float64 its gradients in x and delta
+    equal finite differences (torch.autograd.gradcheck), for each magnitude function, a scale, table rows and
+    per-token rows (position_ids), and with only x or only delta trainable (delta fine-tuning)."""
+    from pope import pope_cartesian, pope_rotation_table
+
+    g = torch.Generator().manual_seed(4)
+    x = (2 * torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    if magnitude == "relu":  # away from the kink, where finite differences are not the derivative
+        x = (x.detach().sign() * (x.detach().abs() + 0.1)).requires_grad_()
+    delta = (-2 * math.pi * torch.rand(3, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    rows = pope_rotation_table(9, 4).double()[:5]
+    if per_token:
+        rows = pope_rotation_table(9, 4).double()[torch.randint(0, 9, (2, 5), generator=g)].unsqueeze(1)
+
+    def f(x, delta):
+        return pope_cartesian(x, rows, delta, magnitude, 0.7)
+
+    assert torch.autograd.gradcheck(f, (x, delta))
+    assert torch.autograd.gradcheck(lambda x: f(x, delta.detach()), (x,))
+    assert torch.autograd.gradcheck(lambda d: f(x.detach(), d), (delta,))
