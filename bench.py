@@ -1,7 +1,9 @@
 """Benchmarks on the current device: RoPE vs PoPE, as tables.
 
     python bench.py                 # train step + attention micro-benchmark + O(T) memory check + decoding
-    python bench.py --only=attn     # one section: step | attn | memory | decode | kernel | shard
+    python bench.py --only=attn     # one section: step | attn | memory | decode | kernel | shard | bytes
+    TRITON_INTERPRET=1 python bench.py --only=bytes --device=cpu   # Inductor's byte count (not in the default run)
+    python bench.py --only=step --profile   # + where a step's time goes: kernel groups, top kernels, launches
     python bench.py --rounds=10     # more interleaved rounds (default 6, 15 for the training step; at least 5)
     python bench.py --only=decode --contexts 1024 4096 16384 [--gqa]   # decoding at those contexts
     python bench.py --dtype=float16 # the training step's compute dtype (default auto, as train.py)
@@ -23,6 +25,9 @@
    1, 2 and 8, for the 124M, 774M and 1.5B shapes (sharding.memory_per_rank, from the shapes), and the 124M
    shape's FSDP bytes at world 2 measured from each rank's local shards after one step (two gloo processes).
    Then section 1's PoPE step (the 124M shape on CUDA) with no wrapper, DDP and FSDP, each at world 1.
+7. Bytes per token per layer of one compiled training step (one layer, 768 wide, 12 heads of 64, bf16 autocast,
+   forward and backward) from Inductor's own count, RoPE and PoPE (Triton path), by group and scheduler node,
+   PoPE minus RoPE beside the design minimum (design_minimum_bytes derives it); --tokens sets the two token counts.
 5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
    FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
 Every PoPE/RoPE ratio comes from interleaved rounds (--rounds, at least 5): each round times every arm
