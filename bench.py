@@ -1,7 +1,9 @@
 """Benchmarks on the current device: RoPE vs PoPE, as tables.
 
     python bench.py                 # train step + attention micro-benchmark + O(T) memory check + decoding
-    python bench.py --only=attn     # one section: step | attn | memory | decode | kernel | shard
+    python bench.py --only=attn     # one section: step | attn | memory | decode | kernel | shard | bytes
+    TRITON_INTERPRET=1 python bench.py --only=bytes --device=cpu   # Inductor's byte count (not in the default run)
+    python bench.py --only=step --profile   # + where a step's time goes: kernel groups, top kernels, launches
     python bench.py --rounds=10     # more interleaved rounds (default 6, 15 for the training step; at least 5)
     python bench.py --only=decode --contexts 1024 4096 16384 [--gqa]   # decoding at those contexts
     python bench.py --dtype=float16 # the training step's compute dtype (default auto, as train.py)
@@ -23,6 +25,9 @@
    1, 2 and 8, for the 124M, 774M and 1.5B shapes (sharding.memory_per_rank, from the shapes), and the 124M
    shape's FSDP bytes at world 2 measured from each rank's local shards after one step (two gloo processes).
    Then section 1's PoPE step (the 124M shape on CUDA) with no wrapper, DDP and FSDP, each at world 1.
+7. Bytes per token per layer of one compiled training step (one layer, 768 wide, 12 heads of 64, bf16 autocast,
+   forward and backward) from Inductor's own count, RoPE and PoPE (Triton path), by group and scheduler node,
+   PoPE minus RoPE beside the design minimum (design_minimum_bytes derives it); --tokens sets the two token counts.
 5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
    FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
 Every PoPE/RoPE ratio comes from interleaved rounds (--rounds, at least 5): each round times every arm
@@ -150,7 +155,8 @@ def bench_train_step(
     device_peak_flops; None on a CPU or an unknown GPU), FLOPs per token; PoPE's row adds the PoPE/RoPE time
     ratio (median and range of the per-round ratios) beside the FLOP ratio (model.flops_per_token) and the
     torch path's (v padded to 2d: the bound of a CPU step). profile=True adds profile_step's breakdown of one
-    more step of each. eval_pass=True: then one evaluation forward of each model as train.py runs it (the raw
+    more step of each, and under 'kernels' profile_kernels' table (print_kernel_tables prints both side by side).
+    eval_pass=True: then one evaluation forward of each model as train.py runs it (the raw
     model, eager, eval mode, no_grad) and the same rounds again: ms_after_eval (issue 51: PoPE's H200 step went
     from 41.6 to 48.9 ms after an evaluation). n_kv_head: key/value heads (grouped-query attention), None = n_head.
     The step is train.py's: gradients clipped to grad_clip (its default 1.0; 0 skips) after unscaling, then AdamW,
@@ -177,16 +183,18 @@ def bench_train_step(
         fwd = torch.compile(model) if compile else model
 
         def step(model=fwd, raw=model, opt=opt, x=x):  # train.py's step: clip, AdamW, then delta clamped
-            with amp:
+            with torch.profiler.record_function(PHASES["fwd"]), amp:  # PHASES: profile_kernels' phases
                 _, loss = model(x, x)
-            scaler.scale(loss).backward()
-            if grad_clip:
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(raw.parameters(), grad_clip)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-            raw.clamp_pope_delta_()
+            with torch.profiler.record_function(PHASES["bwd"]):
+                scaler.scale(loss).backward()
+            with torch.profiler.record_function(PHASES["optimizer"]):
+                if grad_clip:
+                    scaler.unscale_(opt)
+                    torch.nn.utils.clip_grad_norm_(raw.parameters(), grad_clip)
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad(set_to_none=True)
+                raw.clamp_pope_delta_()
 
         steps[pe], models[pe] = step, model
     times = interleaved(steps, device, rounds, warmup=2 if compile else 1)
@@ -219,6 +227,7 @@ def bench_train_step(
             rows[-1]["ms_after_eval"] = 1000 * statistics.median(after_eval[pe])
         if profile:
             rows[-1].update(profile_step(steps[pe], device))
+            rows[-1]["kernels"] = profile_kernels(steps[pe], device)
     rows[1]["time_ratio"] = fmt_ratio(ratio_stats(times["pope"], times["rope"]))
     rows[1]["flop_ratio"] = rows[1]["flops_per_token"] / rows[0]["flops_per_token"]
     rows[1]["cpu_flop_ratio"] = rows[1]["torch_path_flops"] / rows[0]["torch_path_flops"]
@@ -258,13 +267,440 @@ def profile_step(step, device, n_steps=2):
         _sync(device)
         wall = (time.perf_counter() - t) * 1e6
     events = [e for e in prof.events() if (e.device_type == torch.autograd.DeviceType.CUDA) == cuda]
-    if not cuda:  # outermost CPU ops only: their self and child times are in their total
-        events = [e for e in events if e.cpu_parent is None and e.name != "ProfilerStep*"]
+    if (
+        not cuda
+    ):  # outermost CPU ops only (inside the step's PHASES ranges): their self and child times are in their total
+        events = [e for e in events if _top_level(e)]
     attn = sum(e.time_range.elapsed_us() for e in events if any(n in e.name.lower() for n in ATTENTION_NAMES))
     busy = _union_us([(e.time_range.start, e.time_range.end) for e in events])
     other = sum(e.time_range.elapsed_us() for e in events) - attn
     per = 1e3 * n_steps
     return {"attention_ms": attn / per, "other_ms": other / per, "idle_ms": max(wall - busy, 0.0) / per}
+
+
+# ---- section 7: bytes moved by one compiled training step (Inductor's own count) ------------------------------------
+BYTES_SHAPE = dict(n_embd=768, n_head=12, tokens=(512, 1024))  # GPT-2 124M's layer; the issue's token counts
+BYTE_GROUPS = (
+    "matmul",
+    "attention",
+    "pope transform fwd",
+    "pope transform recompute",
+    "pope transform bwd",
+    "pope ddelta",
+    "rope transform",
+    "norms, pointwise",
+)
+
+
+def design_minimum_bytes(n_embd=768, n_kv_embd=None, elem=2, transform_only=False):
+    """PoPE's extra bytes per token per layer over RoPE's that the design needs (the transform outside the kernels,
+    q~ and k~ recomputed for the backward), one compiled training step in a 16-bit dtype (elem = 2 bytes). Per
+    element of raw q (and of k), counting every buffer a kernel writes or reads once:
+
+                  RoPE (q_r d wide)                         PoPE (q~ 2d wide)
+        forward   read q 2, write q_r 2, attention reads 2  read q 2, write q~ 4, attention reads q~ 4
+        recompute -                                         read q 2, write q~ 4
+        backward  attention reads q_r 2, writes dq_r 2;     attention reads q~ 4, writes dq~ 4;
+                  rope bwd reads dq_r 2, writes dq 2        transform bwd reads dq~ 4 and q 2, writes dq 2
+        sum       14 bytes                                  32 bytes
+
+    18 bytes per element more (9 elem), for the n_embd elements of q and the n_kv_embd (default n_embd) of k per token:
+    27,648 bytes (27.6 KB) per token per layer at 768 wide. d(delta) adds nothing where its reduction shares the pass
+    that reads dk~ and k; the float32 table rows ([cos | sin], 8 d bytes per token, shared by the heads) add about 1 %
+    per read. Forming q~, k~ inside the attention kernels would drop the write, recompute and read of q~ (12 of 18).
+    PoPE's transform alone (the table's middle column without the attention's reads and writes) needs 20 bytes per
+    element (10 elem): design_minimum_bytes(..., transform_only=True), 30,720 bytes per token per layer at 768 wide.
+
+    Inductor's count of RoPE's rotation is not this table's 8 bytes per element: on the CPU it moves about 27 (bench.py
+    --only=bytes, group 'rope transform'), so the measured PoPE minus RoPE can fall below this minimum."""
+    n_kv_embd = n_embd if n_kv_embd is None else n_kv_embd
+    return (10 if transform_only else 9) * elem * (n_embd + n_kv_embd)
+
+
+def _metrics_logger():
+    """Inductor's metrics logger: at INFO, each compiled graph adds its byte count to torch._inductor.metrics."""
+    import logging
+
+    from torch._inductor import compile_fx
+
+    logger = getattr(compile_fx, "inductor_metrics_log", None)
+    if logger is None:  # pragma: no cover - a torch whose Inductor moved it
+        raise RuntimeError(f"torch {torch.__version__}: torch._inductor.compile_fx.inductor_metrics_log is missing")
+    return logger, logging.INFO
+
+
+def _repo_frames(origins):
+    """(file, function) of the innermost frame in this repo of each FX node's stack trace: where its op came from."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frames = set()
+    for o in origins:
+        last = None
+        for line in (o.meta.get("stack_trace") or "").splitlines():
+            line = line.strip()
+            if line.startswith('File "') and here in line:
+                name = os.path.basename(line.split('"')[1])
+                last = (name, line.rsplit(" in ", 1)[-1])
+        if last:
+            frames.add(last)
+    return frames
+
+
+# pope.py's functions whose ops are the transform (the innermost repo frame of an op): pope_cartesian, its helpers and
+# _Cartesian's forward and backward, and _triton_region (each token's table rows); not sdpa_attention's layout ops
+POPE_TRANSFORM_FUNCTIONS = (
+    "pope_cartesian",
+    "pope_magnitude",
+    "_pair_magnitudes",
+    "_pair_rotations",
+    "_magnitude_grad",
+    "forward",
+    "backward",
+    "_triton_region",
+)
+
+
+def _byte_group(node, graph):
+    """BYTE_GROUPS' name of an Inductor scheduler node of the 'fwd' or 'bwd' graph: an extern matmul or attention
+    op by its kernel; else by where its ops came from (their stack traces): pope.py's transform
+    (POPE_TRANSFORM_FUNCTIONS; in the backward recomputed where an op carries the selective checkpoint's recompute
+    tag and none comes from a backward formula, else its gradient; a reduction there is d(delta)), model.py's
+    rope_rotate, or the rest."""
+    snodes = node.get_nodes() if hasattr(node, "get_nodes") else [node]
+    irs = [s.node for s in snodes if getattr(s, "node", None) is not None]
+    kernel = " ".join(str(getattr(n, "python_kernel_name", "") or "") for n in irs).lower()
+    if any(a in kernel for a in ("pope.", "scaled_dot_product", "flash_attention", "efficient_attention")):
+        return "attention"
+    if any(m in kernel for m in ("mm", "bmm", "addmm", "matmul")):
+        return "matmul"
+    origins = [o for n in irs for o in n.origins]
+    frames = _repo_frames(origins)
+    if any(f == "pope.py" and fn in POPE_TRANSFORM_FUNCTIONS for f, fn in frames):
+        if graph == "fwd":
+            return "pope transform fwd"
+        # recomputed: some op carries the checkpoint's recompute tag and none comes from a backward formula
+        gradient = any(f == "pope.py" and fn == "backward" for f, fn in frames)
+        if not gradient and any(o.meta.get("recompute") is not None for o in origins):
+            return "pope transform recompute"
+        return "pope ddelta" if node.is_reduction() else "pope transform bwd"
+    if any(f == "model.py" and fn == "rope_rotate" for f, fn in frames):
+        return "rope transform"
+    return "norms, pointwise"
+
+
+def compiled_step_bytes(
+    pos_encoding,
+    T,
+    batch_size=1,
+    n_embd=768,
+    n_head=12,
+    n_kv_head=None,
+    backend="triton",
+    dtype=torch.bfloat16,
+    device="cpu",
+):
+    """Inductor's byte count of one compiled training step (forward and backward, torch.compile's default backend)
+    of one transformer layer (model.Block: RMSNorm, attention with pos_encoding, MLP) on `device`, under `dtype`
+    autocast, for batch_size x T tokens -> a list of {'graph': 'fwd' | 'bwd', 'node': Inductor's scheduler node
+    name, 'group': one of BYTE_GROUPS (_byte_group), 'bytes': int, 'ops': its first FX ops}.
+
+    The count is Inductor's (torch._inductor.metrics with its metrics log at INFO; caches off, so every graph is
+    compiled and counted): each scheduler node's buffers read and written once, extern kernels (matmuls, the
+    attention ops) included. On the CPU PoPE's Triton path runs its kernels in the interpreter (TRITON_INTERPRET=1
+    before pope_kernel is imported) and the graph around them is what a CUDA step compiles, but CPU Inductor fuses
+    somewhat differently from CUDA Inductor (its C++ backend stores a broadcast exp / log1p in a buffer): a proxy;
+    on CUDA the count is the GPU step's. The input needs a gradient (as a layer's input in a GPT does)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor import metrics
+
+    from model import Block, rotation_table
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        n_layer=1,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        n_embd=n_embd,
+        block_size=T,
+        vocab_size=64,
+        pos_encoding=pos_encoding,
+        attn_backend=backend,
+        pope_delta_init="uniform",
+        dropout=0.0,
+        bias=False,
+    )
+    block, rotation = Block(cfg, 0).to(device), rotation_table(cfg, T, device)
+    x = torch.randn(batch_size, T, n_embd, device=device, requires_grad=True)
+    grad = torch.randn(batch_size, T, n_embd, device=device)
+    logger, info = _metrics_logger()
+    level, propagate = logger.level, logger.propagate
+    torch._dynamo.reset()
+    metrics.reset()
+    logger.setLevel(info)
+    logger.propagate = False  # counted, not printed
+    try:
+        with inductor_config.patch(force_disable_caches=True):
+            forward = torch.compile(lambda x: block(x, rotation))
+            with torch.autocast(torch.device(device).type, dtype=dtype):
+                y = forward(x)
+            n_fwd = len(metrics.nodes_num_elem)
+            y.backward(grad)
+        nodes = list(metrics.nodes_num_elem)
+        total = metrics.num_bytes_accessed
+    finally:
+        logger.setLevel(level)
+        logger.propagate = propagate
+        torch._dynamo.reset()
+    rows = []
+    for i, (node, elems) in enumerate(nodes):
+        graph = "fwd" if i < n_fwd else "bwd"
+        snodes = node.get_nodes() if hasattr(node, "get_nodes") else [node]
+        ops = sorted({o.name for s in snodes if getattr(s, "node", None) is not None for o in s.node.origins})
+        rows.append(
+            {"graph": graph, "node": node.get_name(), "group": _byte_group(node, graph), "bytes": 4 * elems, "ops": ops}
+        )
+    # metrics keeps num_bytes // 4 per node: the total is the exact sum
+    assert total - sum(r["bytes"] for r in rows) < 4 * len(rows), (total, sum(r["bytes"] for r in rows))
+    return rows
+
+
+def bench_bytes(
+    tokens=BYTES_SHAPE["tokens"], n_embd=768, n_head=12, n_kv_head=None, batch_size=1, top=12, device="cpu"
+):
+    """Section 7: bytes per token per layer of a compiled training step for rope and pope (the Triton path), from
+    compiled_step_bytes at two token counts T1 < T2 (batch_size x T tokens): the slope (bytes(T2) - bytes(T1)) /
+    (tokens2 - tokens1), which leaves out what does not grow with the tokens (the weights' casts and gradients).
+    -> (summary: one row per encoding, bytes per token and, on PoPE's row, PoPE minus RoPE beside
+    design_minimum_bytes, and the bytes of PoPE's transform groups beside design_minimum_bytes(transform_only=True);
+    groups: bytes per token per BYTE_GROUPS group, fwd and bwd, both encodings, and their total;
+    kernels: each encoding's `top` scheduler nodes by their own slope, side by side by rank, with their first ops)."""
+    per = {}
+    for pe in ("rope", "pope"):
+        per[pe] = {T: compiled_step_bytes(pe, T, batch_size, n_embd, n_head, n_kv_head, device=device) for T in tokens}
+    t1, t2 = tokens[0] * batch_size, tokens[-1] * batch_size
+
+    def slope(pe, keep=lambda r: True):
+        a, b = (sum(r["bytes"] for r in per[pe][T] if keep(r)) for T in tokens)
+        return (b - a) / (t2 - t1)
+
+    summary = [
+        {
+            "pos_encoding": pe,
+            "bytes_per_token": slope(pe),
+            f"bytes_at_{t2}_tokens": sum(r["bytes"] for r in per[pe][tokens[-1]]),
+        }
+        for pe in per
+    ]
+    extra = summary[1]["bytes_per_token"] - summary[0]["bytes_per_token"]
+    summary[1]["pope_minus_rope"] = extra
+    n_kv_embd = None if n_kv_head is None else n_embd // n_head * n_kv_head
+    summary[1]["design_minimum"] = float(design_minimum_bytes(n_embd, n_kv_embd))
+    summary[1]["pope_transform"] = slope("pope", lambda r: r["group"].startswith("pope"))
+    summary[1]["design_transform"] = float(design_minimum_bytes(n_embd, n_kv_embd, transform_only=True))
+    groups = []
+    for group in BYTE_GROUPS:
+        row = {"group": group}
+        for pe in per:
+            for graph in ("fwd", "bwd"):
+                row[f"{pe} {graph}"] = slope(pe, lambda r: r["group"] == group and r["graph"] == graph)
+        row["pope - rope"] = sum(row[f"pope {g}"] - row[f"rope {g}"] for g in ("fwd", "bwd"))
+        groups.append(row)
+    total = {"group": "total"}
+    for key in groups[0]:
+        if key != "group":
+            total[key] = sum(r[key] for r in groups)
+    groups.append(total)
+    kernels = [{} for _ in range(top)]
+    for pe in per:  # each node's own slope, matched by graph and name (one graph at both token counts)
+        first = {(r["graph"], r["node"]): r["bytes"] for r in per[pe][tokens[0]]}
+        nodes = [(r, (r["bytes"] - first.get((r["graph"], r["node"]), 0)) / (t2 - t1)) for r in per[pe][tokens[-1]]]
+        for row, (r, b) in zip(kernels, sorted(nodes, key=lambda n: -n[1])):
+            row.update({f"{pe} node": f"{r['graph']} {r['node']}", f"{pe} group": r["group"], f"{pe} B/token": b})
+            row[f"{pe} ops"] = ",".join(r["ops"][:3])
+    return summary, groups, kernels
+
+
+def print_bytes(tokens=BYTES_SHAPE["tokens"], **kw):
+    """Section 7's tables (bench_bytes), with the design minimum and the issue's target beside PoPE minus RoPE."""
+    summary, groups, kernels = bench_bytes(tokens, **kw)
+    shape = (
+        f"{kw.get('n_embd', 768)} wide, {kw.get('n_head', 12)} heads, bf16 autocast, "
+        f"tokens {tokens[0]} -> {tokens[1]}, {kw.get('device', 'cpu')}"
+    )
+    print_table(f"bytes per token per layer, one compiled training step (Inductor's count), {shape}", summary)
+    print_table("bytes per token per layer by group (fwd / bwd graphs)", groups)
+    print_table("the largest scheduler nodes, bytes per token, side by side by rank", kernels)
+    p = summary[1]
+    print(
+        f"\nPoPE minus RoPE: {p['pope_minus_rope'] / 1e3:.1f} KB per token per layer; design minimum "
+        f"{p['design_minimum'] / 1e3:.1f} KB; PoPE's transform {p['pope_transform'] / 1e3:.1f} KB, design "
+        f"{p['design_transform'] / 1e3:.1f} KB (issue 67's target: PoPE minus RoPE <= 30 KB)"
+    )
+
+
+PHASES = {"fwd": "bench::forward", "bwd": "bench::backward", "optimizer": "bench::optimizer"}  # the step's ranges
+KERNEL_GROUPS = (
+    "matmul",
+    "attention",
+    "pope transform fwd",
+    "pope transform recompute",
+    "pope transform bwd",
+    "norms, pointwise",
+    "optimizer",
+)
+# lower-case substrings of kernel (CUDA) or op (CPU) names: cuBLAS / CUTLASS GEMMs and the aten ops that call them
+# (eager CPU backward: the autograd nodes MmBackward0, ...)
+MATMUL_NAMES = (
+    "gemm",
+    "cutlass",
+    "xmma",
+    "nvjet",
+    "cublas",
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::linear",
+    ": mmbackward",
+    ": addmmbackward",
+    ": bmmbackward",
+)
+# PoPE's transform: its magnitude softplus is in the name of every kernel Inductor fuses it into (descriptive kernel
+# names list the fused aten ops), or is the op itself (eager); its gradient (pope._Cartesian.backward) is an autograd
+# node named _CartesianBackward (eager) or kernels with sigmoid (dx) and a sum (d(delta)) in their names
+POPE_TRANSFORM_NAMES = ("softplus", "cartesian", "sigmoid")
+GRADIENT_NAMES = ("backward", "sigmoid", "sum", "triton_red")
+
+
+def kernel_group(name, phase):
+    """KERNEL_GROUPS' group of a kernel (CUDA) or top-level op (CPU) of the training step by its name and the step's
+    phase ('fwd', 'bwd', 'optimizer') it ran in: everything in the optimizer phase is 'optimizer' (clipping, AdamW,
+    the delta clamp); else attention (ATTENTION_NAMES), matmul (MATMUL_NAMES), PoPE's transform
+    (POPE_TRANSFORM_NAMES: fwd in the forward; in the backward recompute, or bwd when the name holds a gradient op,
+    GRADIENT_NAMES); the rest 'norms, pointwise'. A heuristic on names: a transform kernel that Inductor fuses with
+    no op of those names counts as pointwise, as do the eager transform's mul ops; bench.py --only=bytes attributes
+    bytes by the ops' source lines instead."""
+    n = name.lower()
+    if phase == "optimizer":
+        return "optimizer"
+    if any(a in n for a in ATTENTION_NAMES):
+        return "attention"
+    if any(m in n for m in MATMUL_NAMES):
+        return "matmul"
+    if any(t in n for t in POPE_TRANSFORM_NAMES):
+        if phase == "fwd":
+            return "pope transform fwd"
+        return "pope transform bwd" if any(g in n for g in GRADIENT_NAMES) else "pope transform recompute"
+    return "norms, pointwise"
+
+
+def _top_level(event):
+    """True for a CPU op whose parents are only the step's PHASES ranges (or none): not a range itself."""
+    names = set(PHASES.values())
+    p = event.cpu_parent
+    while p is not None and p.name in names:
+        p = p.cpu_parent
+    return p is None and event.name not in names and event.name != "ProfilerStep*"
+
+
+def _phase_of(start, ranges):
+    """The phase ('fwd', 'bwd', 'optimizer') whose (start, end, phase) range holds time `start`, else None."""
+    for a, b, phase in ranges:
+        if a <= start < b:
+            return phase
+    return None
+
+
+def profile_kernels(step, device, n_steps=2, top=8):
+    """Per-kernel table of `n_steps` training steps (torch.profiler), per step: {'groups': {group: {'fwd': ms,
+    'bwd': ms, 'rest': ms}} over KERNEL_GROUPS (the optimizer's in 'rest') plus 'host gaps, idle' (the wall time no
+    kernel covers, in 'rest'; the groups add up to 'wall_ms' where no two kernels overlap), 'top': {'fwd' | 'bwd':
+    [(name, calls per step, ms per step)]} the `top` kernels by time, 'launches': kernels per step, 'busy_ms' (the
+    union of the kernels' intervals), 'wall_ms'}. step: bench_train_step's step, whose forward, backward and optimizer
+    run in PHASES' ranges.
+
+    CUDA: GPU kernels (memcpy / memset included), each in the phase whose range (its GPU-side annotation, else the
+    CPU range) holds its start. CPU (the proxy): the outermost ops inside the phase ranges, their CPU time; under
+    torch.compile an Inductor graph is one op (its C++ kernels are not recorded one by one)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = str(device).startswith("cuda")
+    step()
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        t = time.perf_counter()
+        for _ in range(n_steps):
+            step()
+        _sync(device)
+        wall = (time.perf_counter() - t) * 1e6
+    events = list(prof.events())
+    names = {v: k for k, v in PHASES.items()}
+    on_device = lambda e: e.device_type == torch.autograd.DeviceType.CUDA  # noqa: E731
+    ranges = [(e.time_range.start, e.time_range.end, names[e.name]) for e in events if e.name in names]
+    if cuda:
+        gpu_ranges = [r for r, e in zip(ranges, [e for e in events if e.name in names]) if on_device(e)]
+        ranges = gpu_ranges or [r for r, e in zip(ranges, [e for e in events if e.name in names]) if not on_device(e)]
+        kernels = [e for e in events if on_device(e) and e.name not in names]
+    else:
+        kernels = [e for e in events if not on_device(e) and _top_level(e)]
+    groups = {g: {"fwd": 0.0, "bwd": 0.0, "rest": 0.0} for g in KERNEL_GROUPS}
+    by_name = {}
+    per = 1e3 * n_steps
+    for e in kernels:
+        phase = _phase_of(e.time_range.start, ranges) or "bwd"  # the autograd engine's own thread: the backward
+        group = kernel_group(e.name, phase)
+        ms = e.time_range.elapsed_us() / per
+        groups[group]["rest" if phase == "optimizer" else phase] += ms
+        if phase in ("fwd", "bwd"):
+            calls, total = by_name.get((phase, e.name), (0, 0.0))
+            by_name[phase, e.name] = (calls + 1, total + ms)
+    busy = _union_us([(e.time_range.start, e.time_range.end) for e in kernels])
+    groups["host gaps, idle"] = {"fwd": 0.0, "bwd": 0.0, "rest": max(wall - busy, 0.0) / per}
+    tops = {
+        phase: sorted(((n, c / n_steps, ms) for (p, n), (c, ms) in by_name.items() if p == phase), key=lambda r: -r[2])[
+            :top
+        ]
+        for phase in ("fwd", "bwd")
+    }
+    return {
+        "groups": groups,
+        "top": tops,
+        "launches": len(kernels) / n_steps,
+        "busy_ms": busy / per,
+        "wall_ms": wall / per,
+    }
+
+
+def print_kernel_tables(rows, width=48):
+    """bench_train_step's profile_kernels tables of rope and pope (rows with 'kernels', popped), side by side: ms per
+    step by group and phase (rest: the optimizer and the time no kernel covers), the launches per step, then each
+    phase's top kernels by rank."""
+    tables = {r["pos_encoding"]: r.pop("kernels") for r in rows if "kernels" in r}
+    if not tables:
+        return
+    cols = ("fwd", "bwd", "rest")
+    group_rows = []
+    for g in next(iter(tables.values()))["groups"]:
+        row = {"group": g}
+        for pe, t in tables.items():
+            row.update({f"{pe} {c}": t["groups"][g][c] for c in cols})
+        group_rows.append(row)
+    total, launches = {"group": "total (wall)"}, {"group": "launches per step"}
+    for pe, t in tables.items():
+        total.update({f"{pe} {c}": sum(r[f"{pe} {c}"] for r in group_rows) for c in cols})
+        launches.update({f"{pe} fwd": t["launches"], f"{pe} bwd": "", f"{pe} rest": ""})
+    print_table(
+        "where a step's time goes, ms per step (rest: optimizer, and host gaps / idle: the wall time no kernel covers)",
+        group_rows + [total, launches],
+    )
+    for phase in ("fwd", "bwd"):
+        top = []
+        for i in range(max(len(t["top"][phase]) for t in tables.values())):
+            row = {"rank": i + 1}
+            for pe, t in tables.items():
+                name, calls, ms = t["top"][phase][i] if i < len(t["top"][phase]) else ("", "", "")
+                name = name.replace("autograd::engine::evaluate_function: ", "autograd: ")
+                row[f"{pe} kernel"], row[f"{pe} calls"], row[f"{pe} ms"] = name[:width], calls, ms
+            top.append(row)
+        print_table(f"top kernels of the {phase} phase, per step", top)
 
 
 def _union_us(intervals):
@@ -650,7 +1086,7 @@ def print_table(title, rows):
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel", "shard"])
+    p.add_argument("--only", choices=["step", "attn", "memory", "decode", "kernel", "shard", "bytes"])
     p.add_argument("--device", default="auto", help="'auto' (cuda if available) | 'cpu' | 'cuda:1' ...")
     p.add_argument(
         "--rounds",
@@ -659,6 +1095,13 @@ def main(argv):
         help=f"interleaved rounds per table (at least {MIN_ROUNDS}; default {STEP_ROUNDS} for the step, 6 elsewhere)",
     )
     p.add_argument("--T", type=int, default=4096, help="attention micro-benchmark length")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        nargs=2,
+        default=list(BYTES_SHAPE["tokens"]),
+        help="bytes: the two token counts whose byte counts give the bytes per token",
+    )
     p.add_argument("--vocab_size", type=int, default=50304)
     p.add_argument("--shard_worker", action="store_true", help=argparse.SUPPRESS)  # one rank of section 6
     p.add_argument(
@@ -700,6 +1143,13 @@ def main(argv):
         a.dtype = resolve_dtype(a.dtype, a.device)
     except UserError as e:
         p.error(str(e))  # one line and exit 2, as for the other bad arguments
+    if a.only == "bytes" and not a.device.startswith("cuda"):
+        import pope_kernel
+
+        if not pope_kernel.INTERPRETING:
+            p.error(
+                "--only=bytes on a CPU runs the Triton kernels in the interpreter: TRITON_INTERPRET=1 python bench.py"
+            )
     if a.device.startswith("cuda:"):
         torch.cuda.set_device(a.device)  # kernels and libraries that default to the current device use it too
     print(
@@ -719,7 +1169,10 @@ def main(argv):
         )
         what = f"{shape['n_layer']} layers x {shape['n_embd']} wide, T={shape['T']}, batch {shape['batch_size']}"
         what += f", {a.dtype}"
-        print_table(f"training step, {what}", bench_train_step(a.device, **shape, **kw))
+        rows = bench_train_step(a.device, **shape, **kw)
+        kernel_rows = [{"pos_encoding": r["pos_encoding"], "kernels": r.pop("kernels")} for r in rows if "kernels" in r]
+        print_table(f"training step, {what}", rows)
+        print_kernel_tables(kernel_rows)
         if not a.profile:
             print_table(
                 f"training step, grouped-query attention: {what}, {shape['n_head']} heads sharing "
@@ -776,6 +1229,8 @@ def main(argv):
 
             print("\nattention kernels, bf16, causal, fwd / bwd / fwd+bwd")
             bench_kernel.print_table(bench_kernel.bench_attention_kernels(a.device))
+    if a.only == "bytes":  # not in the default run: four Inductor compiles on the CPU, minutes with the interpreter
+        print_bytes(tuple(a.tokens), device=a.device)
     if hasattr(os, "getloadavg"):
         print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

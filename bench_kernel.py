@@ -115,7 +115,7 @@ def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
 
 
 def _kernel_alone(q, k, v, delta):
-    """pope_kernel.attention on q~, k~ formed here once (pope._cartesian, as pope_attention_triton forms them) as
+    """pope_kernel.attention on q~, k~ formed here once (pope.pope_cartesian, as pope_attention_triton forms them) as
     leaves that require grad: the callable's time is the kernels' (forward; backward with fwd + bwd). Its
     `extra_leaves` are q~, k~ (their .grad is reset between timed calls like the raw inputs')."""
     import pope
@@ -124,8 +124,8 @@ def _kernel_alone(q, k, v, delta):
     T, d = q.shape[-2], q.shape[-1]
     rows = pope.pope_rotation_table(T, d, device=q.device)
     with torch.no_grad():
-        qc = pope._cartesian(q, rows, None, "softplus", pope.LOG2E / math.sqrt(d), q.dtype).requires_grad_()
-        kc = pope._cartesian(k, rows, delta, "softplus", 1.0, q.dtype).requires_grad_()
+        qc = pope.pope_cartesian(q, rows, None, "softplus", pope.LOG2E / math.sqrt(d), q.dtype).requires_grad_()
+        kc = pope.pope_cartesian(k, rows, delta, "softplus", 1.0, q.dtype).requires_grad_()
 
     def kernel():
         return pope_kernel.attention(qc, kc, v, causal=True)[0]
@@ -320,8 +320,8 @@ def doc_tile_report(doc_len, seq_lens=(4096, 16384), d=64, run_kernels=True):
                 v = torch.randn(1, 1, T, d, generator=gen)
                 bufs = {role: torch.zeros(T, dtype=torch.int32) for role in pk.KERNELS}  # >= the programs
                 docs = pk.document_bounds(ids)
-                o, lse = pk._forward(q, k, v, True, 0, docs, bufs)
-                pk._backward(torch.ones_like(o), q, k, v, o, lse, True, 0, docs, bufs)
+                o, lse = pk.launch_forward(q, k, v, True, 0, docs, bufs)
+                pk.launch_backward(torch.ones_like(o), q, k, v, o, lse, True, 0, docs, bufs)
                 counts = {role: int(b.sum()) for role, b in bufs.items()}
             finally:
                 for role, cfgs in saved.items():
@@ -379,8 +379,8 @@ def bench_documents(
             fns = {
                 "pope_triton": lambda kw=kw: pope.pope_attention_triton(q, k, v, delta, **kw),
                 "pope_flex": lambda bm=bm, r=rows_qk: flex(
-                    pope._cartesian(q, r, None, "softplus", 1.0, dtype),
-                    pope._cartesian(k, r, delta, "softplus", 1.0, dtype),
+                    pope.pope_cartesian(q, r, None, "softplus", 1.0, dtype),
+                    pope.pope_cartesian(k, r, delta, "softplus", 1.0, dtype),
                     v,
                     block_mask=bm,
                     scale=1.0 / math.sqrt(d),

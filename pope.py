@@ -32,6 +32,7 @@ Public API
     pope_key_magnitude(k, magnitude)       the key form the KV cache stores (mu_k, d wide)
     pope_query_decode_form(q, q_offset, delta, ...), pope_rotation_table(n_positions, head_dim, rope_theta)
     polar_to_cartesian(x, positions, freqs, delta, magnitude, dtype, scale)
+    pope_cartesian(x, rows, delta, magnitude, scale, dtype)   the transform both backends run, from table rows
     pope_frequencies(head_dim, rope_theta), pope_magnitude(x, magnitude), MAGNITUDES
     pope_attention_reference(...)   float64 reference straight from the polar formula (tests)
     pope_attention_triton(...), pope_backend(q, k, v, backend), triton_unsupported_reason(q, k, v),
@@ -134,25 +135,86 @@ def polar_to_cartesian(x, positions, freqs, delta=None, magnitude="softplus", dt
     return out.to(dtype or x.dtype)
 
 
-def _cartesian(x, rows, delta=None, magnitude="softplus", scale=1.0, dtype=None):
+def pope_cartesian(x, rows, delta=None, magnitude="softplus", scale=1.0, dtype=None):
     """Raw x (B, H, T, d) and the rotation table's rows for its positions (T, 2d) float32 [cos(s theta) |
     sin(s theta)] (pope_rotation_table), or per-token rows (B, 1, T, 2d) broadcast over heads (position_ids:
     rotation[position_ids].unsqueeze(1)) -> (B, H, T, 2d) scale * mu [cos(phi), sin(phi)] in `dtype` (default
     x's), mu = magnitude(x), phi = s theta_c + delta_c: delta (H, d) radians (or None) enters by angle addition,
     cos(a + b) = cos a cos b - sin a sin b, so the only trigonometry is cos/sin of delta's H * d entries.
-    Computed in float32 (float64 for float64 x) under any autocast; O(T d), pointwise: torch.compile fuses it."""
-    d = x.shape[-1]
+    Computed in float32 (float64 for float64 x) under any autocast and rounded once to `dtype`; O(T d).
+
+    Differentiable in x and delta (first order; the rows get no gradient), with the chain rule written out
+    (_Cartesian) so that torch.compile makes one pass per direction (bench.py --only=bytes, docs/kernel.md): the
+    forward one pointwise kernel writing the result once; the backward one pointwise kernel reading the 2d-wide
+    gradient and x, writing dx, and for delta one reduction over batch and positions."""
     ct = torch.promote_types(x.dtype, torch.float32)
     with torch.autocast(device_type=x.device.type, enabled=False):
-        mu = pope_magnitude(x.to(ct), magnitude)
-        if scale != 1.0:
-            mu = mu * scale
-        cos, sin = rows[..., :d].to(ct), rows[..., d:].to(ct)
-        if delta is not None:
-            cd, sd = torch.cos(delta.to(ct)).unsqueeze(-2), torch.sin(delta.to(ct)).unsqueeze(-2)  # (H, 1, d)
-            cos, sin = cos * cd - sin * sd, sin * cd + cos * sd
-        out = torch.cat((mu * cos, mu * sin), dim=-1)
-    return out.to(dtype or x.dtype)
+        cos_delta = sin_delta = None
+        if delta is not None:  # detached: _Cartesian returns delta's gradient itself
+            cos_delta, sin_delta = torch.cos(delta.detach().to(ct)), torch.sin(delta.detach().to(ct))
+        return _Cartesian.apply(x, rows, delta, cos_delta, sin_delta, magnitude, float(scale), dtype or x.dtype)
+
+
+def _magnitude_grad(x, magnitude):
+    """d magnitude(x) / dx (pope_magnitude): sigmoid(x) for softplus (torch's, whose linear branch above 20 has
+    slope 1 = sigmoid(x) in float32), the step x > 0 for relu, 1 for identity."""
+    if magnitude == "softplus":
+        return torch.sigmoid(x)
+    if magnitude == "relu":
+        return (x > 0).to(x.dtype)
+    return torch.ones_like(x)
+
+
+def _pair_rotations(rows, cos_delta, sin_delta, ct):
+    """Table rows (..., T, 2d) -> (..., T, 2, d) [cos phi, sin phi] in ct; with delta's cos/sin (H, d), phi gains
+    delta by angle addition: [cos, sin] cos(delta) + [-sin, cos] sin(delta), (H, T, 2, d) or (B, H, T, 2, d)."""
+    rot = rows.to(ct).unflatten(-1, (2, rows.shape[-1] // 2))
+    if cos_delta is None:
+        return rot
+    sign = torch.tensor([-1.0, 1.0], dtype=ct, device=rows.device).unsqueeze(-1)  # [-sin, cos] = sign * flip
+    return rot * cos_delta[:, None, None, :] + rot.flip(-2) * sign * sin_delta[:, None, None, :]
+
+
+def _pair_magnitudes(x, magnitude, scale, ct):
+    """scale * magnitude(x) over (..., 2, d), one per half of the Cartesian form. x is broadcast before the magnitude
+    function, not its result: Inductor's CPU heuristic stores a broadcast softplus (exp, log1p: "heavy" ops) in a
+    float32 buffer of its own, a write and a read of 4 bytes per element that the CUDA backend does not make."""
+    pairs = x.unsqueeze(-2).expand(*x.shape[:-1], 2, x.shape[-1]).to(ct)
+    return pope_magnitude(pairs, magnitude) * scale
+
+
+class _Cartesian(torch.autograd.Function):
+    """pope_cartesian's transform with its chain rule written out. For an upstream gradient g = [g_x, g_y] (the
+    2d-wide gradient of the result) and mu = scale * magnitude(x):
+        dx     = (g_x cos phi + g_y sin phi) scale magnitude'(x)
+        ddelta = sum over batch and positions of mu (g_y cos phi - g_x sin phi)        (d phi / d delta = 1)
+    Autograd's own backward of the broadcast product writes d(mu) and d(rotation) tensors and sums them (five
+    kernels, issue 67); this one reads g and x once for dx, and once more for delta's reduction."""
+
+    @staticmethod
+    def forward(ctx, x, rows, delta, cos_delta, sin_delta, magnitude, scale, dtype):
+        ct = torch.promote_types(x.dtype, torch.float32)
+        ctx.save_for_backward(x, rows, cos_delta, sin_delta)
+        ctx.args = (magnitude, scale)
+        out = _pair_magnitudes(x, magnitude, scale, ct) * _pair_rotations(rows, cos_delta, sin_delta, ct)
+        return out.to(dtype).flatten(-2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, rows, cos_delta, sin_delta = ctx.saved_tensors
+        magnitude, scale = ctx.args
+        ct = torch.promote_types(x.dtype, torch.float32)
+        g = grad.unflatten(-1, (2, x.shape[-1])).to(ct)
+        rot = _pair_rotations(rows, cos_delta, sin_delta, ct)
+        xf = x.to(ct)
+        dx = ddelta = None
+        if ctx.needs_input_grad[0]:
+            dx = ((g * rot).sum(-2) * (scale * _magnitude_grad(xf, magnitude))).to(x.dtype)
+        if ctx.needs_input_grad[2]:
+            mu = pope_magnitude(xf, magnitude) * scale
+            dphi = mu * (g[..., 1, :] * rot[..., 0, :] - g[..., 0, :] * rot[..., 1, :])  # (B, H, T, d)
+            ddelta = dphi.sum([i for i in range(dphi.dim()) if i not in (dphi.dim() - 3, dphi.dim() - 1)])
+        return dx, None, ddelta, None, None, None, None, None
 
 
 def _rotation_rows(rotation, n_positions, head_dim, rope_theta, device):
@@ -206,7 +268,7 @@ def pope_query_decode_form(
     H, Tq, d = q.shape[1], q.shape[2], q.shape[-1]
     rotation = _rotation_rows(rotation, q_offset + Tq, d, rope_theta, q.device)
     neg = None if delta is None else -delta.repeat_interleave(H // delta.shape[0], dim=0)
-    return _cartesian(q, rotation[q_offset : q_offset + Tq], neg, magnitude, scale, dtype)
+    return pope_cartesian(q, rotation[q_offset : q_offset + Tq], neg, magnitude, scale, dtype)
 
 
 def compute_dtype(q, v):
@@ -537,8 +599,8 @@ def pope_attention(
     rotation = _rotation_rows(rotation, max(q_offset + Tq, Tk), d, rope_theta, q.device)
     dtype = compute_dtype(q, v)
     rows_q, rows_k = _position_rows(rotation, position_ids, q_offset, Tq, Tk)
-    qc = _cartesian(q, rows_q, None, magnitude, 1.0, dtype)
-    kc = _cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
+    qc = pope_cartesian(q, rows_q, None, magnitude, 1.0, dtype)
+    kc = pope_cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
     if mask is None and document_ids is not None:
         mask = document_mask(document_ids, Tq, q_offset, causal=causal)
     if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask: flex takes v of width d
@@ -641,10 +703,10 @@ def pope_decode_step(
     neg = None if delta is None else -delta.repeat_interleave(G, dim=0)
     rows = rotation.index_select(0, at)
     if backend == "triton":  # pope_kernel.decode_at: keys rotated in registers, the position read on the device
-        qd = _cartesian(q, rows, neg, magnitude, sm_scale * LOG2E, mu_all.dtype)
+        qd = pope_cartesian(q, rows, neg, magnitude, sm_scale * LOG2E, mu_all.dtype)
         o = pope_kernel.decode_at(qd, mu_all, v_all, rotation, at, 0)[0]  # (B, H, 1, dv)
         return o.view(B, H_kv, G, -1)
-    qd = _cartesian(q, rows, neg, magnitude, 1.0, mu_all.dtype)  # (B, H, 1, 2d)
+    qd = pope_cartesian(q, rows, neg, magnitude, 1.0, mu_all.dtype)  # (B, H, 1, 2d)
     scores = _rotated_scores(qd.view(B, H_kv, G, 2 * d), mu_all, rotation[:L]).float() * sm_scale
     scores = scores.masked_fill(~seen, float("-inf"))
     return torch.softmax(scores, dim=-1).to(v_all.dtype) @ v_all
@@ -780,9 +842,10 @@ def _triton_ready(q, k, v):
 # ---- the Triton backend: the transform in PyTorch (fused by torch.compile), recomputed for the backward ------
 # The Cartesian q~, k~ are pointwise functions of the raw q, k (rows of the rotation table, softplus, delta by
 # angle addition): _triton_region forms them and calls pope_kernel's attention op. Under torch.compile Inductor
-# fuses each side into one generated kernel and the chain rule (with delta's gradient, a reduction over batch and
-# positions: deterministic, no atomics) into the backward's; the only eager work around the kernels is their
-# outputs' allocation inside pope_kernel's ops (6 aten ops per call, forward and backward: bench.py --only=ops).
+# fuses each side into one generated kernel and the chain rule (pope._Cartesian's: dx in one pointwise pass, delta's
+# gradient one reduction over batch and positions: deterministic, no atomics) into the backward's; the only eager
+# work around the kernels is their outputs' allocation inside pope_kernel's ops (6 aten ops per call, forward and
+# backward: bench.py --only=ops).
 # A selective checkpoint keeps q~, k~ out of what the forward saves: every op of the region is recomputed in the
 # backward except the attention op, whose o and lse are kept. Without it autograd (eager) or the min-cut
 # partitioner (compiled; docs/kernel.md) would save q~, k~: two (B, H, T, 2d) tensors per layer.
@@ -815,8 +878,8 @@ def _triton_region(q, k, v, delta, rows_q, rows_k, causal, q_offset, magnitude, 
     if pos is not None:  # position_ids (B, Tk): each token's table row, (B, 1, T, 2d), recomputed in the backward
         rows_q = rows_q[pos[:, q_offset : q_offset + q.shape[2]]].unsqueeze(1)
         rows_k = rows_k[pos].unsqueeze(1)
-    qc = _cartesian(q, rows_q, None, magnitude, scale, dtype)
-    kc = _cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
+    qc = pope_cartesian(q, rows_q, None, magnitude, scale, dtype)
+    kc = pope_cartesian(k, rows_k, delta, magnitude, 1.0, dtype)
     extra = () if docs is None else (docs,)  # without documents: today's call, argument for argument
     return pope_kernel.attention_forward(qc, kc, v.to(dtype), causal, q_offset, *extra)[0]
 
@@ -861,7 +924,7 @@ def pope_attention_triton(
     """PoPE attention through pope_kernel's FlashAttention-2 kernels (pope_attention(..., backend='triton')).
 
     Arguments, result and errors as pope_attention. The Cartesian q~ (pre-scaled by sm_scale * log2(e))
-    and k~ are formed from the rotation table's rows in float32 (_cartesian), then cast to the compute dtype
+    and k~ are formed from the rotation table's rows in float32 (pope_cartesian), then cast to the compute dtype
     (v's dtype, or the autocast dtype); the kernels never see positions or delta. Differentiable in q, k, v
     and delta; the forward saves the raw q, k, v, delta and the kernel's o, lse, and the backward recomputes
     q~, k~ (a selective checkpoint). Supported: d, dv in TRITON_HEAD_DIMS; float16 / bfloat16 / float32

@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# The checks a session runs when it is lent a GPU (the `device` tool; see README, GPU numbers): versions,
-# the suite on CUDA, the training step with its profile, the kernel benchmark. Each step has its own
-# time limit (seconds, from the environment) so that one slow step leaves the others their output.
-#   bash tests/gpu_check.sh                      # writes env.txt, pytest.txt, bench_step.txt, bench_kernel.txt to $OUT
-#   SUITE_S=0 KERNEL_ARGS="--doc_len=512" bash tests/gpu_check.sh   # a step with limit 0 is skipped
+# The checks a session runs when it is lent a GPU (the `device` tool; see README, GPU numbers), in two calls of at most
+# 10 minutes each; every step has its own time limit (seconds, from the environment) so that one slow step leaves the
+# others their output, and the limits of a call add up to under 9 minutes.
+#   bash tests/gpu_check.sh 1    # versions, the suite on CUDA, the byte count, the training step with its kernel table
+#   bash tests/gpu_check.sh 2    # the kernels against FA2, documents (issue 58), compiled decoding, FSDP / DDP / one
+#   bash tests/gpu_check.sh      # both, one after the other (20 minutes: not within one call)
+#   SUITE_S=0 STEP_ARGS="--rounds=6" bash tests/gpu_check.sh 1   # a step with limit 0 is skipped
+# Output: $OUT/NAME.txt per step (env, pytest, bench_bytes, bench_step; bench_kernel, bench_kernel_docs, bench_decode,
+# bench_shard) and the tail of each on stdout. Issue 67's numbers: bench_bytes (PoPE minus RoPE, bytes per token per
+# layer, beside the CPU's), bench_step (PoPE / RoPE step, MFU, the per-kernel table), bench_kernel (fwd + bwd vs FA2 at
+# d = 64, 128, T >= 4k); issue 58's block_causal / causal at 16k (bench_kernel_docs); the compiled decoding step at 4k
+# and 16k (bench_decode); issue 59's FSDP and DDP steps against one process at 124M (bench_shard).
 set -u
+CALL=${1:-all}
+case "$CALL" in 1 | 2 | all) ;; *)
+  echo "usage: bash tests/gpu_check.sh [1|2|all]" >&2
+  exit 2
+  ;;
+esac
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 POPE_FAILLOG="$OUT/failures.txt"
 PY=${PY:-python3}
-step() {  # step NAME LIMIT_S COMMAND...: run COMMAND under LIMIT_S seconds, output to $OUT/NAME.txt
+step() { # step NAME LIMIT_S COMMAND...: run COMMAND under LIMIT_S seconds, output to $OUT/NAME.txt
   local name=$1 limit=$2
   shift 2
   [ "$limit" -gt 0 ] || return 0
@@ -23,13 +36,20 @@ step() {  # step NAME LIMIT_S COMMAND...: run COMMAND under LIMIT_S seconds, out
 {
   nvidia-smi -L 2>&1
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
-  echo "commit ${COMMIT:-unknown}, $(nproc) CPU cores"
+  echo "commit ${COMMIT:-unknown}, call $CALL, $(nproc) CPU cores"
 } 2>&1 | tee "$OUT/env.txt"
-step pytest "${SUITE_S:-120}" $PY -m pytest -q -rfE -n "${WORKERS:-14}" -p no:cacheprovider ${PYTEST_ARGS:-tests}
-step bench_step "${STEP_S:-100}" $PY bench.py --only=step --profile ${STEP_ARGS:-}
-step bench_kernel "${KERNEL_S:-90}" $PY bench_kernel.py ${KERNEL_ARGS:-}
-step bench_decode "${DECODE_S:-0}" $PY bench.py --only=decode ${DECODE_ARGS:-}
+if [ "$CALL" != 2 ]; then
+  step pytest "${SUITE_S:-150}" $PY -m pytest -q -rfE -n "${WORKERS:-14}" -p no:cacheprovider ${PYTEST_ARGS:-tests}
+  step bench_bytes "${BYTES_S:-150}" $PY bench.py --only=bytes ${BYTES_ARGS:-}
+  step bench_step "${STEP_S:-230}" $PY bench.py --only=step --profile ${STEP_ARGS:-}
+fi
+if [ "$CALL" != 1 ]; then
+  step bench_kernel "${KERNEL_S:-150}" $PY bench_kernel.py --seq-lens ${KERNEL_SEQ_LENS:-4096 16384} ${KERNEL_ARGS:-}
+  step bench_kernel_docs "${DOCS_S:-110}" $PY bench_kernel.py --doc_len=512 --seq-lens ${DOCS_SEQ_LENS:-16384} ${DOCS_ARGS:-}
+  step bench_decode "${DECODE_S:-100}" $PY bench.py --only=decode --contexts ${DECODE_CONTEXTS:-4096 16384} ${DECODE_ARGS:-}
+  step bench_shard "${SHARD_S:-150}" $PY bench.py --only=shard ${SHARD_ARGS:-}
+fi
 # a short train.py run per encoding (TRAIN_ARGS, e.g. --attn_mask_type=block_causal --max_iters=40), compiled as on
-# any GPU, with its end-of-run sample (the compiled decoding step)
+# any GPU, with its end-of-run sample (the compiled decoding step); off unless TRAIN_S is set
 step train_pope "${TRAIN_S:-0}" $PY train.py ${TRAIN_ARGS:-} --pos_encoding=pope --out_dir=/tmp/out-gpu-pope
 step train_rope "${TRAIN_S:-0}" $PY train.py ${TRAIN_ARGS:-} --pos_encoding=rope --out_dir=/tmp/out-gpu-rope

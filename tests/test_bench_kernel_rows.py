@@ -16,8 +16,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _rows(monkeypatch, impls):
     calls = []
-    real = pope._cartesian
-    monkeypatch.setattr(pope, "_cartesian", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = pope.pope_cartesian
+    monkeypatch.setattr(pope, "pope_cartesian", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     kw = dict(dtype=torch.float32, seq_lens=(16,), head_dims=(16,), batch=1, n_head=2, verbose=False)
     return bench_kernel.bench_attention_kernels(DEV, impls=impls, **kw), calls
 

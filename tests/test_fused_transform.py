@@ -96,20 +96,20 @@ def _cartesian_formula(x, delta, n_positions):
 
 
 def test_the_transform_computes_in_float32_for_16_bit_inputs():
-    """_cartesian (both backends' transform) forms magnitudes, table rows and products in float32 and rounds once,
+    """pope_cartesian (both backends' transform) forms magnitudes, table rows and products in float32 and rounds once,
     to the dtype asked for: from bf16 raw values, a float32 result is the float64 formula to float32 precision, and
     a bf16 one is that formula rounded once to bf16. Computed in bf16 instead (the rows rounded to 8 bits, two
     roundings per product) it is off by up to 7e-2 and two elements in three differ."""
-    from pope import _cartesian, pope_rotation_table
+    from pope import pope_cartesian, pope_rotation_table
 
     g = torch.Generator().manual_seed(0)
     x = (2 * torch.randn(2, 2, 40, 16, generator=g)).bfloat16()
     delta = -2 * math.pi * torch.rand(2, 16, generator=g)
     rows, want = pope_rotation_table(40, 16), _cartesian_formula(x, delta, 40)
-    got = _cartesian(x, rows, delta, dtype=torch.float32)
+    got = pope_cartesian(x, rows, delta, dtype=torch.float32)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, atol=5e-6, rtol=0)
-    got16 = _cartesian(x, rows, delta)
+    got16 = pope_cartesian(x, rows, delta)
     assert got16.dtype == torch.bfloat16
     assert (got16 == want.to(torch.bfloat16)).float().mean() > 0.99
 
@@ -210,3 +210,28 @@ def test_the_triton_path_runs_in_the_autocast_dtype_for_float32_inputs():
         torch_path = pope_attention(q.to(DEV), k.to(DEV), v.to(DEV), delta.to(DEV), backend="torch")
     assert got.dtype == torch_path.dtype == torch.float16
     torch.testing.assert_close(got.cpu().double(), want, atol=3e-3, rtol=3e-3)
+
+
+@pytest.mark.parametrize("magnitude", ["softplus", "relu", "identity"])
+@pytest.mark.parametrize("per_token", [False, True], ids=["table_rows", "position_ids_rows"])
+def test_the_transforms_written_out_chain_rule_is_the_derivative(magnitude, per_token):
+    """pope_cartesian's backward is written out (pope._Cartesian, issue 67): in float64 its gradients in x and delta
+    equal finite differences (torch.autograd.gradcheck), for each magnitude function, a scale, table rows and
+    per-token rows (position_ids), and with only x or only delta trainable (delta fine-tuning)."""
+    from pope import pope_cartesian, pope_rotation_table
+
+    g = torch.Generator().manual_seed(4)
+    x = (2 * torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    if magnitude == "relu":  # away from the kink, where finite differences are not the derivative
+        x = (x.detach().sign() * (x.detach().abs() + 0.1)).requires_grad_()
+    delta = (-2 * math.pi * torch.rand(3, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    rows = pope_rotation_table(9, 4).double()[:5]
+    if per_token:
+        rows = pope_rotation_table(9, 4).double()[torch.randint(0, 9, (2, 5), generator=g)].unsqueeze(1)
+
+    def f(x, delta):
+        return pope_cartesian(x, rows, delta, magnitude, 0.7)
+
+    assert torch.autograd.gradcheck(f, (x, delta))
+    assert torch.autograd.gradcheck(lambda x: f(x, delta.detach()), (x,))
+    assert torch.autograd.gradcheck(lambda d: f(x.detach(), d), (delta,))

@@ -202,8 +202,8 @@ def test_kernels_visit_exactly_the_tiles_the_documents_allow(rows, q_offset, cau
     for role, (bm, bn) in BLOCKS.items():
         n = -(-(Tq if role != "dkdv" else Tk) // (bm if role != "dkdv" else bn))
         counts[role] = torch.full((B * (H if role != "dkdv" else H_kv) * n,), -1, dtype=torch.int32, device=DEV)
-    o, lse = pk._forward(q, k, v, causal, q_offset, docs, counts)
-    pk._backward(torch.ones_like(o), q, k, v, o, lse, causal, q_offset, docs, counts)
+    o, lse = pk.launch_forward(q, k, v, causal, q_offset, docs, counts)
+    pk.launch_backward(torch.ones_like(o), q, k, v, o, lse, causal, q_offset, docs, counts)
     for role, (bm, bn) in BLOCKS.items():
         heads = H if role != "dkdv" else H_kv
         got = counts[role].view(B, heads, -1).cpu()
