@@ -376,8 +376,8 @@ def test_the_unmasked_loops_visit_exactly_the_tiles_where_every_pair_is_visible(
 
         monkeypatch.setattr(pk, name, spy)
     docs = pk.document_bounds(ids[None])
-    o, lse = pk._forward(q, k, v, causal, q_offset, docs)
-    pk._backward(torch.ones_like(o), q, k, v, o, lse, causal, q_offset, docs)
+    o, lse = pk.launch_forward(q, k, v, causal, q_offset, docs)
+    pk.launch_backward(torch.ones_like(o), q, k, v, o, lse, causal, q_offset, docs)
     rows = torch.arange(Tq) + q_offset
     visible = ids[rows][:, None] == ids[None, :]
     if causal:
@@ -437,11 +437,11 @@ def test_a_document_launch_is_tuned_apart_from_a_causal_launch_of_the_same_shape
     q, k = (torch.randn(1, 2, 48, 32, generator=g) for _ in range(2))
     v = torch.randn(1, 2, 48, 16, generator=g)
     ids = _ids([20, 28])[None]
-    pk._forward(q, k, v, True, 0)
+    pk.launch_forward(q, k, v, True, 0)
     assert kernel.best_config == wide and timed == [(False, 32), (False, 16)]
-    o, _ = pk._forward(q, k, v, True, 0, pk.document_bounds(ids))
+    o, _ = pk.launch_forward(q, k, v, True, 0, pk.document_bounds(ids))
     assert kernel.best_config == narrow and timed[2:] == [(True, 32), (True, 16)]
-    pk._forward(q, k, v, True, 0)
+    pk.launch_forward(q, k, v, True, 0)
     assert kernel.best_config == wide and len(timed) == 4 and len(kernel.cache) == 2
     visible = (ids[0][:, None] == ids[0][None, :]) & torch.ones(48, 48, dtype=torch.bool).tril()
     s = (q.double() @ k.double().transpose(-1, -2)) * 0.6931471805599453  # the narrow tile's output is right too
