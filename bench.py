@@ -250,22 +250,30 @@ ATTENTION_NAMES = (
 )
 
 
-def profile_step(step, device, n_steps=2):
-    """Where `n_steps` steps' time goes (torch.profiler), in ms per step. CUDA: GPU time in attention kernels
-    (ATTENTION_NAMES), in other kernels, and GPU idle (the step's wall time not covered by any kernel: launch
-    overhead, host work, syncs). CPU: the self time of attention ops and of all other ops, and the wall time
-    not spent in any op (Python, the compiled wrapper)."""
+def _profiled(step, device, n_steps):
+    """One warm-up step, then `n_steps` steps under torch.profiler (CPU, and CUDA on a GPU) -> (the profile, their
+    wall time in us)."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = str(device).startswith("cuda")
     step()
     _sync(device)
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
+    with profile(activities=acts) as prof:
         t = time.perf_counter()
         for _ in range(n_steps):
             step()
         _sync(device)
         wall = (time.perf_counter() - t) * 1e6
+    return prof, wall
+
+
+def profile_step(step, device, n_steps=2):
+    """Where `n_steps` steps' time goes (torch.profiler), in ms per step. CUDA: GPU time in attention kernels
+    (ATTENTION_NAMES), in other kernels, and GPU idle (the step's wall time not covered by any kernel: launch
+    overhead, host work, syncs). CPU: the self time of attention ops and of all other ops, and the wall time
+    not spent in any op (Python, the compiled wrapper)."""
+    cuda = str(device).startswith("cuda")
+    prof, wall = _profiled(step, device, n_steps)
     events = [e for e in prof.events() if (e.device_type == torch.autograd.DeviceType.CUDA) == cuda]
     if (
         not cuda
@@ -620,17 +628,8 @@ def profile_kernels(step, device, n_steps=2, top=8):
     CUDA: GPU kernels (memcpy / memset included), each in the phase whose range (its GPU-side annotation, else the
     CPU range) holds its start. CPU (the proxy): the outermost ops inside the phase ranges, their CPU time; under
     torch.compile an Inductor graph is one op (its C++ kernels are not recorded one by one)."""
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = str(device).startswith("cuda")
-    step()
-    _sync(device)
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        t = time.perf_counter()
-        for _ in range(n_steps):
-            step()
-        _sync(device)
-        wall = (time.perf_counter() - t) * 1e6
+    prof, wall = _profiled(step, device, n_steps)
     events = list(prof.events())
     names = {v: k for k, v in PHASES.items()}
     on_device = lambda e: e.device_type == torch.autograd.DeviceType.CUDA  # noqa: E731
