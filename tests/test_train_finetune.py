@@ -335,3 +335,37 @@ def test_cpu_yarn_config_fine_tunes_the_quick_start_rope_run_at_4x_with_2_percen
     tokens = lambda c: c["max_iters"] * c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]  # noqa: E731
     assert tokens(ft) == 0.02 * tokens(rope)  # the OWT YaRN fine-tune's share: 131M of 6.55B
     assert ft["learning_rate"] == ft["min_lr"] == rope["learning_rate"] / 10 and ft["lr_decay_iters"] == ft["max_iters"]
+
+
+def test_cpu_pope_ft_config_is_the_yarn_recipe_with_pope_from_the_quick_start_pope_run():
+    """PoPE+ft (issue 74): the same characters and optimizer as the YaRN fine-tune; only the parent and encoding
+    differ, and PoPE's frequencies are left as they are (no rope_scaling)."""
+    from configurator import configure
+
+    ft = configure(train.DEFAULTS, [os.path.join(REPO, "config/finetune_shakespeare_char_pope.py")])
+    yarn = configure(train.DEFAULTS, [os.path.join(REPO, "config/finetune_shakespeare_char_yarn.py")])
+    pope = configure(train.DEFAULTS, [])  # the quick start: python train.py
+    assert ft["init_from"] == "finetune" and ft["init_ckpt"] == os.path.join(pope["out_dir"], "best.pt")
+    assert ft["out_dir"] != pope["out_dir"] and ft["pos_encoding"] == pope["pos_encoding"] == "pope"
+    assert ft["rope_scaling"] == pope["rope_scaling"] and ft["rope_theta"] == pope["rope_theta"]
+    for k in ("pope_magnitude", "pope_use_delta", "n_layer", "n_head", "n_embd", "bias", "dataset"):
+        assert ft[k] == pope[k], k
+    differ = {"out_dir", "init_ckpt", "pos_encoding", "rope_scaling", "rope_original_block_size", "rope_yarn_ramp"}
+    assert {k: v for k, v in ft.items() if k not in differ} == {k: v for k, v in yarn.items() if k not in differ}
+
+
+def test_cpu_pope_ft_config_fine_tunes_a_pope_run_at_a_longer_context(char_pretrained, tmp_path):
+    """The config runs as written (two steps) from a PoPE parent of the quick start's shape: the parent's weights
+    load, the context grows (16 -> 64 here, 256 -> 1024 in the config) and the encoding stays PoPE."""
+    data = [f"--data_root={char_pretrained['data_root']}", "--dataset=chars", "--eval_iters=1", "--batch_size=1"]
+    pre = str(tmp_path / "pre")
+    train.main([*data, "--max_iters=2", "--block_size=16", f"--out_dir={pre}"])
+    cfg = os.path.join(REPO, "config/finetune_shakespeare_char_pope.py")
+    ft = [cfg, *data, f"--init_ckpt={pre}/best.pt", f"--out_dir={tmp_path / 'ft'}", "--max_iters=2", "--block_size=64"]
+    m = train.main(ft)
+    assert (m["pos_encoding"], m["iter_num"], m["config"]["init_from"], m["config"]["block_size"]) == (
+        "pope",
+        2,
+        "finetune",
+        64,
+    )
