@@ -462,6 +462,34 @@ def test_a_non_final_micro_step_reduces_only_if_asked_and_the_last_reduces_both(
         dist.destroy_process_group()
 
 
+def test_a_run_that_leaves_the_reduce_choice_unset_reduce_scatters_after_every_micro_step(
+    small_chars, tmp_path, monkeypatch, capsys
+):
+    """fsdp_reduce_every_micro_step's default is True (docs/usage.md, "True (the default"): a real FSDP run in one
+    process that does not set it, 2 steps of 2 micro-steps, asks FSDP to reduce-scatter in every micro-step's backward
+    (set_requires_gradient_sync(True) four times; False, the other choice, would first ask False), records True in
+    metrics.json (its config and "sharding") and prints itself as that choice."""
+    from torch.distributed.fsdp import FSDPModule
+
+    asked, real = [], FSDPModule.set_requires_gradient_sync
+
+    def spy(self, sync, **kw):
+        asked.append(sync)
+        return real(self, sync, **kw)
+
+    monkeypatch.setattr(FSDPModule, "set_requires_gradient_sync", spy)
+    args = [*TINY, f"--data_root={small_chars}", *FSDP, *CASES["rope"], "--gradient_accumulation_steps=2"]
+    m = train.main([*args, "--max_iters=2", "--eval_interval=2", "--eval_iters=1", f"--out_dir={tmp_path}"])
+    assert asked == [True, True, True, True]
+    assert m["config"]["fsdp_reduce_every_micro_step"] is True and m["sharding"]["fsdp_reduce_every_micro_step"] is True
+    assert "    True, this run: reduce-scatter after every micro-step" in capsys.readouterr().out
+    with open(os.path.join(REPO, "docs", "usage.md")) as f:
+        assert (
+            "**`fsdp_reduce_every_micro_step`** (with `fsdp=True` and several micro-steps per rank): `True` (the"
+            in (" ".join(f.read().split()))
+        )
+
+
 @pytest.mark.parametrize("pos_encoding", POS_ENCODINGS)
 def test_every_encoding_trains_under_fsdp_as_without_it(pos_encoding):
     """Three AdamW steps (clipping, δ's projection) of a GPT with grouped-query attention, sharded by FSDP in a
@@ -647,6 +675,37 @@ def test_bytes_per_rank_when_rows_do_not_divide_by_the_ranks_or_are_fewer(ranks)
         got = sharding.memory_per_rank(params, world)["fsdp"]
         assert got["params"] == got["grads"] == 4 * floats, (world, got)
         assert got["optimizer"] == 4 * 2 * floats + 4 * 3, (world, got)
+
+
+def test_one_micro_step_per_rank_holds_sharded_gradients_whichever_reduce_choice(monkeypatch, capsys):
+    """fsdp_reduce_every_micro_step=False holds whole fp32 gradients only between micro-steps that do not reduce: with
+    one micro-step per rank the only backward reduce-scatters (set_grad_sync's sync), so each rank holds its shard,
+    as with True. Hand-worked, tensors of 1 x 3, 5 x 2 and 65 rows (78 floats) at world 2: rank 0 holds 1 + 3 + 33
+    rows (42 floats) of the gradients at one micro-step under either choice, all 78 at two micro-steps under False
+    (DDP: 78 always). Through train.shard_model at world 2 with 2 micro-steps in all (gradient_accumulation_steps=2,
+    one per rank): the recorded estimate's gradients are its parameters' bytes (sharded alike) and the printed FSDP
+    line says so; at 2 micro-steps per rank they are 4 bytes per parameter."""
+    params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(*s)) for s in ((1, 3), (5, 2), (65,))])
+    for accum, every, floats in ((1, False, 42), (1, True, 42), (2, True, 42), (2, False, 78)):
+        got = sharding.memory_per_rank(params, 2, accum, every)
+        assert got["fsdp"]["grads"] == 4 * floats and got["fsdp"]["params"] == 4 * 42, (accum, every, got)
+        assert got["ddp"]["grads"] == 4 * 78
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(sharding, "shard", lambda model, dev, dtype: sharding.mixed_precision(dtype))  # no group
+    gptconf = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=65, block_size=16)
+    model = GPT(gptconf)
+    whole = 4 * sum(p.numel() for p in model.parameters())
+    cfg = SimpleNamespace(fsdp=True, activation_checkpointing=False, batch_size=2, checkpoint_format="single")
+    cfg.gradient_accumulation_steps = 2
+    for per_rank in (1, 2):
+        run = SimpleNamespace(world_size=2, grad_accum=per_rank, fsdp_reduce_every_micro_step=False, master=True)
+        run.__dict__.update(dev="cpu", device_type="cpu", dtype="float32")
+        train.shard_model(cfg, run, model, gptconf)
+        est = run.sharding["memory_per_rank"]["estimate"]
+        assert est["params"] < whole and est["grads"] == (est["params"] if per_rank == 1 else whole), (per_rank, est)
+        fsdp_line = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("FSDP"))
+        assert f"grads {sharding.gib(est['grads'])}," in fsdp_line, fsdp_line
 
 
 def test_a_resume_under_fsdp_reads_the_whole_checkpoint_to_the_cpu_not_the_runs_device(tmp_path):
