@@ -576,6 +576,95 @@ def test_an_elastic_restart_finds_a_dcp_checkpoint_under_a_relative_out_dir(tmp_
     assert not train._elastic_restart(SimpleNamespace(out_dir="out", checkpoint_format="dcp"), run)
 
 
+def _fake_checkpoints(out, single=None, dcp=None):
+    """out/ckpt.pt and out/ckpt.dcp (its extra.pt) holding only iter_num, where given."""
+    os.makedirs(out, exist_ok=True)
+    if single is not None:
+        torch.save({"iter_num": single}, os.path.join(out, "ckpt.pt"))
+    if dcp is not None:
+        os.makedirs(os.path.join(out, "ckpt.dcp"))
+        torch.save({"iter_num": dcp}, os.path.join(out, "ckpt.dcp", sharding.EXTRA))
+
+
+@pytest.mark.parametrize(
+    "asked, single, dcp, want, fmt",
+    [
+        ("single", None, 5, "ckpt.dcp", "dcp"),  # a dcp run resumed without repeating --checkpoint_format=dcp
+        ("single", 5, None, "ckpt.pt", "single"),
+        ("dcp", None, 5, "ckpt.dcp", "dcp"),
+        ("dcp", 5, None, "ckpt.pt", "dcp"),  # read whole, saved sharded from here on
+        ("single", 5, 5, "ckpt.pt", "single"),  # just converted (python sharding.py): the format asked
+        ("dcp", 5, 5, "ckpt.dcp", "dcp"),
+        ("dcp", 7, 5, "ckpt.pt", "dcp"),  # converted, then trained on in the single format: ckpt.dcp is stale
+        ("single", 5, 7, "ckpt.dcp", "dcp"),  # converted, then trained on as dcp: ckpt.pt is stale
+        ("single", 7, 5, "ckpt.pt", "single"),
+        ("dcp", 5, 7, "ckpt.dcp", "dcp"),
+        ("single", None, None, "ckpt.pt", "single"),  # neither: initial_state's one line names the file asked for
+        ("dcp", None, None, "ckpt.dcp", "dcp"),
+    ],
+)
+def test_a_resume_reads_the_newest_of_ckpt_pt_and_ckpt_dcp(asked, single, dcp, want, fmt, tmp_path, capsys):
+    """train._resume_path: of out_dir/ckpt.pt and out_dir/ckpt.dcp, the one of more steps (iter_num; on a tie the
+    format asked for), so no step is trained twice; resuming ckpt.dcp sets checkpoint_format='dcp' in both cfg and
+    config (the run's settings and what it records and saves by), a ckpt.pt read under 'dcp' leaves it; a one-line
+    note names the file wherever it is not the format asked for."""
+    from types import SimpleNamespace
+
+    out = str(tmp_path / "out")
+    _fake_checkpoints(out, single, dcp)
+    cfg = SimpleNamespace(out_dir=out, checkpoint_format=asked)
+    config = {"out_dir": out, "checkpoint_format": asked}
+    got = train._resume_path(cfg, config, SimpleNamespace(master=True))
+    assert got == os.path.join(out, want)
+    assert cfg.checkpoint_format == config["checkpoint_format"] == fmt
+    lines = capsys.readouterr().out.splitlines()
+    if (want == "ckpt.dcp") == (asked == "dcp"):
+        assert lines == [], lines
+    else:
+        assert len(lines) == 1 and lines[0].startswith("note: ") and f"resuming from {got}" in lines[0], lines
+        assert "older" in lines[0] or "does not exist" in lines[0], lines
+
+
+def test_a_dcp_run_resumes_without_its_format_and_after_a_conversion_from_the_newest_checkpoint(
+    small_chars, tmp_path, capsys
+):
+    """Real runs, FSDP in one process, as the docs say a user goes: a checkpoint_format='dcp' run of 2 steps; resumed
+    to 3 without repeating --checkpoint_format=dcp, it finds ckpt.dcp, says so in one line, records and saves 'dcp'
+    (no ckpt.pt appears); converted (python sharding.py ckpt.dcp ckpt.pt) and trained on to 4 in the default single
+    format, ckpt.pt holds step 4 and ckpt.dcp is stale at 3; resumed with --checkpoint_format=dcp to 5, it starts
+    from ckpt.pt's step 4 (one line names the stale folder) and saves sharded. No step is logged twice; the stale
+    ckpt.dcp is replaced only by the newer one, and ckpt.pt is left as it was."""
+
+    def saved(name):
+        file = os.path.join(out, name, sharding.EXTRA) if name.endswith(".dcp") else os.path.join(out, name)
+        return torch.load(file, weights_only=True, map_location="cpu")["iter_num"]
+
+    out = str(tmp_path / "run")
+    args = [*TINY, f"--data_root={small_chars}", *FSDP, *CASES["rope"], "--gradient_accumulation_steps=1"]
+    args += ["--eval_interval=1", "--eval_iters=1", f"--out_dir={out}"]
+    train.main([*args, "--checkpoint_format=dcp", "--max_iters=2"])
+    capsys.readouterr()
+    m = train.main([*args, "--init_from=resume", "--max_iters=3"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert (
+        len(notes) == 1 and f"resuming from {os.path.join(out, 'ckpt.dcp')}, with checkpoint_format='dcp'" in notes[0]
+    )
+    assert m["config"]["checkpoint_format"] == m["sharding"]["checkpoint_format"] == "dcp" and m["iter_num"] == 3
+    assert saved("ckpt.dcp") == 3 and not os.path.exists(os.path.join(out, "ckpt.pt"))
+    sharding.main([os.path.join(out, "ckpt.dcp"), os.path.join(out, "ckpt.pt")])
+    train.main([*args, "--init_from=resume", "--max_iters=4"])
+    assert (saved("ckpt.pt"), saved("ckpt.dcp")) == (4, 3)
+    capsys.readouterr()
+    m = train.main([*args, "--init_from=resume", "--checkpoint_format=dcp", "--max_iters=5"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and f"resuming from {os.path.join(out, 'ckpt.pt')}" in notes[0], notes
+    assert m["iter_num"] == 5 and m["config"]["checkpoint_format"] == "dcp"
+    assert (saved("ckpt.pt"), saved("ckpt.dcp")) == (4, 5)
+    assert sorted(losses(out)) == [1, 2, 3, 4, 5]
+    with open(os.path.join(out, "log.jsonl")) as f:
+        assert [r["iter"] for r in map(json.loads, f) if "loss" in r] == [1, 2, 3, 4, 5]
+
+
 def test_a_dcp_folder_written_before_a_model_field_existed_reads_it_as_a_single_file_does(tmp_path):
     """load_dcp_extra, the resume path of checkpoint_format='dcp', gives model_args as load_checkpoint does: a
     field added later (rope_yarn_ramp, issue 60) comes back with the older runs' value, 'paper'."""
