@@ -363,7 +363,7 @@ def initial_state(cfg, config, run, data, tokenizer):
     a folder of hf/export.py, read by hf/load.py). GPTConfig's
     fields are settings of this script, but vocab_size (the data's, rounded up to a multiple of 64).
     -> a namespace: model_args, checkpoint (None from scratch), iter_num, best_val_loss, prov_earlier,
-    ckpt_path. Raises UserError for a missing ckpt.pt or an unknown init_from."""
+    ckpt_path. Raises UserError for a missing ckpt.pt, an unknown init_from, or eval_only from scratch."""
     start = SimpleNamespace(
         ckpt_path=os.path.join(cfg.out_dir, "ckpt.pt"),
         checkpoint=None,
@@ -375,6 +375,12 @@ def initial_state(cfg, config, run, data, tokenizer):
     model_args["vocab_size"] = _round_vocab(data.vocab_size)
     if cfg.init_from != "resume" and _elastic_restart(cfg, run):
         cfg.init_from = config["init_from"] = "resume"
+    if cfg.eval_only and cfg.init_from == "scratch":  # it would score best.pt as this command feeds batches
+        raise UserError(
+            "eval_only=True scores a run's checkpoint with the settings it was trained with: add --init_from=resume "
+            f"(from scratch it would score {os.path.join(cfg.out_dir, 'best.pt')} with this command's settings "
+            "over its metrics.json)"
+        )
     if cfg.init_from == "resume":
         start.ckpt_path = _resume_path(cfg, config, run)
         if not os.path.exists(start.ckpt_path):
