@@ -773,7 +773,8 @@ def test_one_micro_step_per_rank_holds_sharded_gradients_whichever_reduce_choice
     rows (42 floats) of the gradients at one micro-step under either choice, all 78 at two micro-steps under False
     (DDP: 78 always). Through train.shard_model at world 2 with 2 micro-steps in all (gradient_accumulation_steps=2,
     one per rank): the recorded estimate's gradients are its parameters' bytes (sharded alike) and the printed FSDP
-    line says so; at 2 micro-steps per rank they are 4 bytes per parameter."""
+    line says so, without the two choices' costs (they differ only at several micro-steps per rank); at 2 micro-steps
+    per rank they are 4 bytes per parameter."""
     params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(*s)) for s in ((1, 3), (5, 2), (65,))])
     for accum, every, floats in ((1, False, 42), (1, True, 42), (2, True, 42), (2, False, 78)):
         got = sharding.memory_per_rank(params, 2, accum, every)
@@ -793,8 +794,10 @@ def test_one_micro_step_per_rank_holds_sharded_gradients_whichever_reduce_choice
         train.shard_model(cfg, run, model, gptconf)
         est = run.sharding["memory_per_rank"]["estimate"]
         assert est["params"] < whole and est["grads"] == (est["params"] if per_rank == 1 else whole), (per_rank, est)
-        fsdp_line = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("FSDP"))
+        out = capsys.readouterr().out
+        fsdp_line = next(line for line in out.splitlines() if line.lstrip().startswith("FSDP"))
         assert f"grads {sharding.gib(est['grads'])}," in fsdp_line, fsdp_line
+        assert ("(fsdp_reduce_every_micro_step)" in out) == (per_rank > 1)  # the choices differ only then
 
 
 def test_a_resume_under_fsdp_reads_the_whole_checkpoint_to_the_cpu_not_the_runs_device(tmp_path):
