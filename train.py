@@ -363,7 +363,7 @@ def initial_state(cfg, config, run, data, tokenizer):
     a folder of hf/export.py, read by hf/load.py). GPTConfig's
     fields are settings of this script, but vocab_size (the data's, rounded up to a multiple of 64).
     -> a namespace: model_args, checkpoint (None from scratch), iter_num, best_val_loss, prov_earlier,
-    ckpt_path. Raises UserError for a missing ckpt.pt or an unknown init_from."""
+    ckpt_path. Raises UserError for a missing ckpt.pt, an unknown init_from, or eval_only from scratch."""
     start = SimpleNamespace(
         ckpt_path=os.path.join(cfg.out_dir, "ckpt.pt"),
         checkpoint=None,
@@ -375,6 +375,12 @@ def initial_state(cfg, config, run, data, tokenizer):
     model_args["vocab_size"] = _round_vocab(data.vocab_size)
     if cfg.init_from != "resume" and _elastic_restart(cfg, run):
         cfg.init_from = config["init_from"] = "resume"
+    if cfg.eval_only and cfg.init_from == "scratch":  # it would score best.pt as this command feeds batches
+        raise UserError(
+            "eval_only=True scores a run's checkpoint with the settings it was trained with: add --init_from=resume "
+            f"(from scratch it would score {os.path.join(cfg.out_dir, 'best.pt')} with this command's settings "
+            "over its metrics.json)"
+        )
     if cfg.init_from == "resume":
         start.ckpt_path = _resume_path(cfg, config, run)
         if not os.path.exists(start.ckpt_path):
@@ -428,18 +434,42 @@ def _restore_run_settings(config, saved, path, master):
 
 
 def _resume_path(cfg, config, run):
-    """The checkpoint init_from='resume' reads: out_dir/ckpt.pt, or out_dir/ckpt.dcp under checkpoint_format='dcp';
-    and where only ckpt.dcp exists, that folder, with checkpoint_format set to 'dcp' in cfg and config (a dcp run
-    resumed without repeating --checkpoint_format=dcp) and a one-line note."""
+    """The checkpoint init_from='resume' reads, of out_dir/ckpt.pt and the folder out_dir/ckpt.dcp: the one that
+    exists, and where both do (a dcp run converted with `python sharding.py`, then trained on in either format), the
+    one of more steps, so no step is trained twice (on a tie, or where neither exists, the one checkpoint_format
+    names). Resuming ckpt.dcp under checkpoint_format='single' sets 'dcp' in cfg and config, as it was saved (a dcp
+    run resumed without repeating --checkpoint_format=dcp); ckpt.pt under 'dcp' is read whole and saved sharded on.
+    Either says so in one line."""
     single, dcp = os.path.join(cfg.out_dir, "ckpt.pt"), sharding.dcp_path(cfg.out_dir, "ckpt.pt")
-    if cfg.checkpoint_format == "dcp":
-        return dcp
-    if not os.path.exists(single) and os.path.isdir(dcp):
+    asked, other = (dcp, single) if cfg.checkpoint_format == "dcp" else (single, dcp)
+    if not os.path.exists(other):
+        return asked
+    if os.path.exists(asked):
+        steps = {path: _saved_iter(path) for path in (asked, other)}
+        if steps[other] <= steps[asked]:
+            return asked
+        why = f"{asked} (iter {steps[asked]}) is older than {other} (iter {steps[other]})"
+    else:
+        why = f"{asked} does not exist"
+    if other == dcp:
         cfg.checkpoint_format = config["checkpoint_format"] = "dcp"
-        if run.master:
-            print(f"note: {single} does not exist; resuming from {dcp}, with checkpoint_format='dcp' (as it was saved)")
-        return dcp
-    return single
+        how = "with checkpoint_format='dcp' (as it was saved)"
+    else:
+        how = "saving as checkpoint_format='dcp' from here on"
+    if run.master:
+        print(f"note: {why}; resuming from {other}, {how}")
+    return other
+
+
+def _saved_iter(path):
+    """The iter_num of a checkpoint: ckpt.pt's (memory-mapped: its tensors are not read) or a dcp folder's extra.pt.
+    Raises UserError (one line) for a file that cannot be read."""
+    if os.path.isdir(path):
+        return sharding.load_dcp_extra(path)["iter_num"]
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
+    except Exception as e:  # truncated, not a zip-format torch file, no iter_num ...
+        raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
 
 
 def _elastic_restart(cfg, run):
@@ -616,10 +646,10 @@ def save_run(cfg, run, raw_model, optimizer, **meta):
 
 
 def _resume_checkpoint(cfg, run, path):
-    """The checkpoint dict a resume starts from: ckpt.pt's, or for checkpoint_format='dcp' the ckpt.dcp folder's
+    """The checkpoint dict a resume starts from (path: _resume_path's): ckpt.pt's, or for the ckpt.dcp folder its
     small keys with "dcp": its path (build_model loads its shards). Raises UserError for a dcp folder without
     fsdp."""
-    if cfg.checkpoint_format != "dcp":
+    if not os.path.isdir(path):  # ckpt.pt, under checkpoint_format='dcp' too where it is the newer (_resume_path)
         # under FSDP every rank reads the whole file: to the CPU, not next to its shards on the GPU
         return load_checkpoint(cfg.out_dir, "ckpt.pt", "cpu" if run.fsdp else run.dev)
     if not cfg.fsdp:

@@ -216,11 +216,17 @@ def test_copy_mix_moves_a_boundary_to_the_start_of_its_span():
     [
         ("--attn_mask_type=document", "attn_mask_type must be one of"),
         ("--reset_position_ids=1", "reset_position_ids must be True, False or None"),
+        # None is the one non-bool the configurator lets through (any setting may be None); it would train as False
+        ("--mask_document_boundary_targets=None", "mask_document_boundary_targets must be True or False, got None"),
+        (
+            "--attn_mask_type=block_causal --mask_document_boundary_targets=None",
+            "mask_document_boundary_targets must be True or False, got None",
+        ),
     ],
 )
 def test_bad_document_settings_exit_2_in_one_line(arg, message, capsys):
     with pytest.raises(SystemExit) as e:
-        train.main([arg, "--data_root=/nonexistent"])
+        train.main([*arg.split(), "--dataset=missing", "--data_root=/nonexistent"])  # not one train.py builds
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and message in err and "\n" not in err
 
@@ -296,9 +302,13 @@ def test_block_causal_ddp_step_equals_one_process_and_is_recorded(tmp_path):
 
 
 def test_a_block_causal_run_resumed_or_evaluated_without_the_setting_keeps_its_mask(tmp_path, capsys):
-    """A real resume: a block_causal run saved at step 3 and resumed to step 6 without --attn_mask_type gives the
-    uninterrupted run's losses at steps 4..6 (it silently trained causally on); --eval_only=True without it gives
-    the run's own val and test losses; both say so in one note line, and record the checkpoint's settings."""
+    """A real resume: a block_causal run without its boundary targets (mask_document_boundary_targets=True) saved at
+    step 3 and resumed to step 6 without --attn_mask_type or --mask_document_boundary_targets gives the uninterrupted
+    run's losses at steps 4..6 (it silently trained causally, or on the boundary targets, on); --eval_only=True
+    without them gives the run's own val and test losses over its own targets, 599 - 8 (the 8 documents that start
+    past token 0 of the 600-token split); both say so in one note line naming all three settings, and record the
+    checkpoint's settings. --eval_only=True without --init_from=resume (which would score best.pt with this
+    command's settings, over every target, and replace the run's metrics.json) exits 2 in one line, touching nothing."""
     root = str(tmp_path / "data")
     stream(root, "docs", n=600, offsets=document_offsets([5, 1, 40, 7, 100, 147, 3, 60, 237]))
     common = [
@@ -316,22 +326,36 @@ def test_a_block_causal_run_resumed_or_evaluated_without_the_setting_keeps_its_m
         "--attn_backend=torch",
         "--compile=False",
     ]
+    trained = ["--attn_mask_type=block_causal", "--mask_document_boundary_targets=True"]
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    m_full = train.main([*common, "--attn_mask_type=block_causal", "--max_iters=6", f"--out_dir={full}"])
-    train.main([*common, "--attn_mask_type=block_causal", "--max_iters=3", f"--out_dir={part}"])
+    m_full = train.main([*common, *trained, "--max_iters=6", f"--out_dir={full}"])
+    train.main([*common, *trained, "--max_iters=3", f"--out_dir={part}"])
     capsys.readouterr()
     m_res = train.main([*common, "--init_from=resume", "--max_iters=6", f"--out_dir={part}"])
     out = capsys.readouterr().out
-    assert "note: attn_mask_type='block_causal', reset_position_ids=True as" in out, out
+    settings = "attn_mask_type='block_causal', reset_position_ids=True, mask_document_boundary_targets=True"
+    assert f"note: {settings} as" in out, out
     losses = [
         {r["iter"]: r["loss"] for r in map(json.loads, open(os.path.join(d, "log.jsonl"))) if "loss" in r}
         for d in (full, part)
     ]
     np.testing.assert_allclose([losses[1][i] for i in (4, 5, 6)], [losses[0][i] for i in (4, 5, 6)], rtol=1e-6)
-    assert m_res["config"]["attn_mask_type"] == "block_causal" and m_res["config"]["reset_position_ids"] is True
+    for m in (m_res, m_full):
+        assert m["config"]["attn_mask_type"] == "block_causal" and m["config"]["reset_position_ids"] is True
+        assert m["config"]["mask_document_boundary_targets"] is True and m["val"]["targets"] == 599 - 8
     m_eval = train.main([*common, "--init_from=resume", "--eval_only=True", f"--out_dir={full}"])
+    assert f"note: {settings} as" in capsys.readouterr().out
     for split in ("val", "test"):
+        assert m_eval[split]["targets"] == m_full[split]["targets"]
         np.testing.assert_allclose(m_eval[split]["loss"], m_full[split]["loss"], rtol=1e-9)
+    with open(os.path.join(full, "metrics.json")) as f:
+        before = f.read()
+    with pytest.raises(SystemExit) as e:
+        train.main([*common, "--eval_only=True", f"--out_dir={full}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--init_from=resume" in err and "\n" not in err, err
+    with open(os.path.join(full, "metrics.json")) as f:
+        assert f.read() == before
 
 
 def test_boundary_targets_are_left_out_of_the_loss_when_asked_by_hand(tmp_path):

@@ -462,6 +462,34 @@ def test_a_non_final_micro_step_reduces_only_if_asked_and_the_last_reduces_both(
         dist.destroy_process_group()
 
 
+def test_a_run_that_leaves_the_reduce_choice_unset_reduce_scatters_after_every_micro_step(
+    small_chars, tmp_path, monkeypatch, capsys
+):
+    """fsdp_reduce_every_micro_step's default is True (docs/usage.md, "True (the default"): a real FSDP run in one
+    process that does not set it, 2 steps of 2 micro-steps, asks FSDP to reduce-scatter in every micro-step's backward
+    (set_requires_gradient_sync(True) four times; False, the other choice, would first ask False), records True in
+    metrics.json (its config and "sharding") and prints itself as that choice."""
+    from torch.distributed.fsdp import FSDPModule
+
+    asked, real = [], FSDPModule.set_requires_gradient_sync
+
+    def spy(self, sync, **kw):
+        asked.append(sync)
+        return real(self, sync, **kw)
+
+    monkeypatch.setattr(FSDPModule, "set_requires_gradient_sync", spy)
+    args = [*TINY, f"--data_root={small_chars}", *FSDP, *CASES["rope"], "--gradient_accumulation_steps=2"]
+    m = train.main([*args, "--max_iters=2", "--eval_interval=2", "--eval_iters=1", f"--out_dir={tmp_path}"])
+    assert asked == [True, True, True, True]
+    assert m["config"]["fsdp_reduce_every_micro_step"] is True and m["sharding"]["fsdp_reduce_every_micro_step"] is True
+    assert "    True, this run: reduce-scatter after every micro-step" in capsys.readouterr().out
+    with open(os.path.join(REPO, "docs", "usage.md")) as f:
+        assert (
+            "**`fsdp_reduce_every_micro_step`** (with `fsdp=True` and several micro-steps per rank): `True` (the"
+            in (" ".join(f.read().split()))
+        )
+
+
 @pytest.mark.parametrize("pos_encoding", POS_ENCODINGS)
 def test_every_encoding_trains_under_fsdp_as_without_it(pos_encoding):
     """Three AdamW steps (clipping, δ's projection) of a GPT with grouped-query attention, sharded by FSDP in a
@@ -546,6 +574,95 @@ def test_an_elastic_restart_finds_a_dcp_checkpoint_under_a_relative_out_dir(tmp_
     assert not train._elastic_restart(SimpleNamespace(out_dir="out", checkpoint_format="single"), run)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     assert not train._elastic_restart(SimpleNamespace(out_dir="out", checkpoint_format="dcp"), run)
+
+
+def _fake_checkpoints(out, single=None, dcp=None):
+    """out/ckpt.pt and out/ckpt.dcp (its extra.pt) holding only iter_num, where given."""
+    os.makedirs(out, exist_ok=True)
+    if single is not None:
+        torch.save({"iter_num": single}, os.path.join(out, "ckpt.pt"))
+    if dcp is not None:
+        os.makedirs(os.path.join(out, "ckpt.dcp"))
+        torch.save({"iter_num": dcp}, os.path.join(out, "ckpt.dcp", sharding.EXTRA))
+
+
+@pytest.mark.parametrize(
+    "asked, single, dcp, want, fmt",
+    [
+        ("single", None, 5, "ckpt.dcp", "dcp"),  # a dcp run resumed without repeating --checkpoint_format=dcp
+        ("single", 5, None, "ckpt.pt", "single"),
+        ("dcp", None, 5, "ckpt.dcp", "dcp"),
+        ("dcp", 5, None, "ckpt.pt", "dcp"),  # read whole, saved sharded from here on
+        ("single", 5, 5, "ckpt.pt", "single"),  # just converted (python sharding.py): the format asked
+        ("dcp", 5, 5, "ckpt.dcp", "dcp"),
+        ("dcp", 7, 5, "ckpt.pt", "dcp"),  # converted, then trained on in the single format: ckpt.dcp is stale
+        ("single", 5, 7, "ckpt.dcp", "dcp"),  # converted, then trained on as dcp: ckpt.pt is stale
+        ("single", 7, 5, "ckpt.pt", "single"),
+        ("dcp", 5, 7, "ckpt.dcp", "dcp"),
+        ("single", None, None, "ckpt.pt", "single"),  # neither: initial_state's one line names the file asked for
+        ("dcp", None, None, "ckpt.dcp", "dcp"),
+    ],
+)
+def test_a_resume_reads_the_newest_of_ckpt_pt_and_ckpt_dcp(asked, single, dcp, want, fmt, tmp_path, capsys):
+    """train._resume_path: of out_dir/ckpt.pt and out_dir/ckpt.dcp, the one of more steps (iter_num; on a tie the
+    format asked for), so no step is trained twice; resuming ckpt.dcp sets checkpoint_format='dcp' in both cfg and
+    config (the run's settings and what it records and saves by), a ckpt.pt read under 'dcp' leaves it; a one-line
+    note names the file wherever it is not the format asked for."""
+    from types import SimpleNamespace
+
+    out = str(tmp_path / "out")
+    _fake_checkpoints(out, single, dcp)
+    cfg = SimpleNamespace(out_dir=out, checkpoint_format=asked)
+    config = {"out_dir": out, "checkpoint_format": asked}
+    got = train._resume_path(cfg, config, SimpleNamespace(master=True))
+    assert got == os.path.join(out, want)
+    assert cfg.checkpoint_format == config["checkpoint_format"] == fmt
+    lines = capsys.readouterr().out.splitlines()
+    if (want == "ckpt.dcp") == (asked == "dcp"):
+        assert lines == [], lines
+    else:
+        assert len(lines) == 1 and lines[0].startswith("note: ") and f"resuming from {got}" in lines[0], lines
+        assert "older" in lines[0] or "does not exist" in lines[0], lines
+
+
+def test_a_dcp_run_resumes_without_its_format_and_after_a_conversion_from_the_newest_checkpoint(
+    small_chars, tmp_path, capsys
+):
+    """Real runs, FSDP in one process, as the docs say a user goes: a checkpoint_format='dcp' run of 2 steps; resumed
+    to 3 without repeating --checkpoint_format=dcp, it finds ckpt.dcp, says so in one line, records and saves 'dcp'
+    (no ckpt.pt appears); converted (python sharding.py ckpt.dcp ckpt.pt) and trained on to 4 in the default single
+    format, ckpt.pt holds step 4 and ckpt.dcp is stale at 3; resumed with --checkpoint_format=dcp to 5, it starts
+    from ckpt.pt's step 4 (one line names the stale folder) and saves sharded. No step is logged twice; the stale
+    ckpt.dcp is replaced only by the newer one, and ckpt.pt is left as it was."""
+
+    def saved(name):
+        file = os.path.join(out, name, sharding.EXTRA) if name.endswith(".dcp") else os.path.join(out, name)
+        return torch.load(file, weights_only=True, map_location="cpu")["iter_num"]
+
+    out = str(tmp_path / "run")
+    args = [*TINY, f"--data_root={small_chars}", *FSDP, *CASES["rope"], "--gradient_accumulation_steps=1"]
+    args += ["--eval_interval=1", "--eval_iters=1", f"--out_dir={out}"]
+    train.main([*args, "--checkpoint_format=dcp", "--max_iters=2"])
+    capsys.readouterr()
+    m = train.main([*args, "--init_from=resume", "--max_iters=3"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert (
+        len(notes) == 1 and f"resuming from {os.path.join(out, 'ckpt.dcp')}, with checkpoint_format='dcp'" in notes[0]
+    )
+    assert m["config"]["checkpoint_format"] == m["sharding"]["checkpoint_format"] == "dcp" and m["iter_num"] == 3
+    assert saved("ckpt.dcp") == 3 and not os.path.exists(os.path.join(out, "ckpt.pt"))
+    sharding.main([os.path.join(out, "ckpt.dcp"), os.path.join(out, "ckpt.pt")])
+    train.main([*args, "--init_from=resume", "--max_iters=4"])
+    assert (saved("ckpt.pt"), saved("ckpt.dcp")) == (4, 3)
+    capsys.readouterr()
+    m = train.main([*args, "--init_from=resume", "--checkpoint_format=dcp", "--max_iters=5"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and f"resuming from {os.path.join(out, 'ckpt.pt')}" in notes[0], notes
+    assert m["iter_num"] == 5 and m["config"]["checkpoint_format"] == "dcp"
+    assert (saved("ckpt.pt"), saved("ckpt.dcp")) == (4, 5)
+    assert sorted(losses(out)) == [1, 2, 3, 4, 5]
+    with open(os.path.join(out, "log.jsonl")) as f:
+        assert [r["iter"] for r in map(json.loads, f) if "loss" in r] == [1, 2, 3, 4, 5]
 
 
 def test_a_dcp_folder_written_before_a_model_field_existed_reads_it_as_a_single_file_does(tmp_path):
@@ -647,6 +764,40 @@ def test_bytes_per_rank_when_rows_do_not_divide_by_the_ranks_or_are_fewer(ranks)
         got = sharding.memory_per_rank(params, world)["fsdp"]
         assert got["params"] == got["grads"] == 4 * floats, (world, got)
         assert got["optimizer"] == 4 * 2 * floats + 4 * 3, (world, got)
+
+
+def test_one_micro_step_per_rank_holds_sharded_gradients_whichever_reduce_choice(monkeypatch, capsys):
+    """fsdp_reduce_every_micro_step=False holds whole fp32 gradients only between micro-steps that do not reduce: with
+    one micro-step per rank the only backward reduce-scatters (set_grad_sync's sync), so each rank holds its shard,
+    as with True. Hand-worked, tensors of 1 x 3, 5 x 2 and 65 rows (78 floats) at world 2: rank 0 holds 1 + 3 + 33
+    rows (42 floats) of the gradients at one micro-step under either choice, all 78 at two micro-steps under False
+    (DDP: 78 always). Through train.shard_model at world 2 with 2 micro-steps in all (gradient_accumulation_steps=2,
+    one per rank): the recorded estimate's gradients are its parameters' bytes (sharded alike) and the printed FSDP
+    line says so, without the two choices' costs (they differ only at several micro-steps per rank); at 2 micro-steps
+    per rank they are 4 bytes per parameter."""
+    params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(*s)) for s in ((1, 3), (5, 2), (65,))])
+    for accum, every, floats in ((1, False, 42), (1, True, 42), (2, True, 42), (2, False, 78)):
+        got = sharding.memory_per_rank(params, 2, accum, every)
+        assert got["fsdp"]["grads"] == 4 * floats and got["fsdp"]["params"] == 4 * 42, (accum, every, got)
+        assert got["ddp"]["grads"] == 4 * 78
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(sharding, "shard", lambda model, dev, dtype: sharding.mixed_precision(dtype))  # no group
+    gptconf = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=65, block_size=16)
+    model = GPT(gptconf)
+    whole = 4 * sum(p.numel() for p in model.parameters())
+    cfg = SimpleNamespace(fsdp=True, activation_checkpointing=False, batch_size=2, checkpoint_format="single")
+    cfg.gradient_accumulation_steps = 2
+    for per_rank in (1, 2):
+        run = SimpleNamespace(world_size=2, grad_accum=per_rank, fsdp_reduce_every_micro_step=False, master=True)
+        run.__dict__.update(dev="cpu", device_type="cpu", dtype="float32")
+        train.shard_model(cfg, run, model, gptconf)
+        est = run.sharding["memory_per_rank"]["estimate"]
+        assert est["params"] < whole and est["grads"] == (est["params"] if per_rank == 1 else whole), (per_rank, est)
+        out = capsys.readouterr().out
+        fsdp_line = next(line for line in out.splitlines() if line.lstrip().startswith("FSDP"))
+        assert f"grads {sharding.gib(est['grads'])}," in fsdp_line, fsdp_line
+        assert ("(fsdp_reduce_every_micro_step)" in out) == (per_rank > 1)  # the choices differ only then
 
 
 def test_a_resume_under_fsdp_reads_the_whole_checkpoint_to_the_cpu_not_the_runs_device(tmp_path):
