@@ -461,15 +461,42 @@ def _resume_path(cfg, config, run):
     return other
 
 
-def _saved_iter(path):
-    """The iter_num of a checkpoint: ckpt.pt's (memory-mapped: its tensors are not read) or a dcp folder's extra.pt.
-    Raises UserError (one line) for a file that cannot be read."""
+def _saved_iter(path, key="iter_num"):
+    """A checkpoint's iter_num (or another small key, e.g. best_val_loss in nats): ckpt.pt's / best.pt's
+    (memory-mapped: its tensors are not read) or a dcp folder's extra.pt. Raises UserError (one line) for a file that
+    cannot be read."""
     if os.path.isdir(path):
-        return sharding.load_dcp_extra(path)["iter_num"]
+        return sharding.load_dcp_extra(path)[key]
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
-    except Exception as e:  # truncated, not a zip-format torch file, no iter_num ...
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)[key]
+    except Exception as e:  # truncated, not a zip-format torch file, no such key ...
         raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
+
+
+def _best_path(cfg, run):
+    """The best checkpoint the final evaluation scores, of out_dir/best.pt and the folder out_dir/best.dcp: the one
+    that exists, and where both do (a run resumed in the other format, _resume_path), the one of the lower
+    best_val_loss, since a resumed run writes a best only when it improves on the best so far (on a tie, or where
+    neither exists, the one checkpoint_format names). A best.dcp that wins without fsdp cannot be read: the one
+    asked for is scored, and a note says how to score best.dcp."""
+    single, dcp = os.path.join(cfg.out_dir, "best.pt"), sharding.dcp_path(cfg.out_dir, "best.pt")
+    asked, other = (dcp, single) if cfg.checkpoint_format == "dcp" else (single, dcp)
+    if not os.path.exists(other):
+        return asked
+    if os.path.exists(asked):
+        loss = {path: _saved_iter(path, "best_val_loss") for path in (asked, other)}
+        if not loss[other] < loss[asked]:
+            return asked
+        why = f"{other} (val {loss[other]:.4f}) is better than {asked} (val {loss[asked]:.4f})"
+    else:
+        why = f"{asked} does not exist"
+    if other == dcp and not run.fsdp:
+        if run.master:
+            print(f"note: {why} but needs fsdp=True; scoring {asked} (or: {sharding.convert_hint(dcp)})")
+        return asked
+    if run.master:
+        print(f"note: {why}; scoring {other}")
+    return other
 
 
 def _elastic_restart(cfg, run):
@@ -750,11 +777,9 @@ def final_evaluation(cfg, config, run, raw_model, data, iter_num, best_val_loss,
     """best.pt (or, without one, the current weights) on the full val and test splits -> the metrics,
     written atomically to out_dir/metrics.json by rank 0 with the run's config and provenance; a text run
     then prints its summary (text_run_summary)."""
-    best_path = os.path.join(cfg.out_dir, "best.pt")
-    if cfg.checkpoint_format == "dcp":
-        best_path = sharding.dcp_path(cfg.out_dir, "best.pt")
     if run.ddp:
         dist.barrier()  # rank 0 may still be writing best.pt
+    best_path = _best_path(cfg, run)
     if os.path.exists(best_path):
         load_weights(run, raw_model, best_path)
     elif run.master:

@@ -625,6 +625,56 @@ def test_a_resume_reads_the_newest_of_ckpt_pt_and_ckpt_dcp(asked, single, dcp, w
         assert "older" in lines[0] or "does not exist" in lines[0], lines
 
 
+def _fake_bests(out, single=None, dcp=None):
+    """out/best.pt and out/best.dcp (its extra.pt) holding only best_val_loss (nats), where given."""
+    os.makedirs(out, exist_ok=True)
+    if single is not None:
+        torch.save({"best_val_loss": single}, os.path.join(out, "best.pt"))
+    if dcp is not None:
+        os.makedirs(os.path.join(out, "best.dcp"))
+        torch.save({"best_val_loss": dcp}, os.path.join(out, "best.dcp", sharding.EXTRA))
+
+
+@pytest.mark.parametrize(
+    "asked, fsdp, single, dcp, want",
+    [
+        ("single", False, 1.5, None, "best.pt"),
+        ("dcp", True, None, 1.5, "best.dcp"),
+        ("dcp", True, 1.5, None, "best.pt"),  # a single-format run resumed as dcp that never improved
+        ("single", True, None, 1.5, "best.dcp"),  # a dcp run resumed (converted) in the single format
+        ("single", True, 1.6, 1.5, "best.dcp"),  # ... whose best.pt of the earlier phase is worse
+        ("single", True, 1.4, 1.5, "best.pt"),  # ... which improved after the resume
+        ("dcp", True, 1.4, 1.5, "best.pt"),
+        ("dcp", True, 1.6, 1.5, "best.dcp"),
+        ("single", True, 1.5, 1.5, "best.pt"),  # a tie: the format asked
+        ("dcp", True, 1.5, 1.5, "best.dcp"),
+        ("single", False, 1.6, 1.5, "best.pt"),  # best.dcp is better but needs fsdp: a note says how to read it
+        ("single", False, None, None, "best.pt"),  # neither: final_evaluation warns and scores the current weights
+    ],
+)
+def test_the_final_evaluation_scores_the_better_of_best_pt_and_best_dcp(
+    asked, fsdp, single, dcp, want, tmp_path, capsys
+):
+    """train._best_path: where a run resumed in the other format left both best.pt and best.dcp, the final
+    evaluation scores the one of the lower best_val_loss (the best weights of the whole run; on a tie the format
+    asked), not the format setting's, which may be stale; a note names any other choice in one line."""
+    from types import SimpleNamespace
+
+    out = str(tmp_path / "out")
+    _fake_bests(out, single, dcp)
+    got = train._best_path(
+        SimpleNamespace(out_dir=out, checkpoint_format=asked), SimpleNamespace(master=True, fsdp=fsdp)
+    )
+    assert got == os.path.join(out, want)
+    lines = capsys.readouterr().out.splitlines()
+    if single is not None and dcp is not None and dcp < single and not fsdp:
+        assert len(lines) == 1 and "needs fsdp=True" in lines[0] and "python sharding.py" in lines[0], lines
+    elif (want == "best.dcp") == (asked == "dcp"):
+        assert lines == [], lines
+    else:
+        assert len(lines) == 1 and lines[0].startswith("note: ") and f"scoring {got}" in lines[0], lines
+
+
 def test_a_dcp_run_resumes_without_its_format_and_after_a_conversion_from_the_newest_checkpoint(
     small_chars, tmp_path, capsys
 ):
@@ -663,6 +713,22 @@ def test_a_dcp_run_resumes_without_its_format_and_after_a_conversion_from_the_ne
     assert sorted(losses(out)) == [1, 2, 3, 4, 5]
     with open(os.path.join(out, "log.jsonl")) as f:
         assert [r["iter"] for r in map(json.loads, f) if "loss" in r] == [1, 2, 3, 4, 5]
+
+
+def test_a_dcp_run_converted_and_resumed_without_improving_scores_its_best_dcp(small_chars, tmp_path, capsys):
+    """Real runs, FSDP in one process: a checkpoint_format='dcp' run of 2 steps (best.dcp), converted (python
+    sharding.py) and resumed in the single format for a step at lr 0, which cannot improve on the best so far and
+    writes no best.pt: the final evaluation scores best.dcp (the run's best), says so in one line, and records it."""
+    out = str(tmp_path / "run")
+    args = [*TINY, f"--data_root={small_chars}", *FSDP, *CASES["rope"], "--gradient_accumulation_steps=1"]
+    args += ["--eval_interval=1", "--eval_iters=1", f"--out_dir={out}"]
+    train.main([*args, "--checkpoint_format=dcp", "--max_iters=2"])
+    sharding.main([os.path.join(out, "ckpt.dcp"), os.path.join(out, "ckpt.pt")])
+    capsys.readouterr()
+    m = train.main([*args, "--init_from=resume", "--max_iters=3", "--learning_rate=0", "--min_lr=0"])
+    assert not os.path.exists(os.path.join(out, "best.pt")) and m["checkpoint"] == os.path.join(out, "best.dcp")
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert any(f"scoring {os.path.join(out, 'best.dcp')}" in line for line in notes), notes
 
 
 def test_a_dcp_folder_written_before_a_model_field_existed_reads_it_as_a_single_file_does(tmp_path):
