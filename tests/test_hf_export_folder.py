@@ -119,6 +119,25 @@ def test_an_out_dir_whose_name_extends_the_runs_name_is_not_taken_for_its_parent
         hf_export.export(run, str(tmp_path / "out-x" / ".."), force=True)
 
 
+def test_a_failed_rename_puts_the_earlier_export_back_and_leaves_nothing_beside_it(run, tmp_path, monkeypatch):
+    """--force moves the earlier export aside, then renames the new folder into place: if that rename fails, the
+    earlier export is back under its name, byte for byte, and neither the new folder nor the aside folder stays."""
+    out = tmp_path / "hf"
+    hf_export.export(run, str(out))
+    before = snapshot(out)
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if os.path.basename(src).startswith(".hf.tmp-"):
+            raise OSError(28, "No space left on device")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError, match="No space"):
+        hf_export.export(run, str(out), ckpt="ckpt", force=True)
+    assert snapshot(out) == before and os.listdir(tmp_path) == ["hf"]
+
+
 # --- what reaches the disk, with which modes -------------------------------------------------------------------------
 
 
