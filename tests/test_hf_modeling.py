@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import types
 
 import pytest
 import torch
@@ -125,13 +126,16 @@ def test_a_cached_continuation_at_given_positions_equals_the_full_forward(name, 
 
 
 @pytest.mark.parametrize("name", ["pope", "rope", "yarn_code"])
-def test_logits_at_positions_near_100k_equal_gpt_forward(name, export_of):
-    """At positions 100,000 + t the phases t theta are ~1e5 radians: formed in float32 they are off by ~4e-3, a
-    drift the 1e-5 check sees; formed in float64 from the frequencies pope.py / model.py use, they are not."""
+def test_logits_with_keys_100k_positions_back_equal_gpt_forward(name, export_of):
+    """Half the tokens at positions 0, 3, 6, ..., the other half near 100,000: phases t theta of ~1e5 radians, and
+    query-key distances of ~1e5. Phases formed in float32 are off by ~4e-3 radians; PoPE's frequencies not rounded
+    to float32 (as pope.py rounds them) are off by up to 7e-4 radians at a distance of 1e5 (an error that cancels
+    between a query and a key near each other, so only far keys show it). Either drift is seen by the 1e-5 check."""
     gpt, out = export_of(name)
     hf = load_hf(out)
     x = torch.tensor([char_ids(CHAR_TEXT[:L])])
-    p = 100_000 + torch.arange(L)[None] * 3
+    p = torch.arange(L)[None] * 3
+    p[:, L // 2 :] += 100_000
     with torch.no_grad():
         got, want = hf(x, position_ids=p).logits, gpt(x, position_ids=p)[0]
     assert relative_error(got, want) <= 1e-5
@@ -195,6 +199,7 @@ def test_yarn_named_under_the_older_type_key_reads_as_yarn(export_of, tmp_path):
     and hand-written ones have it): the model is YaRN (GPT's logits past the original context), and hf/load.py reads
     it as rope_scaling 4.0."""
     from hf.load import checkpoint_from_folder
+    from hf.modeling_pope_gpt import yarn_params
 
     gpt, out = export_of("yarn_code")
     old = tmp_path / f"hf-old-type-{tmp_path.name}"
@@ -207,6 +212,9 @@ def test_yarn_named_under_the_older_type_key_reads_as_yarn(export_of, tmp_path):
     x = ids(CHAR_TEXT[:L])
     with torch.no_grad():
         assert relative_error(load_hf(str(old))(x).logits, gpt(x)[0]) <= 1e-5
+    # transformers 5 adds rope_type itself when it reads the config; transformers 4 keeps the dict as written
+    kept_as_written = types.SimpleNamespace(rope_scaling=cfg["rope_scaling"])
+    assert yarn_params(kept_as_written) == (4.0, 8, 32.0, 1.0, cfg["rope_scaling"]["attention_factor"])
     args = checkpoint_from_folder(str(old))["model_args"]
     assert (args["rope_scaling"], args["rope_original_block_size"]) == (4.0, 8)
     assert math.isclose(cfg["rope_scaling"]["attention_factor"], 0.1 * math.log(4.0) + 1.0)
