@@ -209,7 +209,7 @@ def test_a_character_vocabularys_pad_id_is_the_tokenizers_pad_token_wherever_it_
     meta = {"dataset": "ii", "vocab_size": len(itos), "pad_id": pad_id, "tokenizer": {"kind": "char", "itos": itos}}
     run = save_run(tmp_path / "run", built_model(len(itos)), meta)
     out = hf_export.export(run, str(tmp_path / f"hf-{tmp_path.name}"))
-    tok = AutoTokenizer.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
     with open(os.path.join(out, "config.json")) as f:
         assert json.load(f)["pad_token_id"] == pad_id
     assert tok.pad_token == "<pad>" and tok.pad_token_id == pad_id
