@@ -16,10 +16,13 @@ Reads RUN_DIR/best.pt (--ckpt=best, the default) or RUN_DIR/ckpt.pt (--ckpt=ckpt
                              character); runs with other tokenizers (MIDI, genome, ...) get none: their ids are data
     README.md                a model card: settings, provenance, val/test loss (RUN_DIR/metrics.json), citation
     generation_config.json   transformers' own
-The folder is built beside OUT_DIR and renamed into place, so a crash leaves no half folder. Refused with one line
-and exit code 2: no checkpoint in RUN_DIR, a sharded dcp checkpoint (with the command that converts it), an
-encoding or a GPTConfig field this export does not know, an OUT_DIR that exists and is not empty (without --force),
-an OUT_DIR that is RUN_DIR or holds it. docs/hf.md: loading, generate, lm-eval, the hub.
+The folder is built beside OUT_DIR, fsynced, given the umask's modes and renamed into place, so a crash leaves no
+half folder; --force replaces only an earlier export (is_export), removed after the rename. Refused with one line and
+exit code 2, nothing written: no checkpoint in RUN_DIR, a sharded dcp checkpoint (with the command that converts it),
+a file torch cannot read as tensors and plain values, model_args that do not fit the weights, an encoding or a
+GPTConfig field this export does not know, an OUT_DIR that exists and is not empty (without --force) or is not an
+earlier export (with it), an OUT_DIR that is RUN_DIR, the current folder, or holds either. docs/hf.md: loading,
+generate, lm-eval, the hub.
 """
 
 import argparse
@@ -39,9 +42,18 @@ import torch  # noqa: E402
 from checkpoint import build_model, load_checkpoint, tokenizer_from_checkpoint  # noqa: E402
 from cli import UserError, exit_on_user_error  # noqa: E402
 from hf.configuration_pope_gpt import POS_ENCODINGS, PopeGPTConfig  # noqa: E402
-from model import GPTConfig  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 SHIPPED = ("configuration_pope_gpt.py", "modeling_pope_gpt.py")  # the code inside every exported folder
+WRITTEN = SHIPPED + (  # every name an export writes (transformers 4 and 5): --force replaces a folder of these only
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "README.md",
+)
 AUTO_MAP = {
     "AutoConfig": "configuration_pope_gpt.PopeGPTConfig",
     "AutoModelForCausalLM": "modeling_pope_gpt.PopeGPTForCausalLM",
@@ -295,6 +307,71 @@ def write_folder(folder, model, state, ckpt_file, run_dir):
         f.write(card)
 
 
+def is_export(folder):
+    """True if `folder` is one --force may replace: its config.json has this export's auto_map, or it has no
+    config.json and holds only files (no folders) under the names an export writes (WRITTEN). Another model's folder
+    (a config.json without this auto_map) is not one."""
+    config = os.path.join(folder, "config.json")
+    if os.path.exists(config):
+        try:
+            with open(config) as f:
+                return json.load(f).get("auto_map") == AUTO_MAP
+        except (OSError, ValueError, AttributeError):
+            return False
+    return all(n in WRITTEN and os.path.isfile(os.path.join(folder, n)) for n in os.listdir(folder))
+
+
+def check_out_dir(out_dir, run_dir, force):
+    """Raises UserError (nothing written) for an OUT_DIR the export must not write: the run folder or one that holds
+    it, the current folder or one that holds it (it cannot be renamed from inside), a file, a non-empty folder
+    without --force, and with --force a folder that is not an earlier export (is_export)."""
+    out_real, run_real = os.path.realpath(out_dir), os.path.realpath(run_dir)
+    if out_real == run_real or run_real.startswith(out_real.rstrip(os.sep) + os.sep):
+        raise UserError(f"OUT_DIR {out_dir} is the run folder {run_dir} or holds it; choose another OUT_DIR")
+    if not os.path.exists(out_dir):
+        return
+    if not os.path.isdir(out_dir):
+        raise UserError(f"OUT_DIR {out_dir} exists and is a file; choose another OUT_DIR")
+    cwd = os.path.realpath(os.getcwd())
+    if out_real == cwd or cwd.startswith(out_real.rstrip(os.sep) + os.sep):
+        raise UserError(
+            f"OUT_DIR {out_dir} is the current folder or holds it, which cannot be replaced from inside; "
+            "run the export from another folder"
+        )
+    if os.listdir(out_dir) and not force:
+        raise UserError(f"OUT_DIR {out_dir} exists and is not empty; pass --force to replace it, or choose another")
+    if os.listdir(out_dir) and not is_export(out_dir):
+        raise UserError(
+            f"OUT_DIR {out_dir} is not an earlier export (no config.json with hf/export.py's auto_map, or files an "
+            "export does not write) and --force replaces only those; choose another OUT_DIR"
+        )
+
+
+def checked_model(state, path):
+    """model.py's GPT of a checkpoint dict read from `path`, its weights loaded. Raises UserError in one line naming
+    path: model_args GPTConfig refuses, or weights that do not fit them (the first tensor that differs)."""
+    try:
+        config = GPTConfig(**state["model_args"])
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{path}: its model_args are not a valid GPTConfig: {str(e).splitlines()[0]}") from None
+    try:
+        return build_model(state)
+    except RuntimeError:
+        pass
+    want, got = GPT(config).state_dict(), state["model"]
+    missing, unexpected = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    shapes = [k for k in want if k in got and tuple(want[k].shape) != tuple(got[k].shape)]
+    if shapes:
+        k = shapes[0]
+        first = f"{k} is {tuple(got[k].shape)} in the file, {tuple(want[k].shape)} for its model_args"
+    else:
+        first = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}" if unexpected else "?"
+    raise UserError(
+        f"{path}: its weights do not fit its model_args ({len(shapes)} shapes differ, {len(missing)} tensors "
+        f"missing, {len(unexpected)} unexpected): {first}; was model_args edited, or the file written by other code?"
+    )
+
+
 def _fsync_tree(folder):
     """Every file of `folder` (flat) on disk and readable as a file written with open() is (0666 minus the umask)."""
     mode = 0o666 & ~_umask()
@@ -322,39 +399,35 @@ def export(run_dir, out_dir, ckpt="best", force=False):
     ckpt_file = CKPTS.get(ckpt)
     if ckpt_file is None:
         raise UserError(f"--ckpt must be one of {', '.join(CKPTS)}, got {ckpt!r}")
-    out_real, run_real = os.path.realpath(out_dir), os.path.realpath(run_dir)
-    if out_real == run_real or run_real.startswith(out_real.rstrip(os.sep) + os.sep):
-        raise UserError(f"OUT_DIR {out_dir} is the run folder {run_dir} or holds it; choose another OUT_DIR")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UserError(f"OUT_DIR {out_dir} exists and is a file; choose another OUT_DIR")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
-        raise UserError(f"OUT_DIR {out_dir} exists and is not empty; pass --force to replace it, or choose another")
+    check_out_dir(out_dir, run_dir, force)
     state = load_checkpoint(run_dir, ckpt_file)
     hf_config(state["model_args"])  # refuses an unknown encoding or field before anything is built
-    try:
-        model = build_model(state)
-    except (ValueError, RuntimeError) as e:  # GPTConfig's checks, weights that do not fit
-        raise UserError(f"{os.path.join(run_dir, ckpt_file)}: {str(e).splitlines()[0]}") from None
+    model = checked_model(state, os.path.join(run_dir, ckpt_file))
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     name = os.path.basename(os.path.normpath(out_dir))
     tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    old = moved = None
     try:
         with torch.no_grad():
             write_folder(tmp, model, state, ckpt_file, run_dir)
         _fsync_tree(tmp)
-        os.chmod(tmp, 0o777 & ~_umask())
-        old = None
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700: others could not read the export
         if os.path.isdir(out_dir):
             old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
             os.rename(out_dir, os.path.join(old, name))
+            moved = os.path.join(old, name)
         os.rename(tmp, out_dir)
         _fsync_dir(parent)
-        if old is not None:
-            shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if moved is not None and not os.path.exists(out_dir):
+            os.rename(moved, out_dir)  # the earlier export back in place
+        if old is not None and os.path.isdir(old) and not os.listdir(old):
+            os.rmdir(old)
         raise
+    if old is not None:
+        shutil.rmtree(old)  # the replaced export: no hidden copy stays beside OUT_DIR
     return out_dir
 
 

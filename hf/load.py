@@ -9,6 +9,7 @@ that checkpoint.load_finetune_checkpoint compares with the data's.
 """
 
 import json
+import math
 import os
 
 from cli import UserError
@@ -18,7 +19,8 @@ from hf.export import FIELDS
 def checkpoint_from_folder(folder):
     """{"model", "model_args", "config", "iter_num", "best_val_loss", "tokenizer", "provenance"} of an exported
     folder. Raises UserError for a folder that is not one (no config.json of model_type 'pope_gpt', sharded or
-    missing weights, no pope_tokenizer), or a YaRN whose bounds model.py does not have."""
+    missing weights, no pope_tokenizer), attention_bias != mlp_bias, or a YaRN whose betas or attention_factor
+    model.py does not have."""
     path = os.path.join(folder, "config.json")
     try:
         with open(path) as f:
@@ -38,7 +40,14 @@ def checkpoint_from_folder(folder):
     if yarn.get("rope_type", yarn.get("type")) == "yarn":
         if (yarn.get("beta_fast", 32.0), yarn.get("beta_slow", 1.0)) != (32.0, 1.0):
             raise UserError(f"init_from='hf': {path}'s YaRN has beta_fast/beta_slow other than model.py's 32/1")
-        args["rope_scaling"] = float(yarn["factor"])
+        s = float(yarn["factor"])
+        m = yarn.get("attention_factor")
+        if m is not None and not math.isclose(m, 0.1 * math.log(s) + 1.0, rel_tol=1e-6):
+            raise UserError(
+                f"init_from='hf': {path}'s YaRN has attention_factor {m}, model.py's is 0.1 ln(factor) + 1 = "
+                f"{0.1 * math.log(s) + 1.0:.6g}"
+            )
+        args["rope_scaling"] = s
         args["rope_original_block_size"] = int(yarn["original_max_position_embeddings"])
     weights = os.path.join(folder, "model.safetensors")
     if not os.path.isfile(weights):

@@ -16,7 +16,7 @@ Positions (config.pos_encoding):
             head (pope_use_delta; else 0). Computed as a 2d-wide dot product of the query's
             mu_q [cos(t theta - delta), sin(t theta - delta)] and the key's mu_k [cos(s theta), sin(s theta)].
             The KV cache keeps each key's magnitude mu_k (d wide: RoPE's bytes) and its value; the keys are rotated
-            at attention time, at the positions the attention_mask gives them.
+            at attention time, each at the position it was given (kept beside the cache: KEY_POSITIONS).
     'rope'  RoPE on channel pairs (c, c + d/2), theta_i = rope_theta^(-2i/d); with rope_scaling's YaRN (factor s,
             original context L, beta_fast/beta_slow, the ramp of rope_yarn_ramp) the frequencies
             (1 - gamma_i) theta_i / s + gamma_i theta_i and q, k times attention_factor (0.1 ln s + 1).
@@ -43,6 +43,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .configuration_pope_gpt import PopeGPTConfig
 
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+KEY_POSITIONS = "pope_gpt_key_positions"  # the attribute of a Cache that holds its keys' positions (B, past) int64
 
 
 # --- frequencies and rotations (model.py's rope_frequencies, yarn_gamma; pope.py's pope_frequencies) ---
@@ -277,13 +278,15 @@ class PopeGPTModel(PopeGPTPreTrainedModel):
     def set_input_embeddings(self, value):
         self.wte = value
 
-    def positions(self, B, T, past, attention_mask, position_ids, device):
+    def positions(self, B, T, past, attention_mask, position_ids, device, kept=None):
         """The per-forward dict every layer reads: q_positions (B, T) and k_positions (B, past + T) int64 token
         positions, allowed (B, 1, T, past + T) bool (causal, padding masked), is_causal (SDPA's is_causal applies),
         rows / key_rows (the encoding's rotations of queries and keys), yarn_factor.
 
-        Key positions: the attention_mask's cumsum - 1 (transformers' convention), else past.. past + T - 1;
-        position_ids (B or 1, T), when given, are the new tokens' positions (queries and their keys).
+        The new tokens' positions: position_ids (B or 1, T) when given, else the attention_mask's cumsum - 1
+        (transformers' convention), else past.. past + T - 1. The cached keys' positions: kept (B, >= past) int64,
+        the k_positions the cache's earlier forwards recorded (so a key keeps the position it was given, as RoPE's
+        rotated keys do), else as the new tokens' (a cache filled by other code).
         Raises ValueError for a mask that is not (B, past + T)."""
         Tk = past + T
         if attention_mask is not None:
@@ -299,6 +302,8 @@ class PopeGPTModel(PopeGPTPreTrainedModel):
             k_pos = torch.arange(Tk, device=device).expand(B, Tk)
         if position_ids is not None:
             k_pos = torch.cat((k_pos[:, :past], position_ids.to(device).long().expand(B, T)), dim=1)
+        if past and kept is not None and kept.shape[0] == B and kept.shape[1] >= past:
+            k_pos = torch.cat((kept[:, :past].to(device), k_pos[:, past:]), dim=1)
         q_pos = k_pos[:, past:]
         cfg = self.config
         # causal by index: key j is visible to query i (at index past + i) if j <= past + i and j is not padding
@@ -332,7 +337,10 @@ class PopeGPTModel(PopeGPTPreTrainedModel):
         x = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
         B, T = x.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
-        pos = self.positions(B, T, past, attention_mask, position_ids, x.device)
+        kept = getattr(cache, KEY_POSITIONS, None)
+        pos = self.positions(B, T, past, attention_mask, position_ids, x.device, kept)
+        if cache is not None:  # each cached key's own position, for PoPE's and ALiBi's next forward over the cache
+            setattr(cache, KEY_POSITIONS, pos["k_positions"])
         cfg = self.config
         if cfg.pos_encoding in ("learned", "sinusoidal"):
             if int(pos["q_positions"].max()) >= cfg.max_position_embeddings:
@@ -343,7 +351,7 @@ class PopeGPTModel(PopeGPTPreTrainedModel):
             if cfg.pos_encoding == "learned":
                 x = x + self.wpe(pos["q_positions"])
             else:
-                x = x + sinusoidal_rows(pos["q_positions"], cfg.hidden_size).to(x.device)
+                x = x + sinusoidal_rows(pos["q_positions"], cfg.hidden_size).to(x.device, x.dtype)
         x = self.drop(x)
         for block in self.h:
             x = block(x, pos, cache)

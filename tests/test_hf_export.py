@@ -390,9 +390,11 @@ def test_refusals(tmp_path, capsys):
     assert "is the run folder" in refused([run, run], capsys)
     assert "is the run folder" in refused([run, str(tmp_path)], capsys)
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporary folder left
-    hf_export.main([run, str(full), "--force", "--ckpt=ckpt"])  # --force replaces it
-    assert "keep.txt" not in os.listdir(full) and "model.safetensors" in os.listdir(full)
-    assert "from `ckpt.pt`" in (full / "README.md").read_text()
+    assert "--force replaces only" in refused([run, str(full), "--force"], capsys)  # not an earlier export
+    assert os.listdir(full) == ["keep.txt"]
+    earlier = hf_export.export(run, str(tmp_path / "earlier"))
+    hf_export.main([run, earlier, "--force", "--ckpt=ckpt"])  # --force replaces an earlier export
+    assert "from `ckpt.pt`" in (tmp_path / "earlier" / "README.md").read_text()
 
 
 def test_the_command_line_exits_2_with_one_line(tmp_path):

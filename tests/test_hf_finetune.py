@@ -108,3 +108,42 @@ def test_step_0_of_a_fine_tune_from_hf_is_a_checkpoint_of_the_exported_weights(c
     pre = torch.load(os.path.join(char_pretrained["run"], "best.pt"), weights_only=True)
     assert best["iter_num"] == 0 and best["model"].keys() == pre["model"].keys()
     assert all(torch.equal(best["model"][k], pre["model"][k]) for k in pre["model"])
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        ({"model_type": "llama"}, "'llama' model"),
+        ({"model_type": None}, "None model"),
+        ({"attention_bias": True}, "attention_bias != mlp_bias"),
+        ({"mlp_bias": True}, "attention_bias != mlp_bias"),
+        ({"rope_scaling.beta_fast": 16.0}, "beta_fast/beta_slow"),
+        ({"rope_scaling.beta_slow": 2.0}, "beta_fast/beta_slow"),
+        ({"rope_scaling.attention_factor": 1.0}, "attention_factor"),
+    ],
+    ids=["llama", "no_model_type", "attention_bias", "mlp_bias", "beta_fast", "beta_slow", "attention_factor"],
+)
+def test_a_folder_model_py_cannot_represent_is_refused_in_one_line(edit, words, tmp_path, monkeypatch):
+    """config.json edited (or written by other code) to what model.py has no setting for: another model_type, one
+    bias setting per module, YaRN betas or temperature other than model.py's 32 / 1 and 0.1 ln s + 1. hf/load.py
+    (train.py --init_from=hf) refuses it in one line instead of fine-tuning model.py's settings or failing at the
+    state dict; the unedited folder reads."""
+    from test_hf_export import CHAR_TOKENIZER, ENCODINGS, ITOS, built_model, save_run
+
+    from cli import UserError
+    from hf.load import checkpoint_from_folder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = save_run(tmp_path / "run", built_model(len(ITOS), **ENCODINGS["yarn_code"]), CHAR_TOKENIZER)
+    folder = hf_export.export(run, str(tmp_path / "hf"))
+    assert checkpoint_from_folder(folder)["model_args"]["rope_scaling"] == 4.0
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    for key, value in edit.items():
+        *outer, last = key.split(".")
+        (cfg[outer[0]] if outer else cfg)[last] = value
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(UserError) as e:
+        checkpoint_from_folder(folder)
+    assert words in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)

@@ -110,3 +110,74 @@ def test_the_backends_model_call_equals_gpt_forward_on_right_padded_rows(exporte
     ids = torch.tensor([[464, 3797, 3332, 319, 262], [15496, 995, 0, 0, 0]])
     with torch.no_grad():
         assert torch.allclose(lm._model_call(ids), adapter.model(ids)[0], rtol=1e-5, atol=1e-5)
+
+
+def documented_char_model_args():
+    """The --model_args of docs/hf.md's lm_eval command for a character-level export (its one line that sets
+    prefix_token_id)."""
+    import os
+    import re
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "hf.md")) as f:
+        found = re.findall(r"--model_args (\S*prefix_token_id=\S*)", f.read())
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_documented_command_scores_a_character_export(tmp_path, monkeypatch):
+    """A character vocabulary has no end-of-text token, and lm-eval's hf backend needs one to condition a
+    continuation with an empty context. docs/hf.md's command for character exports runs lm_eval's hf backend by name
+    on a local multiple-choice task, one context empty: each choice's log-likelihood is the repo's GPT.forward's,
+    summed in float64, the empty context conditioned on the documented prefix token."""
+    import json
+    import re
+
+    from lm_eval import evaluator
+    from test_hf_export import CHAR_TEXT, CHAR_TOKENIZER, ITOS, char_ids
+
+    for k, v in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1")):
+        monkeypatch.setenv(k, v)
+    run = save_run(tmp_path / "run", built_model(len(ITOS), seed=8, pos_encoding="pope"), CHAR_TOKENIZER)
+    out = hf_export.export(run, str(tmp_path / f"hf-{tmp_path.name}"))
+    model_args = documented_char_model_args()
+    prefix = int(re.search(r"prefix_token_id=(\d+)", model_args).group(1))
+    model_args = re.sub(r"pretrained=[^,]*", f"pretrained={out}", model_args)
+    gpt, _ = load_run(run)
+    mc = [
+        {"context": "to be, or not to", "choices": [" be", " bee", " the"], "label": 0},
+        {"context": "", "choices": ["to be", "that is"], "label": 0},
+        {"context": CHAR_TEXT[:49], "choices": [" question", " to be"], "label": 1},  # left-truncated
+    ]
+    with open(tmp_path / "mc.jsonl", "w") as f:
+        f.writelines(json.dumps(d) + "\n" for d in mc)
+    (tmp_path / "char_mc.yaml").write_text(
+        f"task: char_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'mc.jsonl'}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{context}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: label\ntarget_delimiter: ''\n"
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+    )
+    got = evaluator.simple_evaluate(
+        model="hf",
+        model_args=model_args,
+        device="cpu",
+        batch_size=2,
+        tasks=["char_mc"],
+        num_fewshot=0,
+        task_manager=ed.task_manager(str(tmp_path), include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+    )
+
+    def ll(context, choice):
+        ctx = char_ids(context) or [prefix]
+        whole = (ctx + char_ids(choice))[-(L + 1) :]
+        with torch.no_grad():
+            logp = torch.log_softmax(gpt(torch.tensor([whole[:-1]]))[0][0].double(), dim=-1)
+        n = len(choice)
+        return float(logp[-n:].gather(1, torch.tensor(whole[-n:])[:, None]).sum())
+
+    samples = sorted(got["samples"]["char_mc"], key=lambda s: s["doc_id"])
+    assert len(samples) == len(mc)
+    for doc, sample in zip(mc, samples):
+        want = [ll(doc["context"], c) for c in doc["choices"]]
+        assert [float(r[0][0]) for r in sample["resps"]] == pytest.approx(want, rel=1e-5, abs=1e-5)
