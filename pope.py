@@ -143,15 +143,18 @@ def pope_cartesian(x, rows, delta=None, magnitude="softplus", scale=1.0, dtype=N
     cos(a + b) = cos a cos b - sin a sin b, so the only trigonometry is cos/sin of delta's H * d entries.
     Computed in float32 (float64 for float64 x) under any autocast and rounded once to `dtype`; O(T d).
 
-    Differentiable in x and delta (first order; the rows get no gradient), with the chain rule written out
-    (_Cartesian) so that torch.compile makes one pass per direction (bench.py --only=bytes, docs/kernel.md): the
-    forward one pointwise kernel writing the result once; the backward one pointwise kernel reading the 2d-wide
-    gradient and x, writing dx, and for delta one reduction over batch and positions."""
+    Differentiable in x and delta, twice (the rows get no gradient), with the chain rule written out (_Cartesian)
+    so that torch.compile makes one pass per direction (bench.py --only=bytes, docs/kernel.md): the forward one
+    pointwise kernel writing the result once; the backward one pointwise kernel reading the 2d-wide gradient and x,
+    writing dx, and for delta one reduction over batch and positions. The backward is itself differentiable
+    (create_graph=True: Hessian-vector products, gradient penalties, torch.autograd.gradgradcheck), in x, delta and
+    the upstream gradient; cos and sin of delta are formed here with their graph, so its second derivatives
+    through delta are autograd's chain through them (issue 75)."""
     ct = torch.promote_types(x.dtype, torch.float32)
     with torch.autocast(device_type=x.device.type, enabled=False):
         cos_delta = sin_delta = None
-        if delta is not None:  # detached: _Cartesian returns delta's gradient itself
-            cos_delta, sin_delta = torch.cos(delta.detach().to(ct)), torch.sin(delta.detach().to(ct))
+        if delta is not None:  # not detached: the backward's formulas depend on delta through them (2nd order)
+            cos_delta, sin_delta = torch.cos(delta.to(ct)), torch.sin(delta.to(ct))
         return _Cartesian.apply(x, rows, delta, cos_delta, sin_delta, magnitude, float(scale), dtype or x.dtype)
 
 
@@ -189,7 +192,15 @@ class _Cartesian(torch.autograd.Function):
         dx     = (g_x cos phi + g_y sin phi) scale magnitude'(x)
         ddelta = sum over batch and positions of mu (g_y cos phi - g_x sin phi)        (d phi / d delta = 1)
     Autograd's own backward of the broadcast product writes d(mu) and d(rotation) tensors and sums them (five
-    kernels, issue 67); this one reads g and x once for dx, and once more for delta's reduction."""
+    kernels, issue 67); this one reads g and x once for dx, and once more for delta's reduction.
+
+    Inputs: x (B, H, T, d), rows (T, 2d) or (B, 1, T, 2d), delta (H, d) or None (only to ask for its gradient),
+    cos_delta and sin_delta (H, d) in the compute dtype ct (float32, float64 for float64 x), or None. The gradient
+    of delta is returned for delta and None for cos_delta, sin_delta, which pope_cartesian forms from delta without
+    detaching them: the backward's formulas are differentiable ops on the saved x, cos_delta, sin_delta and g, so a
+    second derivative (create_graph=True) flows to x directly and to delta through cos and sin, exactly. Both
+    directions compute in ct whatever x's and g's dtypes (bf16 under autocast): dx is rounded once to x's dtype,
+    d(delta) is returned in ct."""
 
     @staticmethod
     def forward(ctx, x, rows, delta, cos_delta, sin_delta, magnitude, scale, dtype):

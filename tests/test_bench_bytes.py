@@ -95,6 +95,44 @@ def test_bench_bytes_tables_add_up(monkeypatch):
     assert [k["rope node"] for k in kernels] == ["fwd op0", "bwd op1"]
 
 
+def test_bytes_per_token_are_slopes_over_all_the_batchs_tokens_row_by_row(monkeypatch):
+    """Issue 76, bn-slope-per-row: every figure of bench_bytes is bytes per token, the change in bytes between the two
+    counts over the change in tokens, batch_size x T (here 3 x 16 -> 3 x 48: 96 tokens), for the summary, each
+    group and each scheduler node's row, whose own bytes start from a node-specific constant (the weights' casts do
+    not grow with the tokens): node c of slope s_c and constant k_c moves s_c per token, not its bytes over the
+    tokens, nor s_c times the batch. A node that only the larger count has (a new kernel) counts from 0."""
+    slopes = {("fwd", "mm"): 7, ("bwd", "act"): 3, ("fwd", "tf"): 11, ("bwd", "new"): 5}
+    consts = {("fwd", "mm"): 9000, ("bwd", "act"): 400, ("fwd", "tf"): 0, ("bwd", "new"): 0}
+    groups = {"mm": "matmul", "act": "norms, pointwise", "tf": "pope transform fwd", "new": "pope ddelta"}
+    seen = []
+
+    def fake(pe, T, batch_size, *a, **k):
+        seen.append((pe, T, batch_size))
+        rows = []
+        for (graph, node), s in slopes.items():
+            if node == "tf" and pe == "rope" or node == "new" and (pe == "rope" or T == 16):
+                continue
+            b = consts[graph, node] + s * batch_size * T
+            rows.append({"graph": graph, "node": node, "group": groups[node], "bytes": b, "ops": [node]})
+        return rows
+
+    monkeypatch.setattr(bench, "compiled_step_bytes", fake)
+    summary, table, kernels = bench.bench_bytes((16, 48), n_embd=64, n_head=4, batch_size=3, top=4)
+    assert sorted(set(seen)) == [("pope", 16, 3), ("pope", 48, 3), ("rope", 16, 3), ("rope", 48, 3)]
+    new_per_token = (5 * 3 * 48) / 96  # only at 48 tokens: its bytes over the 96 tokens between the counts
+    assert [r["bytes_per_token"] for r in summary] == [10.0, 21.0 + new_per_token]
+    assert summary[1]["pope_minus_rope"] == 11.0 + new_per_token
+    assert summary[1]["pope_transform"] == 11.0 + new_per_token
+    by_group = {r["group"]: r for r in table}
+    assert by_group["matmul"]["pope fwd"] == by_group["matmul"]["rope fwd"] == 7.0
+    assert by_group["norms, pointwise"]["pope bwd"] == 3.0 and by_group["pope transform fwd"]["pope fwd"] == 11.0
+    assert by_group["pope ddelta"]["pope bwd"] == new_per_token and by_group["total"]["pope - rope"] == 11 + 7.5
+    got = {k["pope node"]: k["pope B/token"] for k in kernels}
+    assert got == {"fwd tf": 11.0, "bwd new": new_per_token, "fwd mm": 7.0, "bwd act": 3.0}, kernels
+    assert [k["pope node"] for k in kernels] == ["fwd tf", "bwd new", "fwd mm", "bwd act"]
+    assert {k["rope node"]: k["rope B/token"] for k in kernels if k.get("rope node")} == {"fwd mm": 7.0, "bwd act": 3.0}
+
+
 @pytest.mark.parametrize(
     "name, phase, want",
     [

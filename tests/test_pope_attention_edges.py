@@ -154,6 +154,52 @@ def test_a_negative_position_or_one_past_the_table_is_refused_in_one_line(backen
             pope.pope_attention_triton(q, k, v, delta, position_ids=pos - 1)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_rotation_rows_cover_the_queries_past_the_keys_on_every_entry_point(backend):
+    """Issue 76, pc-nrows-keys-only: the rotation table a call needs, builds and checks holds max(q_offset + Tq, Tk)
+    rows, the queries' positions as well as the keys'. Queries at 7, 8, 9 over 8 keys (their rows 7..9 of an 8-row
+    table would be one row, broadcast silently to all three): pope_attention, pope_attention_triton and
+    pope_attention_decode equal the float64 reference with no table (one built here) and with a table of exactly 10
+    rows, and refuse an 8-row table (enough for the keys alone) in one line. With position_ids the bound is the
+    table's rows, not the keys': positions up to 3 Tk - 1 of a 3 Tk-row table run (shifted positions: the same
+    output) through pope_attention and pope_attention_triton itself, and 3 Tk is refused by both."""
+    Tq, Tk, q_offset, H = 3, 8, 7, 2
+    q, k, v, delta = _qkv(H, H, Tq, Tk, seed=7)
+    want = pope.pope_attention_reference(q, k, v, delta, q_offset=q_offset)
+    mu_k = pope.pope_key_magnitude(k)
+    table = pope.pope_rotation_table(q_offset + Tq, q.shape[-1], device=DEV)
+    calls = {
+        "pope_attention": lambda **kw: pope.pope_attention(q, k, v, delta, q_offset=q_offset, backend=backend, **kw),
+        "pope_attention_decode": lambda **kw: pope.pope_attention_decode(
+            q, mu_k, v, delta, q_offset=q_offset, backend=backend, **kw
+        ),
+    }
+    if backend == "triton":
+        calls["pope_attention_triton"] = lambda **kw: pope.pope_attention_triton(
+            q, k, v, delta, q_offset=q_offset, **kw
+        )
+    for name, call in calls.items():
+        for rotation in (None, table):
+            got = call(rotation=rotation)
+            torch.testing.assert_close(got.double().cpu(), want.cpu(), atol=2e-4, rtol=2e-4, msg=name)
+        with pytest.raises(ValueError, match="rotation must be") as e:
+            call(rotation=table[:Tk])
+        assert "\n" not in str(e.value), name
+    T = Tk
+    q, k, v, delta = _qkv(H, H, T, T, seed=8)
+    want = pope.pope_attention_reference(q, k, v, delta)
+    big = pope.pope_rotation_table(3 * T, q.shape[-1], device=DEV)
+    pos = torch.arange(T, device=DEV).expand(1, T).contiguous() + 2 * T  # the last rows: 2T..3T-1
+    calls = {"pope_attention": lambda **kw: pope.pope_attention(q, k, v, delta, backend=backend, rotation=big, **kw)}
+    if backend == "triton":
+        calls["pope_attention_triton"] = lambda **kw: pope.pope_attention_triton(q, k, v, delta, rotation=big, **kw)
+    for name, call in calls.items():
+        got = call(position_ids=pos)
+        torch.testing.assert_close(got.double().cpu(), want.cpu(), atol=2e-4, rtol=2e-4, msg=name)
+        with pytest.raises(ValueError, match=f"past the rotation table's {3 * T} rows"):
+            call(position_ids=pos + 1)
+
+
 def test_the_position_check_leaves_a_compiled_graph_whole(tmp_path):
     """The check reads the positions (a host sync) in eager mode only: under torch.compile(fullgraph=True), which
     fails on any graph break, pope_attention with position_ids compiles (Inductor) and equals the eager call."""

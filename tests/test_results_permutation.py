@@ -105,3 +105,42 @@ def test_splits_tied_with_the_observed_one_in_the_upper_tail_count_as_extreme(sc
     assert results.permutation_p(a, b) == pytest.approx(4 / 20, abs=1e-15)
     assert results.permutation_p(b, a) == pytest.approx(4 / 20, abs=1e-15)
     assert results.permutation_p(a, [x + 0.5 * scale for x in b]) == pytest.approx(2 / 20, abs=1e-15)
+
+
+def _loss_cells(text):
+    """The printed table's 'test loss' row, cell by cell, and its header's cells."""
+    lines = text.splitlines()
+    cells = lambda ln: [x.strip() for x in ln.strip("|").split("|")]  # noqa: E731
+    head = cells(next(ln for ln in lines if ln.startswith("| metric")))
+    return dict(zip(head, cells(next(ln for ln in lines if ln.startswith("| test loss")))))
+
+
+@pytest.mark.parametrize("n_a, n_b", [(15, 15), (16, 15), (20, 20)])
+def test_the_verdict_follows_the_deciding_p_and_is_a_dash_where_it_is_not_computed(tmp_path, n_a, n_b):
+    """Issue 76, rs-decide-nan-check: "separated" is the deciding test's p < 0.05, and "—" where that p is not a
+    number. Arms 1..n_a against n_a + 1..n_a + n_b in complete separation: Welch's p is below 1e-9, so under
+    --decide=welch they are separated ("yes"); under --decide=perm 15 against 15 (30 runs) is computed exactly,
+    2 / C(30, 15) ("yes"), while 31 and 40 runs are not computed (p (perm.) "—"): the verdict is "—", never the
+    "no" that a comparison of nan with 0.05 gives, nor the Welch verdict."""
+    a = [float(x) for x in range(1, n_a + 1)]
+    b = [float(x) for x in range(n_a + 1, n_a + n_b + 1)]
+    paths = arms(tmp_path, a, b)
+    welch = _loss_cells(results.main(paths + ["--compare=pos_encoding", "--decide=welch"]))
+    perm = _loss_cells(results.main(paths + ["--compare=pos_encoding", "--decide=perm"]))
+    assert float(welch["p (Welch)"]) < 1e-9 and welch["separated (Welch p)"] == "yes", welch
+    computed = n_a + n_b <= results.PERMUTATION_MAX_RUNS
+    if computed:
+        assert float(perm["p (perm.)"]) == pytest.approx(2 / math.comb(30, 15), rel=1e-2), perm
+    else:
+        assert perm["p (perm.)"] == "—", perm
+    assert perm["separated (perm. p)"] == ("yes" if computed else "—"), perm
+
+
+def test_decide_perm_calls_a_computed_p_above_alpha_not_separated_whatever_welch_says(tmp_path):
+    """The other way round: 3 against 3 in complete separation, Welch's p 1e-4 ("yes" under welch) and the exact
+    permutation p 2 / 20 = 0.1: under --decide=perm the verdict is "no" (the permutation p decides, not Welch's)."""
+    paths = arms(tmp_path, [1.0, 1.1, 1.2], [2.0, 2.1, 2.2])
+    welch = _loss_cells(results.main(paths + ["--compare=pos_encoding"]))
+    perm = _loss_cells(results.main(paths + ["--compare=pos_encoding", "--decide=perm"]))
+    assert welch["separated (Welch p)"] == "yes" and float(welch["p (Welch)"]) < 0.001, welch
+    assert perm["p (perm.)"] == "0.100" and perm["separated (perm. p)"] == "no", perm
