@@ -226,3 +226,62 @@ class CPBatch:
         dist.all_reduce(sums, group=self.group)
         share = total / sums[1].to(total.dtype)
         return self.cp * share + ((sums[0] / sums[1]).to(total.dtype) - self.cp * share).detach()
+
+
+def gathered_kv_bytes(config, batch_size, block_size, bytes_per_element):
+    """Bytes of one layer's gathered keys and values on every rank: (B, n_kv_head, T, d) each, the whole sequence's,
+    whatever cp is (raw keys for PoPE, rotated for RoPE; d = head_dim)."""
+    d = config.n_embd // config.n_head
+    return 2 * batch_size * (config.n_kv_head or config.n_head) * block_size * d * bytes_per_element
+
+
+def activation_bytes(config, batch_size, block_size, cp, bytes_per_element):
+    """Bytes one rank keeps for the backward of one micro-batch (B rows of T tokens, this rank's T / cp of each) on
+    the torch attention path (SDPA; the Triton kernel saves less), counted from what this implementation saves
+    (storages of torch.autograd.graph.saved_tensors_hooks, parameters and the model's tables left out; the test
+    measures it). Per layer and local token, in elements: 15 n_embd + 2 (block input, RMSNorm outputs and their
+    rstd, c_attn and c_proj inputs, the MLP's 4 n_embd twice) + the qkv projection (n_head + 2 n_kv_head) d; the
+    attention's own, with H = n_head, K = n_kv_head:
+        cp = 1  PoPE: q~, k~ (2d wide), v padded to 2d, its output (2d) and logsumexp: 4 H d + 4 K d + H
+                RoPE: rotated q, k, output, logsumexp: 2 H d + K d + H
+        cp > 1  local: PoPE 4 H d + H (q~, output, logsumexp), RoPE 2 H d + H + d (the positions' rotation rows);
+                gathered, per row of the batch: k and v of the whole sequence (2 K d T), and PoPE's k~ and padded v
+                of each chunk's key range, 4 K d (end_0 + end_1) with end_0 + end_1 = T (2 cp + 1) / (2 cp); plus the
+                chunks' boolean causal masks (chunk x end bytes each, the CPU SDPA path's)
+    Then the head: ln_f and the logits' log-softmax, T (e (3 n_embd + vocab + 1) + 8) per row. Encodings other than
+    PoPE and RoPE are counted as RoPE (their attention saves about as much, ALiBi's float bias aside)."""
+    e, B, T = bytes_per_element, batch_size, block_size
+    C, H, V, L = config.n_embd, config.n_head, config.vocab_size, config.n_layer
+    K, d = config.n_kv_head or H, C // H
+    n = B * T // cp  # this rank's tokens
+    pope = config.pos_encoding == "pope"
+    layer = n * (15 * C + 2 + (H + 2 * K) * d) * e
+    if cp == 1:
+        layer += n * ((4 * H * d + 4 * K * d + H) if pope else (2 * H * d + K * d + H)) * e
+        layer += 2 * K * d * e if pope else 0  # cos, sin of delta
+    else:
+        chunk = T // (2 * cp)
+        ends = chunk * (2 * cp + 1)  # end_0 + end_1 (the same on every rank)
+        layer += n * ((4 * H * d + H) if pope else (2 * H * d + H + d)) * e
+        layer += 2 * B * K * d * T * e  # the gathered k, v
+        layer += (4 * B * K * d * ends * e + 2 * 2 * K * d * e) if pope else 0  # k~, padded v per chunk; delta
+        layer += chunk * ends  # causal masks (bool)
+    head = n * (e * (3 * C + V + 1) + 8) + e
+    return L * layer + head + (8 * T if cp > 1 else 0)  # + the restore index
+
+
+def memory_report(config, batch_size, block_size, cp, dtype):
+    """The lines train.py prints on rank 0 under CP: the tokens each rank keeps, one layer's gathered keys and values,
+    and the per-rank activation estimate (activation_bytes) at this cp next to cp = 1."""
+    from sharding import gib
+
+    e = 4 if dtype == "float32" else 2
+    kv = gathered_kv_bytes(config, batch_size, block_size, e)
+    act, one = (activation_bytes(config, batch_size, block_size, c, e) for c in (cp, 1))
+    return (
+        f"context parallel: cp {cp}, each rank keeps {block_size // cp} of {block_size} tokens per row (chunks of "
+        f"{block_size // (2 * cp)}, head-tail); one layer's gathered keys and values {gib(kv)} ({batch_size} x "
+        f"{block_size} x {config.n_kv_head or config.n_head} kv heads x {config.n_embd // config.n_head} x 2, "
+        f"{dtype})\n"
+        f"  activations per rank (estimate, torch attention path): ~{gib(act)} at cp {cp}, ~{gib(one)} at cp 1"
+    )

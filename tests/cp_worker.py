@@ -210,16 +210,17 @@ def memory_case(case, layout):
     """Bytes saved for the backward by one forward of a GPT (B x T tokens, this rank's slice under CP), measured with
     saved_tensors_hooks; the gathered keys and values of one layer, and rank 0's estimate (context_parallel)."""
     torch.manual_seed(0)
-    cfg = config(case, n_layer=case.get("n_layer", 2), n_embd=case.get("n_embd", 64), vocab_size=64)
+    cfg = config(case, n_embd=64)
     model = GPT(cfg)
     B, T = case.get("B", 1), cfg.block_size
     x = torch.randint(0, 64, (B, T))
     saved = {}
+    fixed = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
 
-    def pack(t):
-        saved[(t.data_ptr(), t.dtype, tuple(t.shape))] = (
-            t.numel() * t.element_size()
-        )  # a tensor saved twice counts once
+    def pack(t):  # storages, each once (views of one tensor share it); parameters and the model's tables left out
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in fixed:
+            saved[storage.data_ptr()] = storage.nbytes()
         return t
 
     if layout.cp > 1:
