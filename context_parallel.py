@@ -235,7 +235,7 @@ def gathered_kv_bytes(config, batch_size, block_size, bytes_per_element):
     return 2 * batch_size * (config.n_kv_head or config.n_head) * block_size * d * bytes_per_element
 
 
-def activation_bytes(config, batch_size, block_size, cp, bytes_per_element):
+def activation_bytes(config, batch_size, block_size, cp, bytes_per_element, gathered=True):
     """Bytes one rank keeps for the backward of one micro-batch (B rows of T tokens, this rank's T / cp of each) on
     the torch attention path (SDPA; the Triton kernel saves less), counted from what this implementation saves
     (storages of torch.autograd.graph.saved_tensors_hooks, parameters and the model's tables left out; the test
@@ -249,7 +249,11 @@ def activation_bytes(config, batch_size, block_size, cp, bytes_per_element):
                 of each chunk's key range, 4 K d (end_0 + end_1) with end_0 + end_1 = T (2 cp + 1) / (2 cp); plus the
                 chunks' boolean causal masks (chunk x end bytes each, the CPU SDPA path's)
     Then the head: ln_f and the logits' log-softmax, T (e (3 n_embd + vocab + 1) + 8) per row. Encodings other than
-    PoPE and RoPE are counted as RoPE (their attention saves about as much, ALiBi's float bias aside)."""
+    PoPE and RoPE are counted as RoPE (their attention saves about as much, ALiBi's float bias aside). gathered=False
+    leaves out (cp > 1) what is the whole sequence's on every rank: the gathered k, v, k~, padded v and the masks.
+    With activation checkpointing (sharding.checkpoint_blocks) a rank keeps each layer's input instead (n_embd per
+    local token and layer) and, at the backward's peak, one layer's bytes of this estimate (its recompute, whose
+    all-gather runs again)."""
     e, B, T = bytes_per_element, batch_size, block_size
     C, H, V, L = config.n_embd, config.n_head, config.vocab_size, config.n_layer
     K, d = config.n_kv_head or H, C // H
@@ -259,6 +263,8 @@ def activation_bytes(config, batch_size, block_size, cp, bytes_per_element):
     if cp == 1:
         layer += n * ((4 * H * d + 4 * K * d + H) if pope else (2 * H * d + K * d + H)) * e
         layer += 2 * K * d * e if pope else 0  # cos, sin of delta
+    elif not gathered:
+        layer += n * ((4 * H * d + H) if pope else (2 * H * d + H + d)) * e
     else:
         chunk = T // (2 * cp)
         ends = chunk * (2 * cp + 1)  # end_0 + end_1 (the same on every rank)
@@ -267,7 +273,7 @@ def activation_bytes(config, batch_size, block_size, cp, bytes_per_element):
         layer += (4 * B * K * d * ends * e + 2 * 2 * K * d * e) if pope else 0  # k~, padded v per chunk; delta
         layer += chunk * ends  # causal masks (bool)
     head = n * (e * (3 * C + V + 1) + 8) + e
-    return L * layer + head + (8 * T if cp > 1 else 0)  # + the restore index
+    return L * layer + head + (8 * T if cp > 1 and gathered else 0)  # + the restore index
 
 
 def memory_report(config, batch_size, block_size, cp, dtype):

@@ -294,7 +294,8 @@ def setup_processes(cfg):
     ddp, dev, rank, local_rank, world_size = _processes(resolve_device(cfg.device))
     cp = cfg.context_parallel_degree
     backend = dist.get_backend() if ddp else None
-    context_parallel.check_settings(cp, world_size, ddp, backend=backend, compile=resolve_compile(cfg.compile, dev))
+    compiled = resolve_compile(cfg.compile, dev)
+    context_parallel.check_settings(cp, world_size, ddp, cfg.block_size, backend, compiled)  # again on a resume
     dp = world_size // cp  # data-parallel groups: a cp group's ranks read the same rows
     if cfg.gradient_accumulation_steps % dp:
         groups = f"{dp} processes" if cp == 1 else f"{dp} data-parallel groups ({world_size} processes / cp {cp})"

@@ -19,6 +19,7 @@ runs the one-process reference (the plain GPT on the whole batch) in its own pro
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -43,8 +44,8 @@ def config(case, **kw):
         attn_backend=case.get("backend", "torch"),
         pos_encoding=case["pos_encoding"],
         pope_delta_init="uniform",
-        **case.get("model", {}),
     )
+    args.update(case.get("model", {}))
     args.update(kw)
     return GPTConfig(**args)
 
@@ -137,14 +138,17 @@ def train_case(case, layout):
         return None
     want = dict(ref.named_parameters())
     params = max(rel(full[n], want[n].detach()) for n in full)
-    if os.environ.get("CP_DEBUG"):
-        for n in full:
-            a, b = full[n], want[n].detach()
-            i = (a - b).abs().argmax()
-            print(n, rel(a, b), float(a.flatten()[i]), float(b.flatten()[i]), float(b.abs().max()), file=sys.stderr)
+    params_l2 = max(float((full[n] - want[n].detach()).norm() / want[n].detach().norm()) for n in full)
     loss_rel = max(abs(a / b - 1) for a, b in zip(losses, ref_losses))
     grad_rel = max(rel(got[n], grads[n]) for n in grads)
-    return {"losses": losses, "ref_losses": ref_losses, "loss_rel": loss_rel, "grad_rel": grad_rel, "param_rel": params}
+    return {
+        "losses": losses,
+        "ref_losses": ref_losses,
+        "loss_rel": loss_rel,
+        "grad_rel": grad_rel,
+        "param_rel": params,
+        "param_rel_l2": params_l2,
+    }
 
 
 def layer_case(case, layout):
@@ -152,11 +156,12 @@ def layer_case(case, layout):
     against this rank's chunks under CP, forward rows and q, k, v gradients at this rank's positions."""
     torch.manual_seed(0)
     cfg = config(case)
-    model = GPT(cfg)
+    dtype = getattr(torch, case.get("dtype", "float32"))
+    model = GPT(cfg).to(dtype)
     attn = model.transformer.h[0].attn
     B, T, H, Hkv, d = 2, cfg.block_size, cfg.n_head, cfg.n_kv_head or cfg.n_head, cfg.n_embd // cfg.n_head
     g = torch.Generator().manual_seed(7)
-    q, k, v, w = (torch.randn(B, h, T, d, generator=g) for h in (H, Hkv, Hkv, H))
+    q, k, v, w = (torch.randn(B, h, T, d, generator=g, dtype=dtype) for h in (H, Hkv, Hkv, H))
     _, _, docs, pos = batches(case, 1)[0]
     docs, pos = (None, None) if docs is None else (docs[:B], None if pos is None else pos[:B])
     rotation = rotation_table(cfg, T)  # None for encodings without one
@@ -245,8 +250,9 @@ def main(cases_path, out_path):
         cases = json.load(f)
     results = []
     for case in cases:
+        t0 = time.time()
         layout = context_parallel.ContextParallel(case["cp"], "cpu")
-        results.append({"case": case, "result": KINDS[case["kind"]](case, layout)})
+        results.append({"case": case, "result": KINDS[case["kind"]](case, layout), "seconds": time.time() - t0})
         dist.barrier()
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
