@@ -291,3 +291,20 @@ def memory_report(config, batch_size, block_size, cp, dtype):
         f"{dtype})\n"
         f"  activations per rank (estimate, torch attention path): ~{gib(act)} at cp {cp}, ~{gib(one)} at cp 1"
     )
+
+
+def communication(config, batch_size, block_size, cp, bytes_per_element, checkpointing=False):
+    """One layer's cost per rank and step under CP -> dict: bytes each rank receives in the forward all-gather of
+    k and v ("allgather": (cp - 1) / cp of B T n_kv_head 2 d b; PoPE gathers raw keys, d wide, not k~), in the
+    backward reduce-scatter of their gradients ("reduce_scatter", the same), in the recompute's all-gather under
+    activation checkpointing ("recompute", the same or 0), their sum ("total"); and the rank's causal attention FLOPs
+    ("flops_fwd": B n_head T^2 / 2 (d_qk + d_v) 2 / cp, d_qk = 2d for PoPE's Cartesian scores; "flops_step": forward,
+    backward at 2.5 x forward as FlashAttention-2 counts it, and the recompute's forward under checkpointing)."""
+    H, K, d = config.n_head, config.n_kv_head or config.n_head, config.n_embd // config.n_head
+    moved = (cp - 1) * batch_size * block_size * K * 2 * d * bytes_per_element // cp
+    d_qk = 2 * d if config.pos_encoding == "pope" else d
+    fwd = 2 * batch_size * H * block_size**2 / 2 * (d_qk + d) / cp
+    out = {"allgather": moved, "reduce_scatter": moved, "recompute": moved if checkpointing else 0}
+    out["total"] = sum(out.values())
+    out.update(flops_fwd=fwd, flops_step=fwd * (3.5 + (1 if checkpointing else 0)))
+    return out

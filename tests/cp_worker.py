@@ -215,7 +215,7 @@ def memory_case(case, layout):
     """Bytes saved for the backward by one forward of a GPT (B x T tokens, this rank's slice under CP), measured with
     saved_tensors_hooks; the gathered keys and values of one layer, and rank 0's estimate (context_parallel)."""
     torch.manual_seed(0)
-    cfg = config(case, n_embd=64)
+    cfg = config(case, **({} if "n_embd" in case.get("model", {}) else {"n_embd": 64}))
     model = GPT(cfg)
     B, T = case.get("B", 1), cfg.block_size
     x = torch.randint(0, 64, (B, T))
@@ -233,12 +233,13 @@ def memory_case(case, layout):
     else:
         xl, yl, kw = x, x, {}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(xl, yl, **kw)[1]
+        logits, loss = model(xl, yl, **kw)
     loss.backward()
     measured = torch.tensor(float(sum(saved.values())))
     dist.all_reduce(measured, op=dist.ReduceOp.MAX)
     est = context_parallel.activation_bytes(cfg, B, T, layout.cp, bytes_per_element=4)
-    return {"cp": layout.cp, "measured": measured.item(), "estimate": est}
+    shapes = {"logits": list(logits.shape), "loss": loss.item()}
+    return {"cp": layout.cp, "measured": measured.item(), "estimate": est, **shapes}
 
 
 KINDS = {"train": train_case, "layer": layer_case, "loss": loss_case, "memory": memory_case}

@@ -123,10 +123,25 @@ def two(tmp_path_factory):
     return run_worker(tmp_path_factory.mktemp("cp2"), 2, cases, {"TRITON_INTERPRET": "1"})
 
 
+def config_32k():
+    """config/finetune_owt_pope_32k_cp.py's settings (a dict)."""
+    values = {}
+    with open(os.path.join(REPO, "config", "finetune_owt_pope_32k_cp.py")) as f:
+        exec(f.read(), {}, values)
+    return values
+
+
+def config_32k_dims():
+    c = config_32k()
+    return {k: c[k] for k in ("n_layer", "n_head", "n_embd", "pos_encoding")} | {"vocab_size": 50304}
+
+
 @pytest.fixture(scope="module")
-def two_triton(tmp_path_factory):
-    """The Triton training cases on 2 ranks (one launch, the interpreter, fp32)."""
+def two_slow(tmp_path_factory):
+    """The Triton training cases on 2 ranks (the interpreter, fp32), and the 32k config's model at T = 256 under
+    cp = 2 (one launch)."""
     cases = {("train", k): v for k, v in TRITON2.items()}
+    cases[("memory", "32k-config")] = case("memory", "pope", T=256, model=config_32k_dims())
     return run_worker(tmp_path_factory.mktemp("cp2t"), 2, cases, {"TRITON_INTERPRET": "1"})
 
 
@@ -167,8 +182,31 @@ def test_cp2_trains_as_one_process(two, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(TRITON2))
-def test_cp2_trains_as_one_process_with_the_triton_kernel(two_triton, name):
-    check_train(two_triton[("train", name)], name, None)
+def test_cp2_trains_as_one_process_with_the_triton_kernel(two_slow, name):
+    check_train(two_slow[("train", name)], name, None)
+
+
+@pytest.mark.slow
+def test_the_32k_cp_config_runs_with_its_real_dimensions_on_2_ranks(two_slow):
+    """config/finetune_owt_pope_32k_cp.py's model (12 x 768, 12 heads, GPT-2's vocabulary) at T = 256 on 2 gloo ranks
+    at cp = 2: each rank's logits are (1, 128, 50304), the loss is finite, and the saved activations are within 10 %
+    of context_parallel.activation_bytes (fp32 here)."""
+    r = two_slow[("memory", "32k-config")]
+    print(r)
+    assert r["logits"] == [1, 128, 50304] and np.isfinite(r["loss"])
+    assert abs(r["measured"] / r["estimate"] - 1) < 0.10, r
+
+
+def test_the_32k_cp_config_is_one_cp_can_honour_on_8_gpus():
+    """Its block_size splits into 2 x cp chunks, cp divides 8 ranks, it runs eagerly under FSDP with activation
+    checkpointing, and its global batch (8 rows) divides into dp = 2 groups."""
+    c = config_32k()
+    context_parallel.check_settings(c["context_parallel_degree"], 8, True, c["block_size"], "nccl", c["compile"])
+    assert c["fsdp"] and c["activation_checkpointing"] and c["init_from"] == "finetune"
+    assert c["gradient_accumulation_steps"] % (8 // c["context_parallel_degree"]) == 0
+    cfg = GPTConfig(**config_32k_dims(), block_size=c["block_size"])
+    report = context_parallel.memory_report(cfg, c["batch_size"], c["block_size"], 4, "bfloat16")
+    assert "each rank keeps 8192 of 32768 tokens per row" in report and "96.00 MiB" in report, report
 
 
 @pytest.mark.slow
