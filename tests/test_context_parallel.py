@@ -290,7 +290,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cp_train")
     char_dataset(str(tmp / "data" / "chars"), CHAR_TEXT, "chars")
     base = TINY + [f"--data_root={tmp / 'data'}"]
-    d = {n: str(tmp / n) for n in ("pope1", "rope1", "pope2", "rope2", "part2", "res1")}
+    d = {n: str(tmp / n) for n in ("pope1", "rope1", "pope2", "rope2", "part2", "res1", "dcp2")}
     full, part = ["--max_iters=6"], ["--max_iters=3"]
     jobs = [
         {
@@ -302,6 +302,7 @@ def runs(tmp_path_factory):
         },
         {"argv": base + ROPE + CP2 + full + [f"--out_dir={d['rope2']}"]},
         {"argv": base + POPE_BC + CP2 + part + ["--fsdp=True", f"--out_dir={d['part2']}"]},
+        {"argv": base + POPE_BC + CP2 + part + ["--fsdp=True", "--checkpoint_format=dcp", f"--out_dir={d['dcp2']}"]},
     ]
     with open(tmp / "jobs.json", "w") as f:
         json.dump(jobs, f)
@@ -310,6 +311,7 @@ def runs(tmp_path_factory):
     train.main(base + ROPE + full + [f"--out_dir={d['rope1']}"])
     shutil.copytree(d["part2"], d["res1"])
     train.main(base + POPE_BC + full + ["--init_from=resume", f"--out_dir={d['res1']}"])
+    train.main(base + POPE_BC + full + ["--init_from=resume", "--fsdp=True", f"--out_dir={d['dcp2']}"])  # one process
     return d
 
 
@@ -343,9 +345,12 @@ def test_train_py_prints_the_cp_memory_statement(runs):
     assert "activations per rank (estimate, torch attention path)" in runs["stdout"]
 
 
-def test_a_run_saved_at_cp2_resumes_in_one_process_and_continues_the_uninterrupted_run(runs):
-    full, got = losses(runs["pope1"]), losses(runs["res1"])
-    np.testing.assert_allclose([got[i] for i in (4, 5, 6)], [full[i] for i in (4, 5, 6)], rtol=1e-5)
+@pytest.mark.parametrize("name", ["res1", "dcp2"])
+def test_a_run_saved_at_cp2_resumes_in_one_process_and_continues_the_uninterrupted_run(runs, name):
+    """Saved at step 3 at cp = 2 under FSDP, as ckpt.pt (res1: resumed without FSDP) or as the sharded ckpt.dcp
+    folder (dcp2: resumed under FSDP in one process): steps 4..6 give the one-process run's losses."""
+    full, got = losses(runs["pope1"]), losses(runs[name])
+    np.testing.assert_allclose([got[i] for i in (4, 5, 6)], [full[i] for i in (4, 5, 6)], rtol=1e-6)
 
 
 def test_sample_reads_a_cp2_run_unchanged(runs):
