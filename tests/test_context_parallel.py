@@ -306,7 +306,7 @@ def runs(tmp_path_factory):
     ]
     with open(tmp / "jobs.json", "w") as f:
         json.dump(jobs, f)
-    d["stdout"] = launch("tests/fsdp_jobs.py", 2, [str(tmp / "jobs.json")])
+    d["stdout"], d["data_root"] = launch("tests/fsdp_jobs.py", 2, [str(tmp / "jobs.json")]), str(tmp / "data")
     train.main(base + POPE_BC + full + [f"--out_dir={d['pope1']}"])
     shutil.copytree(d["part2"], d["res1"])
     train.main(base + POPE_BC + full + ["--init_from=resume", f"--out_dir={d['res1']}"])
@@ -393,3 +393,19 @@ def test_check_settings_takes_a_resumed_block_size_and_cp_1_always():
     context_parallel.check_settings(1, 3, False, block_size=7, backend="mpi", compile=True)  # cp = 1: nothing to check
     context_parallel.check_settings(2, 4, True, block_size=64, backend="nccl")
     assert torch.distributed.is_available()
+
+
+@pytest.mark.slow
+def test_a_run_saved_at_cp2_resumes_at_cp4_and_continues_the_uninterrupted_run(runs, tmp_path):
+    """part2 (saved at step 3, cp = 2 under FSDP) resumed on 4 gloo ranks at cp = 4 (chunks of 8 tokens): steps 4..6
+    give the one-process run's losses."""
+    out = str(tmp_path / "res4")
+    shutil.copytree(runs["part2"], out)
+    argv = TINY + [f"--data_root={runs['data_root']}"] + POPE_BC + ["--max_iters=6", "--init_from=resume"]
+    argv += ["--fsdp=True", "--context_parallel_degree=4", f"--out_dir={out}"]
+    with open(tmp_path / "jobs.json", "w") as f:
+        json.dump([{"argv": argv}], f)
+    launch("tests/fsdp_jobs.py", 4, [str(tmp_path / "jobs.json")])
+    full, got = losses(runs["pope1"]), losses(out)
+    np.testing.assert_allclose([got[i] for i in (4, 5, 6)], [full[i] for i in (4, 5, 6)], rtol=1e-6)
+    assert metrics(out)["sharding"]["context_parallel_degree"] == 4
