@@ -409,3 +409,25 @@ def test_a_run_saved_at_cp2_resumes_at_cp4_and_continues_the_uninterrupted_run(r
     full, got = losses(runs["pope1"]), losses(out)
     np.testing.assert_allclose([got[i] for i in (4, 5, 6)], [full[i] for i in (4, 5, 6)], rtol=1e-6)
     assert metrics(out)["sharding"]["context_parallel_degree"] == 4
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_lower_right_attention_equals_the_masked_chunk_without_a_mask(groups):
+    """pope.lower_right_attention (what sdpa_attention runs on CUDA for a chunk at q_offset = Tk - Tq, a CP rank's
+    query chunk: no chunk x end mask tensor) equals SDPA with pope.causal_mask, forward and gradients, with grouped
+    heads (float64; on the CPU, SDPA materialises the bias itself)."""
+    import torch.nn.functional as F
+
+    from pope import causal_mask, lower_right_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 8, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 4 // groups, 24, 16, generator=g, dtype=torch.float64, requires_grad=True) for _ in "kv")
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(8, 24, 16), enable_gqa=groups > 1)
+    w = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    want = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    got_y = lower_right_attention(q, k, v)
+    got = torch.autograd.grad((got_y * w).sum(), (q, k, v))
+    torch.testing.assert_close(got_y, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
