@@ -441,7 +441,8 @@ def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0, mask=None
     key j at position j; with causal=True query i sees keys j <= q_offset + i. q_offset = 0 with Tq = Tk
     is ordinary training; q_offset = Tk - Tq is decoding with a KV cache (bottom-right alignment).
     sm_scale defaults to 1/sqrt(dk). The common cases (Tq = Tk and q_offset = 0, or non-causal) keep
-    SDPA's O(T) fused kernels; any other q_offset materialises a (Tq, Tk) boolean mask, small when decoding.
+    SDPA's O(T) fused kernels; any other q_offset materialises a (Tq, Tk) boolean mask, small when decoding, but on
+    CUDA at q_offset = Tk - Tq with Tq > 1 (a context-parallel chunk) lower_right_attention runs without one.
     mask: a document_mask (boolean tensor or BlockMask) built for these queries; it replaces the causal
     mask (masked_attention).
     """
