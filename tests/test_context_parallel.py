@@ -337,6 +337,11 @@ def test_train_py_at_cp2_gives_the_losses_of_one_process(runs, one="pope1", two=
         np.testing.assert_allclose(m2[split]["loss"], m1[split]["loss"], rtol=1e-6)
         assert m2[split]["targets"] == m1[split]["targets"]
     assert m2["sharding"]["context_parallel_degree"] == 2 and m2["sharding"]["world_size"] == 2
+    w1 = torch.load(os.path.join(runs[one], "best.pt"), weights_only=True)["model"]
+    w2 = torch.load(os.path.join(runs[two], "best.pt"), weights_only=True)["model"]  # the one-process layout
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-6)
 
 
 def test_train_py_prints_the_cp_memory_statement(runs):
