@@ -12,7 +12,7 @@ keeps its own slice of the sequence:
                             same attention work. Inputs, targets and positions are sharded alike; positions stay
                             global (a token keeps its position in the whole sequence).
     CPBatch.attention       each rank forms its own tokens' queries and keys (RoPE rotated at their global
-                            positions; PoPE raw: the kernel or pope_attention forms q~, k~ from the positions),
+                            positions; PoPE raw: pope_attention forms q~, k~ from the positions),
                             all-gathers k and v over the cp group with PyTorch's autograd-aware collective
                             (cplib::flex_cp_allgather, the one FlexAttention's CP uses: an all-gather whose backward
                             reduce-scatters the gradients), puts the gathered keys back in global order, and runs
@@ -23,15 +23,16 @@ keeps its own slice of the sequence:
     CPBatch.loss            the mean over the whole sequence's non-ignored targets: each rank's sum and count are
                             reduced over the cp group, so ignored targets falling unevenly cannot bias it.
 
-Why PoPE gathers raw keys (d wide) rather than k~ (2d wide): the Triton kernel takes raw keys and forms k~ in its
-tiles from each key's position, so raw keys are what it needs, at half the bytes; the torch path forms k~ from the
-gathered raw keys (O(T d) pointwise work per rank, small next to the O(T^2 d / cp) attention). delta's gradient is
-then each rank's share, summed by FSDP's / DDP's gradient reduction like every other parameter's.
+Why PoPE gathers raw keys (d wide) rather than k~ (2d wide): pope_attention (either backend) takes raw keys and
+forms k~ itself from each key's position and delta, so raw keys are what it needs, at half the bytes; each chunk's
+call forms k~ of its key range from the gathered raw keys (O(T d) pointwise work per rank, small next to the
+O(T^2 d / cp) attention). delta's gradient is then each rank's share, summed by FSDP's / DDP's gradient reduction
+like every other parameter's.
 
-Communication per layer per step (B rows, T tokens, n_kv_head heads of width d, b bytes per element):
-forward all-gather of k and v, (cp - 1) / cp * B T n_kv_head 2 d b bytes received per rank; backward the same
-again for the recomputed gather under activation checkpointing, and a reduce-scatter of their gradients of the same
-size. docs/usage.md ("Context parallelism") puts numbers on it.
+Communication per layer and step (B rows, T tokens, n_kv_head heads of width d, b bytes per element): the forward
+all-gather of k and v brings (cp - 1) / cp * B T n_kv_head 2 d b bytes to each rank; the backward reduce-scatters
+their gradients, the same bytes; under activation checkpointing the backward's recompute gathers once more.
+communication() counts them against the attention FLOPs; docs/usage.md ("Past one GPU's context") puts numbers on it.
 """
 
 import torch
