@@ -118,6 +118,7 @@ class ContextParallel:
         positions = position_ids if position_ids is not None else torch.arange(T, device=x.device).expand(B, T)
         buffers = [x, positions] + ([y] if y is not None else [])
         balancer = _HeadTailLoadBalancer(T, self.cp, x.device)
+        # (it also sets _context_parallel's module options, read only by its own SDPA dispatcher, which stays off)
         local = _context_parallel_shard(self.cp_mesh, buffers, [1] * len(buffers), load_balancer=balancer)
         restore = balancer._generate_indices(restore=True)[0].long()  # gathered (rank order) -> global order
         plan = CPBatch(self, T, local[1].contiguous(), document_ids, position_ids, restore)
@@ -195,7 +196,9 @@ class CPBatch:
     def gather(self, k, v):
         """k, v (B, H_kv, T / cp, d) of this rank's tokens -> the cp group's, (B, H_kv, T, d) in global token order.
         PyTorch's cplib::flex_cp_allgather: an all-gather over the cp group whose backward reduce-scatters (sums)
-        the gathered keys' and values' gradients back to the ranks that own them."""
+        the gathered keys' and values' gradients back to the ranks that own them. (In torch 2.13
+        _functional_collectives.all_gather_tensor has no autograd; all_gather_tensor_autograd has, one tensor at a
+        time; flex_cp_allgather, a custom op with a fake kernel, gathers both with the backward registered.)"""
         from torch.distributed.tensor.experimental._context_parallel import flex_cp_allgather
 
         k_all, v_all = flex_cp_allgather(k.contiguous(), v.contiguous(), 2, self.group.group_name)
