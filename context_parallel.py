@@ -197,8 +197,10 @@ class CPBatch:
         """k, v (B, H_kv, T / cp, d) of this rank's tokens -> the cp group's, (B, H_kv, T, d) in global token order.
         PyTorch's cplib::flex_cp_allgather: an all-gather over the cp group whose backward reduce-scatters (sums)
         the gathered keys' and values' gradients back to the ranks that own them. (In torch 2.13
-        _functional_collectives.all_gather_tensor has no autograd; all_gather_tensor_autograd has, one tensor at a
-        time; flex_cp_allgather, a custom op with a fake kernel, gathers both with the backward registered.)"""
+        _functional_collectives.all_gather_tensor is deprecated for all_gather_single; flex_cp_allgather calls
+        all_gather_single on k and v inside one custom op, with a fake kernel for torch.compile and its backward,
+        a reduce-scatter, registered: the op FlexAttention's CP uses. Checked: gradients equal the whole sequence's,
+        tests/test_context_parallel.py.)"""
         from torch.distributed.tensor.experimental._context_parallel import flex_cp_allgather
 
         k_all, v_all = flex_cp_allgather(k.contiguous(), v.contiguous(), 2, self.group.group_name)
