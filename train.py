@@ -293,7 +293,7 @@ def setup_processes(cfg):
     Raises UserError when gradient_accumulation_steps is not divisible by the number of processes."""
     ddp, dev, rank, local_rank, world_size = _processes(resolve_device(cfg.device))
     cp = cfg.context_parallel_degree
-    backend = dist.get_backend() if ddp else None
+    backend = dist.get_backend() if ddp and cp != 1 else None  # what CP's collectives would run on
     compiled = resolve_compile(cfg.compile, dev)
     context_parallel.check_settings(cp, world_size, ddp, cfg.block_size, backend, compiled)  # again on a resume
     dp = world_size // cp  # data-parallel groups: a cp group's ranks read the same rows
