@@ -282,21 +282,33 @@ def activation_bytes(config, batch_size, block_size, cp, bytes_per_element, gath
     return L * layer + head + (8 * T if cp > 1 and gathered else 0)  # + the restore index
 
 
-def memory_report(config, batch_size, block_size, cp, dtype):
+def memory_report(config, batch_size, block_size, cp, dtype, checkpointing=False):
     """The lines train.py prints on rank 0 under CP: the tokens each rank keeps, one layer's gathered keys and values,
-    and the per-rank activation estimate (activation_bytes) at this cp next to cp = 1."""
+    the per-rank activation estimate (activation_bytes) at this cp next to cp = 1, and with activation checkpointing
+    what a rank keeps then (each layer's input) and its peak in the backward (plus one layer's recompute)."""
+    from dataclasses import replace
+
     from sharding import gib
 
     e = 4 if dtype == "float32" else 2
     kv = gathered_kv_bytes(config, batch_size, block_size, e)
     act, one = (activation_bytes(config, batch_size, block_size, c, e) for c in (cp, 1))
-    return (
+    lines = [
         f"context parallel: cp {cp}, each rank keeps {block_size // cp} of {block_size} tokens per row (chunks of "
         f"{block_size // (2 * cp)}, head-tail); one layer's gathered keys and values {gib(kv)} ({batch_size} x "
         f"{block_size} x {config.n_kv_head or config.n_head} kv heads x {config.n_embd // config.n_head} x 2, "
-        f"{dtype})\n"
-        f"  activations per rank (estimate, torch attention path): ~{gib(act)} at cp {cp}, ~{gib(one)} at cp 1"
-    )
+        f"{dtype})",
+        f"  activations per rank (estimate, torch attention path): ~{gib(act)} at cp {cp}, ~{gib(one)} at cp 1",
+    ]
+    if checkpointing:
+        head = activation_bytes(replace(config, n_layer=0), batch_size, block_size, cp, e)
+        layer = activation_bytes(replace(config, n_layer=1), batch_size, block_size, cp, e) - head
+        kept = config.n_layer * batch_size * block_size // cp * config.n_embd * e + head
+        lines.append(
+            f"  with activation checkpointing: ~{gib(kept)} kept (each layer's input), ~{gib(kept + layer)} at the "
+            "backward's peak (one layer recomputed, its all-gather included)"
+        )
+    return "\n".join(lines)
 
 
 def communication(config, batch_size, block_size, cp, bytes_per_element, checkpointing=False):

@@ -571,7 +571,8 @@ def shard_model(cfg, run, model, gptconf):
             )
         )
     if run.master and run.cp is not None:
-        print(context_parallel.memory_report(gptconf, cfg.batch_size, gptconf.block_size, run.cp.cp, run.dtype))
+        cp_args = (gptconf, cfg.batch_size, gptconf.block_size, run.cp.cp, run.dtype, cfg.activation_checkpointing)
+        print(context_parallel.memory_report(*cp_args))
     run.sharding = {
         "fsdp": bool(cfg.fsdp),
         "world_size": run.world_size,

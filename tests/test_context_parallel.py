@@ -206,8 +206,10 @@ def test_the_32k_cp_config_is_one_cp_can_honour_on_8_gpus():
     assert c["fsdp"] and c["activation_checkpointing"] and c["init_from"] == "finetune"
     assert c["gradient_accumulation_steps"] % (8 // c["context_parallel_degree"]) == 0
     cfg = GPTConfig(**config_32k_dims(), block_size=c["block_size"])
-    report = context_parallel.memory_report(cfg, c["batch_size"], c["block_size"], 4, "bfloat16")
+    report = context_parallel.memory_report(cfg, c["batch_size"], c["block_size"], 4, "bfloat16", True)
+    print(report)
     assert "each rank keeps 8192 of 32768 tokens per row" in report and "96.00 MiB" in report, report
+    assert "with activation checkpointing: ~" in report
 
 
 @pytest.mark.slow
