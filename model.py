@@ -269,12 +269,13 @@ def sinusoidal_embedding(n_positions, n_embd):
     return torch.stack((torch.sin(angle), torch.cos(angle)), dim=-1).reshape(n_positions, n_embd).float()
 
 
-def alibi_document_bias(slopes, mask):
-    """ALiBi's bias under a boolean document mask: slopes (n_head,), mask (B, 1, T, T) bool (document_mask) ->
-    (B, n_head, T, T) float32, -slopes[h] * (i - j) where the mask allows key j for query i, -inf elsewhere.
-    Built once per forward and shared by every layer (their slopes are equal)."""
-    T = mask.shape[-1]
-    return alibi_bias(slopes, T, T).unsqueeze(0).masked_fill(~mask, float("-inf"))
+def alibi_document_bias(slopes, mask, q_offset=0):
+    """ALiBi's bias under a boolean document mask: slopes (n_head,), mask (B, 1, Tq, Tk) bool (document_mask, its
+    queries at positions q_offset..) -> (B, n_head, Tq, Tk) float32, -slopes[h] * (q_offset + i - j) where the mask
+    allows key j for query i, -inf elsewhere. Built once per forward and shared by every layer (their slopes are
+    equal); q_offset > 0 for a context-parallel rank's query chunk (context_parallel.py)."""
+    Tq, Tk = mask.shape[-2:]
+    return alibi_bias(slopes, Tq, Tk, q_offset).unsqueeze(0).masked_fill(~mask, float("-inf"))
 
 
 class Documents(NamedTuple):
@@ -285,11 +286,14 @@ class Documents(NamedTuple):
     document_mask(ids): a boolean (B, 1, T, T) tensor (SDPA) or, on CUDA, a FlexAttention BlockMask (tiles
     without a visible pair skipped), for every encoding's attention; for ALiBi instead of the boolean tensor
     its float bias (B, n_head, T, T), -inf where the mask forbids (alibi_document_bias, built once for every
-    layer); None without ids, and for PoPE with attn_backend='triton' (the kernel masks from the ids)."""
+    layer); None without ids, and for PoPE with attn_backend='triton' (the kernel masks from the ids).
+    cp: under context parallelism (train.py's context_parallel_degree > 1) the batch's context_parallel.CPBatch,
+    which every layer's attention goes through (positions are then this rank's tokens' global positions); else None."""
 
     ids: torch.Tensor | None
     positions: torch.Tensor | None
     mask: object
+    cp: object = None
 
 
 class KVCache:
@@ -435,26 +439,39 @@ class CausalSelfAttention(nn.Module):
                 q, k = q * m, k * m
         if kv_cache is not None and cfg.pos_encoding != "pope":
             k, v = kv_cache.update(self.layer_idx, k, v)
-        if cfg.pos_encoding == "pope":
-            y = self._pope(q, k, v, kv_cache, q_offset, rotation, documents)
-        elif cfg.pos_encoding == "alibi_half" and documents is not None and documents.mask is not None:
-            y = self._alibi_documents(q, k, v, documents.mask)
-        elif cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
-            bias = alibi_bias(self.alibi_slopes, T, k.shape[-2], q_offset=q_offset)  # (n_head, T, Tk): per query head
-            # 4-D (1, n_head, T, Tk): SDPA's fused CPU kernel takes it (and grouped heads); a 3-D mask sends it
-            # to the math path, which also copies k and v over each group
-            k, v, gqa = sdpa_gqa(q, k, v, masked=True)  # on CUDA: k, v expanded (no O(T^2) math kernel)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).unsqueeze(0), **gqa)
-        else:  # grouped heads: sdpa_gqa; packed documents: their mask (SDPA, or flex on CUDA)
-            mask = None if documents is None else documents.mask
-            y = sdpa_attention(q, k, v, causal=True, q_offset=q_offset, mask=mask)
+        if documents is not None and documents.cp is not None:  # context parallel: keys gathered from the cp group
+            y = documents.cp.attention(self, q, k, v, rotation)
+        else:
+            y = self.attend(q, k, v, q_offset, rotation, documents, kv_cache)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def _alibi_documents(self, q, k, v, mask):
-        """ALiBi under a document mask: the bias -slope_h (i - j) on the pairs the mask allows. Distances are
-        token indices, equal to position differences inside a document whether positions restart or not.
-        mask: Documents.mask, for ALiBi the float bias alibi_document_bias (SDPA) or a BlockMask (flex)."""
+    def attend(self, q, k, v, q_offset, rotation, documents=None, kv_cache=None):
+        """Attention of this layer's encoding: q (B, n_head, Tq, d) at positions q_offset.. over k, v (B, n_kv_head,
+        Tk, d) at positions 0..Tk-1 (RoPE's already rotated, PoPE's raw) -> (B, n_head, Tq, d). documents: a
+        Documents whose mask (if any) was built for these queries and keys. Tq = Tk - q_offset in training; a context
+        parallel rank calls it once per query chunk with the gathered keys (context_parallel.CPBatch.attention)."""
+        cfg = self.config
+        if cfg.pos_encoding == "pope":
+            return self._pope(q, k, v, kv_cache, q_offset, rotation, documents)
+        if cfg.pos_encoding == "alibi_half" and documents is not None and documents.mask is not None:
+            return self._alibi_documents(q, k, v, documents.mask, q_offset)
+        if cfg.pos_encoding == "alibi_half":  # raw keys cached; float bias as SDPA's attn_mask (fused kernels)
+            # (n_head, Tq, Tk): per query head
+            bias = alibi_bias(self.alibi_slopes, q.shape[-2], k.shape[-2], q_offset=q_offset)
+            # 4-D (1, n_head, T, Tk): SDPA's fused CPU kernel takes it (and grouped heads); a 3-D mask sends it
+            # to the math path, which also copies k and v over each group
+            k, v, gqa = sdpa_gqa(q, k, v, masked=True)  # on CUDA: k, v expanded (no O(T^2) math kernel)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).unsqueeze(0), **gqa)
+        # grouped heads: sdpa_gqa; packed documents: their mask (SDPA, or flex on CUDA)
+        mask = None if documents is None else documents.mask
+        return sdpa_attention(q, k, v, causal=True, q_offset=q_offset, mask=mask)
+
+    def _alibi_documents(self, q, k, v, mask, q_offset=0):
+        """ALiBi under a document mask: the bias -slope_h (q_offset + i - j) on the pairs the mask allows. Distances
+        are token indices, equal to position differences inside a document whether positions restart or not.
+        mask: Documents.mask, for ALiBi the float bias alibi_document_bias (SDPA) or a BlockMask (flex), built for
+        queries at positions q_offset.."""
         if isinstance(mask, torch.Tensor):  # (B, n_head, T, T) float bias, -inf where the mask forbids
             bias = mask
             k, v, gqa = sdpa_gqa(q, k, v, masked=True)
@@ -462,7 +479,7 @@ class CausalSelfAttention(nn.Module):
         slopes = self.alibi_slopes
 
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score - slopes[h] * (q_idx - kv_idx)
+            return score - slopes[h] * (q_idx + q_offset - kv_idx)
 
         return masked_attention(q, k, v, mask, score_mod=score_mod)
 
@@ -639,11 +656,14 @@ class GPT(nn.Module):
         """Number of parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def hidden_states(self, idx, kv_cache=None, document_ids=None, position_ids=None):
+    def hidden_states(self, idx, kv_cache=None, document_ids=None, position_ids=None, cp=None):
         """idx (B, T) token ids -> (B, T, n_embd) final hidden states (after ln_f, before lm_head).
         kv_cache: a KVCache; idx continues its tokens, at positions kv_cache.q_offset.., and is appended.
-        document_ids, position_ids: packed documents, as forward."""
-        documents = self._documents(idx, kv_cache, document_ids, position_ids)
+        document_ids, position_ids: packed documents, as forward. cp: a context_parallel.CPBatch, as forward."""
+        if cp is not None:
+            documents = cp.documents(self, idx, kv_cache, document_ids, position_ids)
+        else:
+            documents = self._documents(idx, kv_cache, document_ids, position_ids)
         n_positions = self._positions_needed(idx, kv_cache, documents)  # first: a negative position is refused here
         x = self.transformer.wte(idx)
         if documents is not None and documents.positions is not None and self.config.pos_encoding in ABSOLUTE_ENCODINGS:
@@ -735,7 +755,7 @@ class GPT(nn.Module):
             x = block.decode(x, self.rotation, kv_cache, pos)
         return self.lm_head(self.transformer.ln_f(x))[:, -1].float()
 
-    def forward(self, idx, targets=None, kv_cache=None, document_ids=None, position_ids=None):
+    def forward(self, idx, targets=None, kv_cache=None, document_ids=None, position_ids=None, cp=None):
         """idx (B, T) int64 token ids -> (logits (B, T, vocab_size), loss or None).
 
         targets (B, T) int64; positions whose target is -1 are ignored, so a dataset can put the loss
@@ -746,10 +766,16 @@ class GPT(nn.Module):
             allowed pairs). position_ids: (B, T) int64 token positions (None: 0..T-1), e.g. restarting at 0 in
             each document (reset_position_ids): absolute encodings read those rows, RoPE/PoPE rotate by them.
             Both are for training and evaluation (no kv_cache); ValueError for bad shapes, dtypes, devices or ids.
+        cp: context parallelism (train.py's context_parallel_degree > 1): a context_parallel.CPBatch from
+            ContextParallel.shard; idx and targets are then this rank's slice of the sequence (B, T / cp), the batch's
+            document_ids / position_ids travel inside cp (not here), logits are this rank's rows, and loss is the
+            mean over the whole sequence's non-ignored targets, reduced over the cp group (CPBatch.loss).
         """
-        logits = self.lm_head(self.hidden_states(idx, kv_cache, document_ids, position_ids))
+        logits = self.lm_head(self.hidden_states(idx, kv_cache, document_ids, position_ids, cp))
         loss = None
-        if targets is not None:
+        if targets is not None and cp is not None:
+            loss = cp.loss(logits, targets)
+        elif targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 

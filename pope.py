@@ -452,7 +452,8 @@ def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0, mask=None
     key j at position j; with causal=True query i sees keys j <= q_offset + i. q_offset = 0 with Tq = Tk
     is ordinary training; q_offset = Tk - Tq is decoding with a KV cache (bottom-right alignment).
     sm_scale defaults to 1/sqrt(dk). The common cases (Tq = Tk and q_offset = 0, or non-causal) keep
-    SDPA's O(T) fused kernels; any other q_offset materialises a (Tq, Tk) boolean mask, small when decoding.
+    SDPA's O(T) fused kernels; any other q_offset materialises a (Tq, Tk) boolean mask, small when decoding, but on
+    CUDA at q_offset = Tk - Tq with Tq > 1 (a context-parallel chunk) lower_right_attention runs without one.
     mask: a document_mask (boolean tensor or BlockMask) built for these queries; it replaces the causal
     mask (masked_attention).
     """
@@ -465,10 +466,27 @@ def sdpa_attention(q, k, v, *, causal=True, sm_scale=None, q_offset=0, mask=None
     if q_offset == 0 and Tq == Tk:
         k, v, gqa = sdpa_gqa(q, k, v, masked=False)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=sm_scale, **gqa)
+    if q.is_cuda and Tq > 1 and q_offset == Tk - Tq:  # a context-parallel chunk, a prompt continuing a cache
+        return lower_right_attention(q, k, v, sm_scale)
     k, v, gqa = sdpa_gqa(q, k, v, masked=True)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=causal_mask(Tq, Tk, q_offset, device=q.device), scale=sm_scale, **gqa
     )
+
+
+def lower_right_attention(q, k, v, sm_scale=None):
+    """Causal attention of the last Tq of Tk positions (q_offset = Tk - Tq, bottom-right alignment) without a (Tq, Tk)
+    mask tensor: SDPA with torch.nn.attention.bias.causal_lower_right, which runs the flash or memory-efficient kernel
+    with that alignment (a context-parallel rank's query chunk against the keys up to its end: a boolean mask there
+    is chunk x end bytes per layer, 512 MB at 8k x 64k). Grouped heads: k, v repeated to the query heads (the fused
+    kernels behind CausalBias take no enable_gqa). q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    G = q.shape[1] // k.shape[1]
+    if G > 1:
+        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    bias = causal_lower_right(q.shape[-2], k.shape[-2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=sm_scale)
 
 
 def _check(q, k, v, delta, q_offset, magnitude, document_ids=None, position_ids=None, order=True):

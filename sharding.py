@@ -84,11 +84,12 @@ def mixed_precision(dtype):
     return {"param_dtype": "float32", "reduce_dtype": "float32"}
 
 
-def shard(model, dev, dtype):
+def shard(model, dev, dtype, mesh=None):
     """fully_shard each Block of `model` (a GPT), then the root (the embedding tied to lm_head, ln_f), over one
-    mesh of every rank; in place (the GPT's class becomes its FSDP subclass, its parameters DTensors sharded on
-    dim 0), from rank 0's weights. Buffers (GPT.rotation and the other non-persistent tables) are not sharded:
-    each rank keeps its own.
+    mesh of every rank (`mesh`: a 1-D DeviceMesh of them, e.g. context parallelism's dp x cp flattened,
+    context_parallel.ContextParallel.fsdp_mesh; None builds one); in place (the GPT's class becomes its FSDP
+    subclass, its parameters DTensors sharded on dim 0), from rank 0's weights. Buffers (GPT.rotation and the
+    other non-persistent tables) are not sharded: each rank keeps its own.
     -> the mixed-precision policy as names (mixed_precision)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -100,7 +101,8 @@ def shard(model, dev, dtype):
     # cast_forward_inputs=False: FSDP would cast every floating argument of a Block to param_dtype, GPT.rotation
     # included (cos/sin rounded to 8 bits under bf16); x is in param_dtype already (the embedding's weights are)
     policy = MixedPrecisionPolicy(**{k: getattr(torch, v) for k, v in names.items()}, cast_forward_inputs=False)
-    mesh = init_device_mesh("cuda" if dev.startswith("cuda") else "cpu", (dist.get_world_size(),))
+    if mesh is None:
+        mesh = init_device_mesh("cuda" if dev.startswith("cuda") else "cpu", (dist.get_world_size(),))
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)

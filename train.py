@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import context_parallel
 import sharding
 from checkpoint import BEST_KEYS, load_checkpoint, load_finetune_checkpoint, save_checkpoint, tokenizer_to_checkpoint
 from cli import (
@@ -114,6 +115,8 @@ fsdp = False  # shard parameters, gradients and AdamW state over the processes (
 fsdp_reduce_every_micro_step = True
 activation_checkpointing = False  # recompute each Block in the backward: activations of one layer input each
 checkpoint_format = "single"  # 'single': ckpt.pt, best.pt gathered to rank 0 | 'dcp' (fsdp): sharded ckpt.dcp, best.dcp
+# past one GPU's context (context_parallel.py): each sequence split over cp ranks (world = dp x cp), head-tail balanced
+context_parallel_degree = 1  # cp; block_size divisible by 2 cp; every rank of a cp group reads the same rows
 # -----------------------------------------------------------------------------
 DEFAULTS = {
     k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))
@@ -139,6 +142,9 @@ def main(argv):
     if run.master:
         os.makedirs(cfg.out_dir, exist_ok=True)
     start = initial_state(cfg, config, run, data, tokenizer)  # scratch, resume or finetune
+    context_parallel.check_settings(
+        cfg.context_parallel_degree, run.world_size, run.ddp, start.model_args["block_size"]
+    )
     cfg = SimpleNamespace(**config)  # a resumed run's model settings are its checkpoint's
     data, val_batches = open_data(cfg, run, data_dir, start.model_args["block_size"])
     model, raw_model, optimizer, scaler = build_model(cfg, run, start)
@@ -183,6 +189,8 @@ def main(argv):
         lr = set_lr(optimizer, cfg, iter_num, decay_iters)
         for micro_step in range(run.grad_accum):
             x, y, docs = batch_to_device(data.train_batch(iter_num, micro_step), run.dev, cfg.reset_position_ids)
+            if run.cp is not None:  # this rank's slice of the sequence (its cp group read the same rows)
+                x, y, docs = run.cp.shard(x, y, **docs)
             set_grad_sync(model, raw_model, run, micro_step == run.grad_accum - 1)  # reduce on the last (or each: FSDP)
             with run.ctx:
                 _, loss = model(x, y, **docs)
@@ -284,10 +292,16 @@ def setup_processes(cfg):
     grad_accum (this process's micro-batches per step), device_type, dtype (its name), ctx, compile.
     Raises UserError when gradient_accumulation_steps is not divisible by the number of processes."""
     ddp, dev, rank, local_rank, world_size = _processes(resolve_device(cfg.device))
-    if cfg.gradient_accumulation_steps % world_size:
+    cp = cfg.context_parallel_degree
+    backend = dist.get_backend() if ddp and cp != 1 else None  # what CP's collectives would run on
+    compiled = resolve_compile(cfg.compile, dev)
+    context_parallel.check_settings(cp, world_size, ddp, cfg.block_size, backend, compiled)  # again on a resume
+    dp = world_size // cp  # data-parallel groups: a cp group's ranks read the same rows
+    if cfg.gradient_accumulation_steps % dp:
+        groups = f"{dp} processes" if cp == 1 else f"{dp} data-parallel groups ({world_size} processes / cp {cp})"
         raise UserError(
             f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by the "
-            f"{world_size} processes (it is the global number of micro-batches per step)"
+            f"{groups} (it is the global number of micro-batches per step)"
         )
     device_type = "cuda" if dev.startswith("cuda") else "cpu"
     dtype = resolve_dtype(cfg.dtype, dev)
@@ -303,13 +317,15 @@ def setup_processes(cfg):
         local_rank=local_rank,
         world_size=world_size,
         master=rank == 0,
-        grad_accum=cfg.gradient_accumulation_steps // world_size,
+        grad_accum=cfg.gradient_accumulation_steps // dp,
         fsdp_reduce_every_micro_step=bool(cfg.fsdp_reduce_every_micro_step),
         device_type=device_type,
         dtype=dtype,
         ctx=autocast_context(dev, dtype),
         compile=resolve_compile(cfg.compile, dev),
+        cp=context_parallel.ContextParallel(cp, device_type) if cp > 1 else None,  # the dp x cp mesh
     )
+    run.data_rank, run.data_world = (run.cp.dp_rank, run.cp.dp) if run.cp else (rank, world_size)
     torch.manual_seed(cfg.seed + rank)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -341,8 +357,8 @@ def open_data(cfg, run, data_dir, block_size):
             block_size=block_size,
             grad_accum=run.grad_accum,
             seed=cfg.seed,
-            rank=run.rank,
-            world_size=run.world_size,
+            rank=getattr(run, "data_rank", run.rank),  # under CP the dp rank: a cp group reads the same rows
+            world_size=getattr(run, "data_world", run.world_size),
             documents=block_size is not None and cfg.attn_mask_type == "block_causal",
             mask_boundary_targets=cfg.mask_document_boundary_targets,
         )
@@ -611,10 +627,16 @@ def shard_model(cfg, run, model, gptconf):
                 every,
             )
         )
+    if run.master and run.cp is not None:
+        cp_args = (gptconf, cfg.batch_size, gptconf.block_size, run.cp.cp, run.dtype, cfg.activation_checkpointing)
+        print(context_parallel.memory_report(*cp_args))
     run.sharding = {
         "fsdp": bool(cfg.fsdp),
         "world_size": run.world_size,
-        "mixed_precision": sharding.shard(model, run.dev, run.dtype) if cfg.fsdp else None,
+        "mixed_precision": sharding.shard(model, run.dev, run.dtype, mesh=run.cp and run.cp.fsdp_mesh)
+        if cfg.fsdp
+        else None,
+        "context_parallel_degree": run.cp.cp if run.cp else 1,
         "activation_checkpointing": bool(cfg.activation_checkpointing),
         "checkpoint_format": cfg.checkpoint_format,
         "fsdp_reduce_every_micro_step": every,
@@ -715,8 +737,14 @@ def evaluate(raw_model, batches, run, reset_position_ids=False):
         )
     for batch in batches:
         x, y, docs = batch_to_device(batch, run.dev, reset_position_ids)
+        cp = getattr(run, "cp", None)
+        whole = cp is not None and not cp.can_shard(x.shape[1])  # a tail window: each rank of the cp group runs it
+        if cp is not None and not whole:
+            x, y, docs = cp.shard(x, y, **docs)
         with run.ctx:
             logits, _ = raw_model(x, **docs)
+        if whole and cp.cp_rank:  # counted once per cp group
+            y = torch.full_like(y, -1)
         mask = y != -1
         logits, y = logits[mask].float(), y[mask]
         tot += torch.stack(
