@@ -855,7 +855,9 @@ def test_one_micro_step_per_rank_holds_sharded_gradients_whichever_reduce_choice
     cfg = SimpleNamespace(fsdp=True, activation_checkpointing=False, batch_size=2, checkpoint_format="single")
     cfg.gradient_accumulation_steps = 2
     for per_rank in (1, 2):
-        run = SimpleNamespace(world_size=2, grad_accum=per_rank, fsdp_reduce_every_micro_step=False, master=True)
+        run = SimpleNamespace(
+            world_size=2, grad_accum=per_rank, fsdp_reduce_every_micro_step=False, master=True, cp=None
+        )
         run.__dict__.update(dev="cpu", device_type="cpu", dtype="float32")
         train.shard_model(cfg, run, model, gptconf)
         est = run.sharding["memory_per_rank"]["estimate"]

@@ -391,6 +391,7 @@ def test_cuda_gqa_calls_sdpa_without_enable_gqa_where_flash_cannot_run(monkeypat
     heads and no enable_gqa (which would send it to the O(T^2) math kernel); bf16 calls without a mask keep
     n_kv_head heads and enable_gqa (flash). The logits equal the unmocked CPU run's."""
     import torch.nn.functional as F
+    from torch.nn.attention.bias import CausalBias
 
     idx = torch.randint(0, 16, (1, 12), generator=torch.Generator().manual_seed(0))
     model = gqa_sharp(pos_encoding, 2).to(dtype)
@@ -418,6 +419,8 @@ def test_cuda_gqa_calls_sdpa_without_enable_gqa_where_flash_cannot_run(monkeypat
                 (H, H, H, False) if expand else (H, 2, 2, True),
             )
         )
+        if isinstance(kw.get("attn_mask"), CausalBias):  # pope.lower_right_attention (CUDA, q_offset = Tk - Tq):
+            kw["attn_mask"] = kw["attn_mask"]._materialize(q.device)  # its fused-kernel dispatch needs a real GPU
         return real(q, k, v, *args, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
