@@ -848,7 +848,9 @@ def test_one_micro_step_per_rank_holds_sharded_gradients_whichever_reduce_choice
         assert got["ddp"]["grads"] == 4 * 78
     from types import SimpleNamespace
 
-    monkeypatch.setattr(sharding, "shard", lambda model, dev, dtype: sharding.mixed_precision(dtype))  # no group
+    monkeypatch.setattr(
+        sharding, "shard", lambda model, dev, dtype, mesh=None: sharding.mixed_precision(dtype)
+    )  # no group
     gptconf = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=65, block_size=16)
     model = GPT(gptconf)
     whole = 4 * sum(p.numel() for p in model.parameters())
