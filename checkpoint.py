@@ -122,14 +122,14 @@ def load_checkpoint(out_dir, ckpt="best.pt", device="cpu"):
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # truncated file, pickle from elsewhere, ...
-        raise UserError(f"cannot read {path} ({_load_failure(e)}); is it a checkpoint of this repo?") from None
+        raise UserError(f"cannot read {path} ({load_failure(e)}); is it a checkpoint of this repo?") from None
     if not isinstance(state, dict) or "model" not in state or "model_args" not in state:
         raise UserError(f"{path} is not a checkpoint of this repo (no 'model' / 'model_args')")
     state["model_args"] = current_model_args(state["model_args"])
     return state
 
 
-def _load_failure(e):
+def load_failure(e):
     """One line of what torch.load(weights_only=True) found wrong: its first sentence, without torch's advice to
     load with weights_only=False or to allow-list classes (which would run code from the file)."""
     text = str(e)

@@ -478,8 +478,9 @@ def lower_right_attention(q, k, v, sm_scale=None):
     """Causal attention of the last Tq of Tk positions (q_offset = Tk - Tq, bottom-right alignment) without a (Tq, Tk)
     mask tensor: SDPA with torch.nn.attention.bias.causal_lower_right, which runs the flash or memory-efficient kernel
     with that alignment (a context-parallel rank's query chunk against the keys up to its end: a boolean mask there
-    is chunk x end bytes per layer, 512 MB at 8k x 64k). Grouped heads: k, v repeated to the query heads (the fused
-    kernels behind CausalBias take no enable_gqa). q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv)."""
+    is chunk x end bytes per layer, 512 MB at 8k x 64k). Grouped heads: k, v repeated to the query heads, G x the
+    gathered keys' bytes (CausalBias's flash path may take enable_gqa, as sdpa_gqa would choose; not yet checked on a
+    GPU, so the copy stays). q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv)."""
     from torch.nn.attention.bias import causal_lower_right
 
     G = q.shape[1] // k.shape[1]

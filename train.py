@@ -35,7 +35,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import context_parallel
 import sharding
-from checkpoint import BEST_KEYS, load_checkpoint, load_finetune_checkpoint, save_checkpoint, tokenizer_to_checkpoint
+from checkpoint import (
+    BEST_KEYS,
+    load_checkpoint,
+    load_failure,
+    load_finetune_checkpoint,
+    save_checkpoint,
+    tokenizer_to_checkpoint,
+)
 from cli import (
     UserError,
     atomic_write_json,
@@ -322,7 +329,7 @@ def setup_processes(cfg):
         device_type=device_type,
         dtype=dtype,
         ctx=autocast_context(dev, dtype),
-        compile=resolve_compile(cfg.compile, dev),
+        compile=compiled,
         cp=context_parallel.ContextParallel(cp, device_type) if cp > 1 else None,  # the dp x cp mesh
     )
     run.data_rank, run.data_world = (run.cp.dp_rank, run.cp.dp) if run.cp else (rank, world_size)
@@ -481,12 +488,14 @@ def _saved_iter(path, key="iter_num"):
     """A checkpoint's iter_num (or another small key, e.g. best_val_loss in nats): ckpt.pt's / best.pt's
     (memory-mapped: its tensors are not read) or a dcp folder's extra.pt. Raises UserError (one line) for a file that
     cannot be read."""
-    if os.path.isdir(path):
-        return sharding.load_dcp_extra(path)[key]
     try:
+        if os.path.isdir(path):
+            return sharding.load_dcp_extra(path)[key]
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)[key]
+    except UserError:
+        raise
     except Exception as e:  # truncated, not a zip-format torch file, no such key ...
-        raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); is it a checkpoint of this repo?") from None
+        raise UserError(f"cannot read {path} ({load_failure(e)}); is it a checkpoint of this repo?") from None
 
 
 def _best_path(cfg, run):

@@ -895,3 +895,22 @@ def test_a_resume_under_fsdp_reads_the_whole_checkpoint_to_the_cpu_not_the_runs_
     train.load_weights(SimpleNamespace(fsdp=True, dev="meta"), fresh, str(tmp_path / "best.pt"))
     for (n, a), b in zip(fresh.state_dict().items(), model.state_dict().values()):
         assert torch.equal(a, b), n
+
+
+def test_an_unreadable_checkpoint_beside_another_is_refused_in_one_line_naming_it(tmp_path):
+    """train._saved_iter (a resume or final evaluation choosing between ckpt.pt and ckpt.dcp): a file that is not
+    tensors and plain values, and a dcp folder without the key, give one line naming the path and the reason, never
+    torch's advice to load with weights_only=False."""
+    import datetime
+
+    from cli import UserError
+
+    bad = tmp_path / "ckpt.pt"
+    torch.save({"iter_num": 3, "when": datetime.datetime(2026, 1, 1)}, bad)
+    os.makedirs(tmp_path / "ckpt.dcp")
+    torch.save({"best_val_loss": 1.5}, tmp_path / "ckpt.dcp" / sharding.EXTRA)
+    for path, why in ((str(bad), "not a file of tensors and plain values"), (str(tmp_path / "ckpt.dcp"), "KeyError")):
+        with pytest.raises(UserError) as e:
+            train._saved_iter(path)
+        msg = str(e.value)
+        assert len(msg.splitlines()) == 1 and path in msg and why in msg and "weights_only" not in msg, msg
