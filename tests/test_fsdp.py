@@ -576,14 +576,14 @@ def test_an_elastic_restart_finds_a_dcp_checkpoint_under_a_relative_out_dir(tmp_
     assert not train._elastic_restart(SimpleNamespace(out_dir="out", checkpoint_format="dcp"), run)
 
 
-def _fake_checkpoints(out, single=None, dcp=None):
-    """out/ckpt.pt and out/ckpt.dcp (its extra.pt) holding only iter_num, where given."""
+def _fake_checkpoints(out, single=None, dcp=None, stem="ckpt", key="iter_num"):
+    """out/STEM.pt and out/STEM.dcp (its extra.pt) holding only KEY (iter_num; best_val_loss for best), where given."""
     os.makedirs(out, exist_ok=True)
     if single is not None:
-        torch.save({"iter_num": single}, os.path.join(out, "ckpt.pt"))
+        torch.save({key: single}, os.path.join(out, f"{stem}.pt"))
     if dcp is not None:
-        os.makedirs(os.path.join(out, "ckpt.dcp"))
-        torch.save({"iter_num": dcp}, os.path.join(out, "ckpt.dcp", sharding.EXTRA))
+        os.makedirs(os.path.join(out, f"{stem}.dcp"))
+        torch.save({key: dcp}, os.path.join(out, f"{stem}.dcp", sharding.EXTRA))
 
 
 @pytest.mark.parametrize(
@@ -625,16 +625,6 @@ def test_a_resume_reads_the_newest_of_ckpt_pt_and_ckpt_dcp(asked, single, dcp, w
         assert "older" in lines[0] or "does not exist" in lines[0], lines
 
 
-def _fake_bests(out, single=None, dcp=None):
-    """out/best.pt and out/best.dcp (its extra.pt) holding only best_val_loss (nats), where given."""
-    os.makedirs(out, exist_ok=True)
-    if single is not None:
-        torch.save({"best_val_loss": single}, os.path.join(out, "best.pt"))
-    if dcp is not None:
-        os.makedirs(os.path.join(out, "best.dcp"))
-        torch.save({"best_val_loss": dcp}, os.path.join(out, "best.dcp", sharding.EXTRA))
-
-
 @pytest.mark.parametrize(
     "asked, fsdp, single, dcp, want",
     [
@@ -661,7 +651,7 @@ def test_the_final_evaluation_scores_the_better_of_best_pt_and_best_dcp(
     from types import SimpleNamespace
 
     out = str(tmp_path / "out")
-    _fake_bests(out, single, dcp)
+    _fake_checkpoints(out, single, dcp, stem="best", key="best_val_loss")
     got = train._best_path(
         SimpleNamespace(out_dir=out, checkpoint_format=asked), SimpleNamespace(master=True, fsdp=fsdp)
     )

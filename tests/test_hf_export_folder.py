@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from test_hf_export import CHAR_TOKENIZER, ITOS, built_model, save_run  # noqa: E402
+from test_hf_export import CHAR_TOKENIZER, ITOS, built_model, refused, save_run  # noqa: E402
 
 from hf import export as hf_export  # noqa: E402
 
@@ -27,15 +27,6 @@ def run(tmp_path_factory):
     """A character-level PoPE run folder (best.pt, ckpt.pt, metrics.json), shared read-only by the module."""
     metrics = {s: {"loss": v, "ppl": 2.0, "acc": 0.5, "targets": 100} for s, v in (("val", 1.2345), ("test", 1.3456))}
     return save_run(tmp_path_factory.mktemp("run") / "run", built_model(len(ITOS)), CHAR_TOKENIZER, metrics=metrics)
-
-
-def refused(argv, capsys):
-    """The one line of `python hf/export.py ARGV` (its main, in this process), which must exit 2."""
-    with pytest.raises(SystemExit) as e:
-        hf_export.main(argv)
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and len(err.splitlines()) == 1, err
-    return err
 
 
 def snapshot(folder):
