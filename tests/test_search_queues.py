@@ -1,7 +1,7 @@
 """Issue 60's search queues (docs/runs/i60-search*.tsv, written by docs/runs/i60-search-queue.py): every line is
 a train.py command that train.py's configurator accepts, the grids are complete, the search seeds are none of a
 registered study's, every fine-tune starts from a RoPE run of the queue, and study/lane.sh runs them all once, each
-fine-tune after its parent (in test_lane's sandbox, whose train.py is a stub)."""
+fine-tune after its parent (in test_lane's sandbox, whose train.py is a stub). At the end, issue 74's queues."""
 
 import itertools
 import os
@@ -166,3 +166,51 @@ def test_rope_lr_queue_is_popes_lr_search_with_rope():
         assert cfg["pos_encoding"] == "rope" and name == f"i60s-rope-lr{lr}-s{cfg['seed']}" and lr in ("5e-4", "2e-3")
         assert out == f"out-i60s/rope-lr{lr}-s{cfg['seed']}"
         assert args == "--pos_encoding=rope " + search_line(f"i60s-pope-lr{lr}-s{cfg['seed']}")
+
+
+I74_GENERATOR = os.path.join(REPO, "docs", "runs", "i74-search-queue.py")
+SCHEDULE = ("max_iters", "lr_decay_iters", "warmup_iters", "learning_rate", "min_lr", "decay_lr", "eval_interval")
+SCHEDULE += ("eval_iters", "log_interval", "batch_size", "block_size", "gradient_accumulation_steps", "seed")
+
+
+def i74_rows(tmp_path, *argv):
+    import subprocess
+    import sys
+
+    (tmp_path / "docs" / "runs").mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, I74_GENERATOR, *argv], check=True, cwd=tmp_path, capture_output=True)
+    n = [a for a in argv if a.startswith("--n=")][0][4:]
+    return lines(tmp_path / "docs" / "runs" / f"i74-search-n{n}.tsv")
+
+
+@pytest.mark.parametrize("n,center", [(3840, False), (7680, True), (3840, True)])
+def test_i74_search_queue_gives_yarn_and_pope_ft_the_same_schedule(tmp_path, n, center):
+    """Issue 74's search at N: YaRN at 1e-4 and 1e-3 (and 3e-4 with --center, first: N = 7680 is the rule's cap),
+    PoPE+ft at 1e-4, 3e-4, 1e-3, each PoPE+ft line YaRN's schedule key by key; the YaRN line at 3e-4, 3840 is the
+    doubling queue's (i74-yarn-3840.tsv) and the PoPE parents are issue 60's registered-lr search lines."""
+    rows = i74_rows(tmp_path, f"--n={n}", *(["--center"] if center else []))
+    assert len(rows) == 12 + 2 * center and len({r[0] for r in rows}) == len({r[1] for r in rows}) == len(rows)
+    cfgs = {name: configure(train.DEFAULTS, args.split()) for name, _, args in rows}
+    assert all(out == "out-i74s/" + name[len("i74s-") :] for name, out, _ in rows)
+    lrs = ("1e-4", "3e-4", "1e-3") if center else ("1e-4", "1e-3")
+    want = {f"i74s-yarn-n{n}-lr{lr}-code-s{s}" for lr in lrs for s in (6001, 6002)}
+    want |= {f"i74s-popeft-n{n}-lr{lr}-s{s}" for lr in ("1e-4", "3e-4", "1e-3") for s in (6001, 6002)}
+    want |= {f"i74s-pope-lr2e-3-s{s}" for s in (6001, 6002)}
+    assert set(cfgs) == want
+    if center:
+        assert [r[0] for r in rows[:2]] == [f"i74s-yarn-n{n}-lr3e-4-code-s{s}" for s in (6001, 6002)]
+    with open(os.path.join(REPO, "docs", "runs", "i74-yarn-3840.tsv")) as f:
+        doubling = {r[0]: r[2] for r in (ln.rstrip("\n").split("\t") for ln in f if ln.startswith("i74s-"))}
+    for s in (6001, 6002):
+        parent = configure(train.DEFAULTS, search_line(f"i60s-pope-lr2e-3-s{s}").split())
+        assert cfgs[f"i74s-pope-lr2e-3-s{s}"] == parent
+        if center and n == 3840:
+            got = cfgs[f"i74s-yarn-n3840-lr3e-4-code-s{s}"]
+            assert got == configure(train.DEFAULTS, doubling[f"i74s-yarn-n3840-lr3e-4-code-s{s}"].split())
+        for lr in ("1e-4", "1e-3"):
+            yarn, ft = cfgs[f"i74s-yarn-n{n}-lr{lr}-code-s{s}"], cfgs[f"i74s-popeft-n{n}-lr{lr}-s{s}"]
+            assert {k: yarn[k] for k in SCHEDULE} == {k: ft[k] for k in SCHEDULE}
+            assert yarn["max_iters"] == n and yarn["learning_rate"] == yarn["min_lr"] == float(lr)
+            assert yarn["warmup_iters"] == -(-4 * n // 100) and yarn["eval_interval"] == n // 16
+            assert yarn["init_ckpt"] == f"out-i74s/rope-s{s}/best.pt" and yarn["rope_yarn_ramp"] == "code"
+            assert ft["init_ckpt"] == f"out-i74s/pope-lr2e-3-s{s}/best.pt" and ft["pos_encoding"] == "pope"
