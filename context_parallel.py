@@ -95,6 +95,7 @@ class ContextParallel:
         self.cp_mesh = self.mesh["cp"]
         self.fsdp_mesh = self.mesh["dp", "cp"]._flatten("dp_cp")
         self.dp_rank, self.cp_rank = self.mesh.get_local_rank("dp"), self.mesh.get_local_rank("cp")
+        self._balancers = {}  # (T, device) -> (the head-tail load balancer, its restore index)
 
     def can_shard(self, T):
         """True if a sequence of T tokens splits into 2 cp equal chunks (an evaluation's shorter tail window may
@@ -117,10 +118,13 @@ class ContextParallel:
             raise ValueError(f"context parallelism cuts T into 2 x cp = {2 * self.cp} chunks; T = {T} does not divide")
         positions = position_ids if position_ids is not None else torch.arange(T, device=x.device).expand(B, T)
         buffers = [x, positions] + ([y] if y is not None else [])
-        balancer = _HeadTailLoadBalancer(T, self.cp, x.device)
+        if (T, x.device) not in self._balancers:  # built once per length: a step's micro-batches share them
+            balancer = _HeadTailLoadBalancer(T, self.cp, x.device)
+            restore = balancer._generate_indices(restore=True)[0].long()  # gathered (rank order) -> global order
+            self._balancers[(T, x.device)] = balancer, restore
+        balancer, restore = self._balancers[(T, x.device)]
         # (it also sets _context_parallel's module options, read only by its own SDPA dispatcher, which stays off)
         local = _context_parallel_shard(self.cp_mesh, buffers, [1] * len(buffers), load_balancer=balancer)
-        restore = balancer._generate_indices(restore=True)[0].long()  # gathered (rank order) -> global order
         plan = CPBatch(self, T, local[1].contiguous(), document_ids, position_ids, restore)
         return local[0], (local[2] if y is not None else None), {"cp": plan}
 
@@ -131,7 +135,8 @@ class CPBatch:
     T: the whole sequence's tokens; chunk = T / (2 cp); starts: the global positions of this rank's two chunks
     (q_offsets); positions (B, T / cp) int64: this rank's tokens' global positions; document_ids (B, T) int32 /
     position_ids (B, T) int64: the whole batch's, or None; restore (T,) int64: the gathered keys' order -> global.
-    The chunks' masks are built on first use and shared by every layer of this forward (and by a recompute)."""
+    The chunks' masks (and ALiBi's bias) are built on first use and shared by every layer of this forward (and by a
+    recompute)."""
 
     def __init__(self, layout, T, positions, document_ids, position_ids, restore):
         self.cp, self.cp_rank, self.group = layout.cp, layout.cp_rank, layout.cp_mesh.get_group()
@@ -173,24 +178,31 @@ class CPBatch:
         self._kernel_masks = model._pope_kernel(idx.device)  # the Triton kernel masks from the ids itself
         return Documents(None, self.positions, None, self)
 
-    def _chunk_documents(self, attn, j, end):
-        """Documents for query chunk j (queries at starts[j].., keys 0..end-1), its mask built once; or None."""
-        from model import Documents, alibi_document_bias
+    def _chunk_documents(self, attn, j, end, dtype):
+        """Documents for query chunk j (queries at starts[j].., keys 0..end-1) or None, its mask built on the first
+        layer's call and shared by the others (autograd then saves one copy for every layer): the documents' mask,
+        or for ALiBi its float bias in the queries' dtype, (1, n_head, chunk, end) causal (attend builds that per
+        call) or (B, n_head, chunk, end) under the documents' mask."""
+        from model import Documents, alibi_bias, alibi_document_bias
         from pope import document_mask
 
         ids = None if self.document_ids is None else self.document_ids[:, :end]
         pos = None if self.position_ids is None else self.position_ids[:, :end]
-        if ids is None and pos is None:
+        alibi = attn.config.pos_encoding == "alibi_half"
+        if ids is None and pos is None and not alibi:
             return None
         mask = None
-        if ids is not None and not self._kernel_masks:
-            alibi = attn.config.pos_encoding == "alibi_half"
-            if (j, alibi) not in self._masks:
-                mask = document_mask(ids, self.chunk, self.starts[j])
-                if alibi and isinstance(mask, torch.Tensor):
-                    mask = alibi_document_bias(attn.alibi_slopes, mask, self.starts[j])
-                self._masks[(j, alibi)] = mask
-            mask = self._masks[(j, alibi)]
+        if alibi or (ids is not None and not self._kernel_masks):
+            key = (j, alibi, dtype if alibi else None)
+            if key not in self._masks:
+                if ids is None:  # ALiBi, causal
+                    mask = alibi_bias(attn.alibi_slopes, self.chunk, end, q_offset=self.starts[j]).unsqueeze(0)
+                else:
+                    mask = document_mask(ids, self.chunk, self.starts[j])
+                    if alibi and isinstance(mask, torch.Tensor):
+                        mask = alibi_document_bias(attn.alibi_slopes, mask, self.starts[j])
+                self._masks[key] = mask.to(dtype) if alibi and isinstance(mask, torch.Tensor) else mask
+            mask = self._masks[key]
         return Documents(ids, pos, mask)
 
     def gather(self, k, v):
@@ -216,7 +228,7 @@ class CPBatch:
         for j, start in enumerate(self.starts):
             end = start + self.chunk
             qj = q[:, :, j * self.chunk : (j + 1) * self.chunk]
-            docs = self._chunk_documents(attn, j, end)
+            docs = self._chunk_documents(attn, j, end, q.dtype)
             out.append(attn.attend(qj, k_all[:, :, :end], v_all[:, :, :end], start, rotation, docs))
         return torch.cat(out, dim=2)
 
@@ -250,7 +262,8 @@ def activation_bytes(config, batch_size, block_size, cp, bytes_per_element, gath
     attention's own, with H = n_head, K = n_kv_head:
         cp = 1  PoPE: q~, k~ (2d wide), v padded to 2d, its output (2d) and logsumexp: 4 H d + 4 K d + H
                 RoPE: rotated q, k, output, logsumexp: 2 H d + K d + H
-        cp > 1  local: PoPE 4 H d + H (q~, output, logsumexp), RoPE 2 H d + H + d (the positions' rotation rows);
+        cp > 1  local: PoPE 4 H d + H (q~, output, logsumexp), RoPE 2 H d + H (and the positions' rotation rows, d,
+                once for every layer);
                 gathered, per row of the batch: k and v of the whole sequence (2 K d T), and PoPE's k~ and padded v
                 of each chunk's key range, 4 K d (end_0 + end_1) with end_0 + end_1 = T (2 cp + 1) / (2 cp); plus the
                 chunks' boolean causal masks (chunk x end bytes each, the CPU SDPA path's)
@@ -270,16 +283,17 @@ def activation_bytes(config, batch_size, block_size, cp, bytes_per_element, gath
         layer += n * ((4 * H * d + 4 * K * d + H) if pope else (2 * H * d + K * d + H)) * e
         layer += 2 * K * d * e if pope else 0  # cos, sin of delta
     elif not gathered:
-        layer += n * ((4 * H * d + H) if pope else (2 * H * d + H + d)) * e
+        layer += n * ((4 * H * d + H) if pope else (2 * H * d + H)) * e
     else:
         chunk = T // (2 * cp)
         ends = chunk * (2 * cp + 1)  # end_0 + end_1 (the same on every rank)
-        layer += n * ((4 * H * d + H) if pope else (2 * H * d + H + d)) * e
+        layer += n * ((4 * H * d + H) if pope else (2 * H * d + H)) * e
         layer += 2 * B * K * d * T * e  # the gathered k, v
         layer += (4 * B * K * d * ends * e + 2 * 2 * K * d * e) if pope else 0  # k~, padded v per chunk; delta
         layer += chunk * ends  # causal masks (bool)
     head = n * (e * (3 * C + V + 1) + 8) + e
-    return L * layer + head + (8 * T if cp > 1 and gathered else 0)  # + the restore index
+    rows = n * d * e if cp > 1 and not pope else 0  # RoPE's rotation rows at the rank's global positions
+    return L * layer + head + rows + (8 * T if cp > 1 and gathered else 0)  # + the restore index
 
 
 def memory_report(config, batch_size, block_size, cp, dtype, checkpointing=False):

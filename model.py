@@ -288,12 +288,16 @@ class Documents(NamedTuple):
     its float bias (B, n_head, T, T), -inf where the mask forbids (alibi_document_bias, built once for every
     layer); None without ids, and for PoPE with attn_backend='triton' (the kernel masks from the ids).
     cp: under context parallelism (train.py's context_parallel_degree > 1) the batch's context_parallel.CPBatch,
-    which every layer's attention goes through (positions are then this rank's tokens' global positions); else None."""
+    which every layer's attention goes through (positions are then this rank's tokens' global positions); else None.
+    rows: RoPE's (and rope_half's) rotation rows at positions, (B, 1, T, n_rot) (rotation_table's columns), gathered
+    once per forward by GPT.hidden_states so that every layer rotates with (and saves for backward) the same tensor;
+    None for the other encodings, without positions, or for a Documents built outside GPT.hidden_states."""
 
     ids: torch.Tensor | None
     positions: torch.Tensor | None
     mask: object
     cp: object = None
+    rows: torch.Tensor | None = None
 
 
 class KVCache:
@@ -420,8 +424,10 @@ class CausalSelfAttention(nn.Module):
             rotation = rotation_table(cfg, q_offset + T, x.device)
         if cfg.pos_encoding in ("rope", "rope_half"):
             rows = rotation[q_offset : q_offset + T]
-            if documents is not None and documents.positions is not None:
-                rows = rotation[documents.positions].unsqueeze(1)  # (B, 1, T, n_rot): each token's own position
+            if documents is not None and documents.rows is not None:
+                rows = documents.rows  # (B, 1, T, n_rot): each token's own position, gathered once per forward
+            elif documents is not None and documents.positions is not None:
+                rows = rotation[documents.positions].unsqueeze(1)
             elif rows.shape[0] != T:
                 raise ValueError(
                     f"the rotation table has {rotation.shape[0]} rows; positions up to {q_offset + T - 1} "
@@ -681,6 +687,9 @@ class GPT(nn.Module):
                 x = x + self.wpe_sinusoidal[q_offset : q_offset + T]
         x = self.transformer.drop(x)
         self.ensure_positions(n_positions)
+        rotary = self.config.pos_encoding in ("rope", "rope_half")
+        if rotary and documents is not None and documents.positions is not None:  # one gather for every layer
+            documents = documents._replace(rows=self.rotation[documents.positions].unsqueeze(1))
         for block in self.transformer.h:
             x = block(x, self.rotation, kv_cache, documents)
         if kv_cache is not None:

@@ -3,9 +3,10 @@ world size; cases share the launch because starting processes costs seconds on a
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/cp_worker.py CASES.json OUT.json
 
-CASES.json: a list of cases, each {"kind": "train" | "layer" | "loss" | "memory", "dp": int, "cp": int, ...}; rank 0
-writes OUT.json, one result per case. Every rank builds the same model (one seed) and the same batches; rank 0 also
-runs the one-process reference (the plain GPT on the whole batch) in its own process, so no second launch is needed.
+CASES.json: a list of cases, each {"kind": "train" | "layer" | "loss" | "memory" | "shared", "dp": int, "cp": int,
+...}; rank 0 writes OUT.json, one result per case. Every rank builds the same model (one seed) and the same batches;
+rank 0 also runs the one-process reference (the plain GPT on the whole batch) in its own process, so no second launch
+is needed.
 
     train   3 AdamW steps (weight decay, delta's projection) of a tiny GPT under CP (FSDP2 over dp x cp, or DDP)
             -> per-step losses of both, and the largest relative difference of the parameters after step 3
@@ -14,6 +15,8 @@ runs the one-process reference (the plain GPT on the whole batch) in its own pro
             output rows and the gradients of q, k, v at its positions, documents crossing chunk boundaries
     loss    CPBatch.loss with ignored targets falling unevenly across ranks against F.cross_entropy's mean
     memory  bytes saved for the backward (torch.autograd.graph.saved_tensors_hooks) by one forward per rank
+    shared  what one forward and backward of a 3-layer GPT builds per batch, not per layer: the calls of
+            model.alibi_bias and the distinct rotation-row tensors model.rope_rotate gets
 """
 
 import json
@@ -242,7 +245,28 @@ def memory_case(case, layout):
     return {"cp": layout.cp, "measured": measured.item(), "estimate": est, **shapes}
 
 
-KINDS = {"train": train_case, "layer": layer_case, "loss": loss_case, "memory": memory_case}
+def shared_case(case, layout):
+    """ALiBi's causal bias and RoPE's rotation rows under CP: built once per forward (per query chunk for the bias)
+    and shared by the 3 layers, counted by wrapping model.alibi_bias and model.rope_rotate on this rank."""
+    import model as model_module
+
+    calls, rows = [], []
+    real_bias, real_rotate = model_module.alibi_bias, model_module.rope_rotate
+    model_module.alibi_bias = lambda *a, **kw: calls.append(1) or real_bias(*a, **kw)
+    model_module.rope_rotate = lambda x, r: rows.append(r.data_ptr()) or real_rotate(x, r)
+    try:
+        torch.manual_seed(0)
+        model = GPT(config(case, n_layer=3))
+        x, y, docs, pos = batches(case, 1)[0]
+        docs = docs if case.get("docs", True) else None  # position_ids alone: causal attention
+        xl, yl, kw = layout.shard(x, y, docs, pos)
+        model(xl, yl, **kw)[1].backward()
+    finally:
+        model_module.alibi_bias, model_module.rope_rotate = real_bias, real_rotate
+    return {"alibi_bias_calls": len(calls), "rotate_calls": len(rows), "distinct_rows": len(set(rows))}
+
+
+KINDS = {"train": train_case, "layer": layer_case, "loss": loss_case, "memory": memory_case, "shared": shared_case}
 
 
 def main(cases_path, out_path):

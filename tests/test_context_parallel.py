@@ -84,6 +84,14 @@ MEMORY = {  # T = 256 tokens, one row: activations saved per rank at cp = 1, 2 (
 }
 
 
+SHARED = {  # 3 layers: what a forward builds once, not per layer
+    "alibi": case("shared", "alibi_half", n_kv_head=2),
+    "alibi-positions": case("shared", "alibi_half", mask="block_causal", docs=False),
+    "rope-bc": case("shared", "rope", **BC),
+    "rope": case("shared", "rope"),
+}
+
+
 def launch(script, n, args, env=None, timeout=600):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", script, *args]
     p = subprocess.Popen(
@@ -121,6 +129,7 @@ def two(tmp_path_factory):
     cases = {**{("train", k): v for k, v in TRAIN2.items()}, **{("layer", k): v for k, v in LAYER2.items()}}
     cases.update({("memory", k): v for k, v in MEMORY.items() if v["cp"] < 4})
     cases[("loss", "uneven")] = {"kind": "loss", "dp": 1, "cp": 2}
+    cases.update({("shared", k): v for k, v in SHARED.items()})
     return run_worker(tmp_path_factory.mktemp("cp2"), 2, cases, {"TRITON_INTERPRET": "1"})
 
 
@@ -258,6 +267,18 @@ def test_activation_bytes_per_rank_fall_with_cp_as_estimated(two, request, enc):
     one = context_parallel.activation_bytes(cfg, 1, 256, 1, 4)
     per_token = {cp: context_parallel.activation_bytes(cfg, 1, 256, cp, 4, gathered=False) for cp in (2, 4)}
     assert all(abs(per_token[cp] / (one / cp) - 1) < 0.25 for cp in (2, 4)), (one, per_token)
+
+
+@pytest.mark.parametrize("name", list(SHARED))
+def test_a_cp_forward_builds_alibis_bias_and_ropes_rows_once_for_every_layer(two, name):
+    """Under CP, ALiBi's causal float bias (one per query chunk: 2 per forward, however many layers; it was built in
+    every layer's every chunk, and saved for the backward by each: about 6 GiB per chunk and layer at 32k, cp 4) and
+    RoPE's rotation rows at the rank's global positions (one tensor for q and k of every layer) are shared."""
+    r = two[("shared", name)]
+    if name.startswith("alibi"):
+        assert r["alibi_bias_calls"] == 2, r
+    else:
+        assert r["rotate_calls"] == 6 and r["distinct_rows"] == 1, r
 
 
 # --- train.py itself: FSDP and DDP at cp = 2, resume across cp degrees ----------------------------------------------

@@ -394,6 +394,20 @@ def test_alibi_builds_its_document_bias_once_per_forward_for_every_layer(monkeyp
     assert_packed_equals_documents(gpt("alibi_half", n_layer=3))
 
 
+@pytest.mark.parametrize("name", ["rope", "rope_half"])
+def test_rope_gathers_its_rotation_rows_once_per_forward_for_every_layer(name, monkeypatch):
+    """RoPE at position_ids: the rows rotation[positions] (B, 1, T, n_rot) are gathered once per forward and every
+    layer rotates with that one tensor, so autograd saves one copy, not n_layer (it was gathered in every layer);
+    the logits and gradients are each document's alone."""
+    seen, real = [], model_module.rope_rotate
+    monkeypatch.setattr(model_module, "rope_rotate", lambda x, rows: seen.append(rows.data_ptr()) or real(x, rows))
+    m = gpt(name, n_layer=3)
+    ids, pos = document_ids()
+    m(torch.zeros(3, T, dtype=torch.long), document_ids=ids, position_ids=pos)[0].sum().backward()
+    assert len(seen) == 6 and len(set(seen)) == 1  # q and k of 3 layers, one tensor
+    assert_packed_equals_documents(gpt(name, n_layer=3))
+
+
 @pytest.mark.parametrize("name", ["learned", "sinusoidal", "rope", "pope"])
 def test_a_negative_position_is_a_one_line_value_error_for_every_encoding(name):
     """position_ids -1: the one-line ValueError of GPT.forward for every encoding (learned raised a bare
