@@ -214,3 +214,53 @@ def test_i74_search_queue_gives_yarn_and_pope_ft_the_same_schedule(tmp_path, n, 
             assert yarn["warmup_iters"] == -(-4 * n // 100) and yarn["eval_interval"] == n // 16
             assert yarn["init_ckpt"] == f"out-i74s/rope-s{s}/best.pt" and yarn["rope_yarn_ramp"] == "code"
             assert ft["init_ckpt"] == f"out-i74s/pope-lr2e-3-s{s}/best.pt" and ft["pos_encoding"] == "pope"
+
+
+I74_REGISTERED = os.path.join(REPO, "docs", "runs", "i74-registered-queue.py")
+
+
+@pytest.mark.parametrize("steps,yarn_lr,popeft_lr", [(7680, "3e-4", "1e-4"), (3840, "1e-3", "3e-4")])
+def test_i74_registered_queue_repeats_the_search_lines_at_new_seeds(tmp_path, steps, yarn_lr, popeft_lr):
+    """Each registered run is the search's line of its arm and lr (i74-search-queue.py's, the doubling queue's RoPE
+    parents) with only the seed and the parent's folder changed; blocks in seed order, parents first; every run
+    scored tiled at 1x-16x over the whole test split."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "reg.tsv"
+    argv = ["--n=3", f"--steps={steps}", f"--yarn_lr={yarn_lr}", f"--popeft_lr={popeft_lr}", f"--out={out}"]
+    subprocess.run([sys.executable, I74_REGISTERED, *argv], check=True, cwd=REPO, capture_output=True)
+    rows = lines(out)
+    search = {r[0]: r[2] for r in i74_rows(tmp_path, f"--n={steps}", "--center")}
+    with open(os.path.join(REPO, "docs", "runs", "i74-yarn-3840.tsv")) as f:
+        search.update({r[0]: r[2] for r in (ln.rstrip("\n").split("\t") for ln in f if ln.startswith("i74s-rope"))})
+    assert [r[0] for r in rows] == [
+        f"i74-{a}-s{s}" for s in (7401, 7402, 7403) for a in ("rope", "pope", "yarn", "popeft")
+    ]
+    want_name = {
+        "rope": "i74s-rope-s6001",
+        "pope": "i74s-pope-lr2e-3-s6001",
+        "yarn": f"i74s-yarn-n{steps}-lr{yarn_lr}-code-s6001",
+        "popeft": f"i74s-popeft-n{steps}-lr{popeft_lr}-s6001",
+    }
+    for name, path, args, after in rows:
+        arm, seed = name.split("-")[1], int(name.rsplit("-s", 1)[1])
+        assert path == f"out-i74/{arm}-s{seed}"
+        want = search[want_name[arm]].replace("--seed=6001", f"--seed={seed}")
+        want = want.replace("out-i74s/rope-s6001", f"out-i74/rope-s{seed}")
+        want = want.replace("out-i74s/pope-lr2e-3-s6001", f"out-i74/pope-s{seed}")
+        assert configure(train.DEFAULTS, args.split()) == configure(train.DEFAULTS, want.split())
+        assert after == (
+            f"python eval_extrapolate.py {path} --dataset=shakespeare_char --lengths=256,512,1024,2048,4096 "
+            f"--max_tokens=0 --out_dir={path}/extrapolate --device=cpu"
+        )
+
+
+@pytest.mark.parametrize("bad", ["--yarn_lr=2e-4", "--popeft_lr=3e-3", "--n=0"])
+def test_i74_registered_queue_refuses_an_lr_outside_the_search(tmp_path, bad):
+    import subprocess
+    import sys
+
+    argv = ["--n=3", "--steps=7680", "--yarn_lr=3e-4", "--popeft_lr=3e-4", f"--out={tmp_path / 'q.tsv'}", bad]
+    p = subprocess.run([sys.executable, I74_REGISTERED, *argv], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode != 0 and "one of the search's" in p.stderr and not (tmp_path / "q.tsv").exists()
