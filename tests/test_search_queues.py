@@ -221,9 +221,9 @@ I74_REGISTERED = os.path.join(REPO, "docs", "runs", "i74-registered-queue.py")
 
 @pytest.mark.parametrize("steps,yarn_lr,popeft_lr", [(7680, "3e-4", "1e-4"), (3840, "1e-3", "3e-4")])
 def test_i74_registered_queue_repeats_the_search_lines_at_new_seeds(tmp_path, steps, yarn_lr, popeft_lr):
-    """Each registered run is the search's line of its arm and lr (i74-search-queue.py's, the doubling queue's RoPE
-    parents) with only the seed and the parent's folder changed; blocks in seed order, parents first; every run
-    scored tiled at 1x-16x over the whole test split."""
+    """Each registered run is the search's line of its arm and lr (i74-search-queue.py's; RoPE: issue 60's registered
+    lr 2e-3, its search line) with only the seed and the parent's folder changed; blocks in seed order, parents
+    first; every run scored tiled at 1x-16x over the whole test split."""
     import subprocess
     import sys
 
@@ -232,13 +232,12 @@ def test_i74_registered_queue_repeats_the_search_lines_at_new_seeds(tmp_path, st
     subprocess.run([sys.executable, I74_REGISTERED, *argv], check=True, cwd=REPO, capture_output=True)
     rows = lines(out)
     search = {r[0]: r[2] for r in i74_rows(tmp_path, f"--n={steps}", "--center")}
-    with open(os.path.join(REPO, "docs", "runs", "i74-yarn-3840.tsv")) as f:
-        search.update({r[0]: r[2] for r in (ln.rstrip("\n").split("\t") for ln in f if ln.startswith("i74s-rope"))})
+    search["i60s-rope-lr2e-3-s6001"] = search_line("i60s-rope-lr2e-3-s6001")  # issue 60's registered RoPE recipe
     assert [r[0] for r in rows] == [
         f"i74-{a}-s{s}" for s in (7401, 7402, 7403) for a in ("rope", "pope", "yarn", "popeft")
     ]
     want_name = {
-        "rope": "i74s-rope-s6001",
+        "rope": "i60s-rope-lr2e-3-s6001",
         "pope": "i74s-pope-lr2e-3-s6001",
         "yarn": f"i74s-yarn-n{steps}-lr{yarn_lr}-code-s6001",
         "popeft": f"i74s-popeft-n{steps}-lr{popeft_lr}-s6001",

@@ -5,7 +5,8 @@ repo root with YaRN's step count N (the doubling rule), the lrs the search chose
     # -> docs/runs/i74-registered.tsv
 
 One block per seed (7401, 7402, ...: no other study's), in order: RoPE and PoPE pretraining (issue 60's registered
-recipes: RoPE lr 1e-3; PoPE lr 2e-3, min_lr 2e-4), then YaRN (ramp `code`) from that seed's RoPE run and PoPE+ft
+recipes, both lr 2e-3, min_lr 2e-4, the lrs chosen on validation; YaRN's search ran from RoPE parents at 1e-3, issue
+60's caveat 1), then YaRN (ramp `code`) from that seed's RoPE run and PoPE+ft
 from its PoPE run, both N steps at the same batch with the search's schedule (docs/runs/i74-search-queue.py: warmup
 4 % of the steps rounded up, constant lr, evaluations every N / 16 steps). Every run is scored tiled at 256, 512,
 1024, 2048 and 4096 over the whole test split (--max_tokens=0: every 4097-character chunk), the arms' table at 1x,
@@ -31,7 +32,7 @@ def after(out):
 def args(arm, seed, steps, lr):
     """train.py's arguments of one arm's run at seed (lr: the fine-tune's; pretraining lrs are fixed)."""
     if arm == "rope":
-        return f"--pos_encoding=rope --seed={seed}"
+        return f"--pos_encoding=rope --seed={seed} --learning_rate=2e-3 --min_lr=2e-4"
     if arm == "pope":
         return f"--seed={seed} --learning_rate=2e-3 --min_lr=2e-4"
     if arm == "yarn":
@@ -63,7 +64,7 @@ def main(argv=None):
             lines.append(H.join((name, out, args(arm, s, a.steps, lr[arm]), after(out))))
     head = (
         '# issue 74, the registered comparison (docs/extrapolation.md, "The headline at equal budget"): seeds '
-        f"{SEED0} .. {SEED0 + a.n - 1},\n# one block per seed in order. Arms: RoPE (lr 1e-3), PoPE (lr 2e-3), "
+        f"{SEED0} .. {SEED0 + a.n - 1},\n# one block per seed in order. Arms: RoPE (lr 2e-3), PoPE (lr 2e-3), "
         f"YaRN ({a.steps} steps, lr {a.yarn_lr}, ramp code), PoPE+ft ({a.steps} steps, lr {a.popeft_lr}).\n"
         "# Every run scored tiled at 1x-16x over the whole test split. Written by docs/runs/i74-registered-queue.py\n"
         f"# --n={a.n} --steps={a.steps} --yarn_lr={a.yarn_lr} --popeft_lr={a.popeft_lr}. Two lanes, one core each:\n"
