@@ -118,16 +118,20 @@ class Dataset:
     def offsets(self, split):
         """The split's document offsets (int64, n_docs + 1, from 0 to the split's length; meta.json "documents"):
         document i is tokens off[i]:off[i + 1] of a stream, rows off[i]:off[i + 1] of a rows split. A split
-        without them: [0, length], one document."""
+        without them: [0, length], one document. FileNotFoundError (what to do) if meta.json names a missing file."""
         if split not in self._offsets:
             docs = self.meta.get("documents", {}).get(split)
             n = self.meta["splits"][split]["shape"][0]
             if docs is None:
                 self._offsets[split] = np.array([0, n], dtype=np.int64)
             else:
-                self._offsets[split] = np.fromfile(os.path.join(self.dir, docs["file"]), dtype=docs["dtype"]).astype(
-                    np.int64
-                )
+                path = os.path.join(self.dir, docs["file"])
+                if not os.path.exists(path):
+                    raise FileNotFoundError(
+                        f"{path} is missing, but {self.dir}/meta.json declares {split}'s document offsets in it: "
+                        "delete the folder and prepare the dataset again"
+                    )
+                self._offsets[split] = np.fromfile(path, dtype=docs["dtype"]).astype(np.int64)
         return self._offsets[split]
 
     def rows_to_xy(self, rows):

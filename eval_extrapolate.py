@@ -28,10 +28,10 @@ L_max is the longest length, "forwards" counts model calls on L tokens.
   truncate  each document's first L + 1 tokens, one window per document and length (YaRN's
             --truncate): contexts 1 .. L, each window at a document's start. One forward per window.
 Which documents and tokens (chosen once, from the dataset, the lengths, the protocol, --max_tokens,
---seed and --doc_tokens only, so every model sees the same tokens):
+--seed, --doc_tokens and --one_document only, so every model sees the same tokens):
   Documents: the dataset's document offsets where it has them (meta.json "documents", e.g. the
-     PG-19 books of prepare/pg19.py), otherwise the whole split is one document, or with
-     --doc_tokens=N consecutive documents of N tokens (a shorter tail dropped).
+     PG-19 books of prepare/pg19.py), otherwise (or with --one_document) the whole split is one
+     document, or with --doc_tokens=N consecutive documents of N tokens (a shorter tail dropped).
   tiled: 1. Chunks: each document is cut from its start into consecutive chunks of L_max + 1 tokens,
      stepping by L_max, so the predicted tokens of two chunks never overlap; a document's tail
      shorter than a chunk is dropped. No chunk crosses a document.
@@ -120,12 +120,18 @@ DEFAULT_STRIDE = 256  # YaRN's and Position Interpolation's
 def document_offsets(ds, split):
     """int64 offsets (n_docs + 1,) of the documents of a stream split: document i is
     arr[off[i]:off[i+1]]. From meta.json "documents"[split] where the dataset declares them (format:
-    prepare/pg19.py), else [0, n_tokens] (one document)."""
+    prepare/pg19.py), else [0, n_tokens] (one document). UserError for a missing or malformed offsets file."""
     n = len(ds.array(split))
     docs = ds.meta.get("documents", {}).get(split)
     if not docs:
         return np.array([0, n], dtype=np.int64)
-    off = np.fromfile(os.path.join(ds.dir, docs["file"]), dtype=docs.get("dtype", "int64")).astype(np.int64)
+    path = os.path.join(ds.dir, docs["file"])
+    if not os.path.exists(path):
+        raise UserError(
+            f"{path} is missing, but meta.json declares {split}'s documents in it: prepare the dataset again, or pass "
+            "--one_document to read the split as one document"
+        )
+    off = np.fromfile(path, dtype=docs.get("dtype", "int64")).astype(np.int64)
     if len(off) < 2 or off[0] != 0 or off[-1] != n or np.any(np.diff(off) < 0):
         raise UserError(
             f"{ds.dir}/{docs['file']} does not hold document offsets 0 .. {n} of {split}.bin; prepare the dataset again"
@@ -585,6 +591,12 @@ def parse_args(argv):
         default=0,
         help="read a split without document offsets as documents of this many tokens (0: one document)",
     )
+    p.add_argument(
+        "--one_document",
+        action="store_true",
+        help="read the split as one document even where meta.json declares its documents (issues 54, 60 and 74 "
+        "score shakespeare_char so: it declared none when issue 54 registered its chunks)",
+    )
     p.add_argument("--last_k", type=int, default=256, help="tiled: targets per chunk in the same-tokens view")
     p.add_argument("--max_tokens", type=int, default=0, help="token budget per length (0: all chunks/documents)")
     p.add_argument("--seed", type=int, default=1337, help="draws the chunks/documents when --max_tokens limits them")
@@ -630,7 +642,7 @@ def run(argv):
     if not ds.has_split(a.split):
         raise UserError(f"dataset {a.dataset!r} has no split {a.split!r}; it has {sorted(ds.meta['splits'])}")
     arr = ds.array(a.split)
-    offsets = document_offsets(ds, a.split)
+    offsets = np.array([0, len(arr)], dtype=np.int64) if a.one_document else document_offsets(ds, a.split)
     if a.doc_tokens:
         if len(offsets) > 2 or not 0 < a.doc_tokens <= len(arr):
             raise UserError(

@@ -123,6 +123,17 @@ def test_an_old_dataset_is_one_document_with_a_one_line_warning(tmp_path, capsys
     assert capsys.readouterr().err == ""
 
 
+def test_a_missing_offsets_file_is_one_error_that_says_what_to_do(tmp_path):
+    """meta.json declares documents but val.docs.bin was removed: block_causal's batches raise one line naming the
+    file and the fix (it was numpy's bare FileNotFoundError); causal batches never read it."""
+    folder = stream(str(tmp_path), "gone", offsets=document_offsets([100, 200]))
+    os.remove(os.path.join(folder, "val.docs.bin"))
+    ds = Dataset(folder, batch_size=2, block_size=16, documents=True)
+    with pytest.raises(FileNotFoundError, match="val.docs.bin is missing, but .*meta.json declares val's document"):
+        ds.fixed_batches("val", 1)
+    assert len(Dataset(folder, batch_size=2, block_size=16).fixed_batches("val", 1)[0]) == 2
+
+
 def test_rows_datasets_record_one_document_per_example_and_serve_no_ids(tiny_indirect):
     """A row is one document from position 0: block_causal there is causal attention, so the batch carries no ids
     and the model runs its unmasked path (no mask built per forward)."""

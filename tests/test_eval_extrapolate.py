@@ -269,6 +269,26 @@ def test_document_offsets_that_do_not_cover_the_split_exit_2(setup, case, capsys
     assert not os.path.exists(tmp_path / "out")
 
 
+def test_one_document_reads_a_split_with_offsets_as_one_and_a_missing_offsets_file_says_what_to_do(setup, capsys):
+    """--one_document: a split whose meta.json declares documents is scored as the same tokens prepared without
+    offsets (issues 54, 60 and 74 score shakespeare_char so); it reads no offsets file, so it also serves a folder
+    whose *.docs.bin was removed. Without it a missing file is one line naming the fix (it was a traceback)."""
+    tmp_path, _, runs, common = setup
+    make_dataset(str(tmp_path / "data"), name="flat", with_offsets=False)
+
+    def key(rows):
+        return [(r["label"], r["length"], r["tokens"], r["ppl"], r["last_loss"]) for r in rows]
+
+    flat = key(ee.run([*runs, *common, "--dataset=flat"]))
+    assert key(ee.run([*runs, *common, "--one_document"])) == flat and key(ee.run([*runs, *common])) != flat
+    os.remove(tmp_path / "data" / "toy" / "test.docs.bin")
+    assert key(ee.run([*runs, *common, "--one_document"])) == flat
+    capsys.readouterr()
+    assert exit_code([*runs, *common]) == 2
+    err = capsys.readouterr().err
+    assert "test.docs.bin is missing" in err and "--one_document" in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("last_k", [0, 17, 64])
 def test_last_k_must_fit_the_shortest_length(setup, last_k, capsys):
     tmp_path, _, runs, common = setup  # lengths 16, 32, 64

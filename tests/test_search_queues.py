@@ -251,7 +251,7 @@ def test_i74_registered_queue_repeats_the_search_lines_at_new_seeds(tmp_path, st
         assert configure(train.DEFAULTS, args.split()) == configure(train.DEFAULTS, want.split())
         assert after == (
             f"python eval_extrapolate.py {path} --dataset=shakespeare_char --lengths=256,512,1024,2048,4096 "
-            f"--max_tokens=0 --out_dir={path}/extrapolate --device=cpu"
+            f"--max_tokens=0 --one_document --out_dir={path}/extrapolate --device=cpu"
         )
 
 

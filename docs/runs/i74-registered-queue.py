@@ -9,8 +9,9 @@ recipes, both lr 2e-3, min_lr 2e-4, the lrs chosen on validation; YaRN's search 
 60's caveat 1), then YaRN (ramp `code`) from that seed's RoPE run and PoPE+ft
 from its PoPE run, both N steps at the same batch with the search's schedule (docs/runs/i74-search-queue.py: warmup
 4 % of the steps rounded up, constant lr, evaluations every N / 16 steps). Every run is scored tiled at 256, 512,
-1024, 2048 and 4096 over the whole test split (--max_tokens=0: every 4097-character chunk), the arms' table at 1x,
-4x (H2c) and 16x (H2a, H2b: the primary, ppl at 4096).
+1024, 2048 and 4096 over the whole test split (--max_tokens=0: every 4097-character chunk; --one_document: the split
+read as one document, as issues 54 and 60 read it, though meta.json now declares its two works), the arms' table at
+1x, 4x (H2c) and 16x (H2a, H2b: the primary, ppl at 4096).
 """
 
 import argparse
@@ -25,7 +26,7 @@ def after(out):
     """The registered evaluation: tiled at 1x-16x over the whole test split."""
     return (
         f"python eval_extrapolate.py {out} --dataset=shakespeare_char --lengths=256,512,1024,2048,4096 "
-        f"--max_tokens=0 --out_dir={out}/extrapolate --device=cpu"
+        f"--max_tokens=0 --one_document --out_dir={out}/extrapolate --device=cpu"
     )
 
 
