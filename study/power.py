@@ -4,6 +4,7 @@ afterwards, with the same tests.
 
     python study/power.py welch 0.0165 0.0153 0.0058        # difference B − A, sd of A, sd of B: power by n
     python study/power.py welch 0.374 0.243 0.132 --n=4       # the power 4 runs per arm have
+    python study/power.py perm 4.16 0.216 2.338 --alpha=0.025 # the exact permutation test's power, simulated
     python study/power.py fisher 7/9 1/9                       # solve rates of A and B (k/n or a fraction)
     python study/power.py paired 0.380 0.0057                  # mean and sd of the per-seed differences B − A
     python study/power.py tost 0.05 0.0054 0.0047              # equivalence margin, sd of A, sd of B (true diff 0)
@@ -20,8 +21,10 @@ difference is --diff (default 0), from the noncentral t of each one-sided test w
 of the true sds: P(both reject) ~ P(lower rejects) + P(upper rejects) − 1 (Bonferroni's bound, close where the
 power is high, the case a study plans for). Like welch's, an approximation: the true sds' df overstate the
 test's at small n, by up to 0.03 in power at n = 4 to 6 (tests/test_power_tost.py, against the simulated
-test). Fisher: the two-sided Fisher exact test of the 2 x 2 table of solved / not solved with n runs per arm,
-each run of arm X solving with probability p_X; power exact, summed over all (n + 1)² outcomes. "Separated" is
+test). Perm: the exact two-sided permutation test of the difference of means (study/results.py --decide=perm), its
+power simulated (--draws pairs of normal arms, --seed; n up to 15 per arm). Fisher: the two-sided Fisher exact test
+of the 2 x 2 table of solved / not solved with n runs per arm, each run of arm X solving with probability p_X; power
+exact, summed over all (n + 1)² outcomes. "Separated" is
 p < alpha, as in study/results.py.
 
 Fisher's power is not monotone in n at these sizes (the test is discrete): the n required is the
@@ -41,7 +44,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: cli.py, model.py ...
 
 from cli import UserError, exit_on_user_error
-from results import ALPHA  # "separated": p < ALPHA, two-sided, as study/results.py reads the runs
+from results import ALPHA, PERMUTATION_MAX_RUNS, permutation_p  # "separated": p < ALPHA, as results.py reads runs
 
 POWER = 0.8
 
@@ -95,6 +98,22 @@ def tost_power(margin, sd_a, sd_b, n, diff=0.0, alpha=ALPHA):
     se, t = np.sqrt(va + vb), stats.t.ppf(1 - alpha, df)
     lower, upper = (float(stats.nct.sf(t, df, (margin + s * diff) / se)) for s in (1, -1))
     return max(0.0, lower + upper - 1.0)
+
+
+def perm_power(diff, sd_a, sd_b, n, alpha=ALPHA, draws=20000, seed=0):
+    """The exact two-sided permutation test's power (study/results.py's permutation_p, its --decide=perm), simulated:
+    the fraction of `draws` pairs of normal arms of n runs each, a ~ N(0, sd_a) and b ~ N(diff, sd_b), whose p <
+    alpha; standard error sqrt(P (1 − P) / draws), at most 0.0035 at 20000 draws. Seeded: a registration's number
+    repeats. No p falls below 2 / C(2n, n) (0.029 at n = 4, 0.0079 at 5), so the power is 0 where that is >= alpha
+    (n = 4 under Holm's 0.025). Raises ValueError for n past PERMUTATION_MAX_RUNS / 2 or a bad sd."""
+    _check(n, alpha)
+    if 2 * n > PERMUTATION_MAX_RUNS:
+        raise ValueError(f"the exact permutation p is computed for up to {PERMUTATION_MAX_RUNS // 2} runs per arm")
+    if sd_a < 0 or sd_b < 0 or draws < 1:
+        raise ValueError(f"the sds must be >= 0 and draws >= 1, got {sd_a}, {sd_b}, {draws}")
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(0.0, sd_a, (draws, n)), rng.normal(diff, sd_b, (draws, n))
+    return float(np.mean([permutation_p(x, y) < alpha for x, y in zip(a, b)]))
 
 
 def _t_test_power(df, ncp, alpha):
@@ -179,12 +198,14 @@ def main(argv):
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("test", choices=["welch", "paired", "fisher", "tost"])
+    p.add_argument("test", choices=["welch", "perm", "paired", "fisher", "tost"])
     p.add_argument(
         "values",
         nargs="+",
-        help="welch: DIFF SD_A SD_B; paired: DIFF SD_DIFF; fisher: RATE_A RATE_B; tost: MARGIN SD_A SD_B",
+        help="welch, perm: DIFF SD_A SD_B; paired: DIFF SD_DIFF; fisher: RATE_A RATE_B; tost: MARGIN SD_A SD_B",
     )
+    p.add_argument("--draws", type=int, default=20000, help="perm: simulated pairs of arms per n (default 20000)")
+    p.add_argument("--seed", type=int, default=0, help="perm: the simulation's seed (default 0)")
     p.add_argument("--diff", type=float, default=0.0, help="tost: the true difference B − A (default 0)")
     p.add_argument("--n", type=int, default=None, help="runs per arm: print the power at this n only")
     p.add_argument("--alpha", type=float, default=ALPHA, help="two-sided significance level (default 0.05)")
@@ -193,6 +214,7 @@ def main(argv):
     a = p.parse_args(argv)
     takes = {
         "welch": "DIFF SD_A SD_B",
+        "perm": "DIFF SD_A SD_B",
         "paired": "DIFF SD_DIFF",
         "fisher": "RATE_A RATE_B",
         "tost": "MARGIN SD_A SD_B",
@@ -203,6 +225,14 @@ def main(argv):
         diff, sd_a, sd_b = map(_number, a.values)
         power_at = lambda n: welch_power(diff, sd_a, sd_b, n, a.alpha)  # noqa: E731
         what = f"Welch's t-test: difference {diff:g}, sd {sd_a:g} (A) and {sd_b:g} (B)"
+    elif a.test == "perm":
+        diff, sd_a, sd_b = map(_number, a.values)
+        power_at = lambda n: perm_power(diff, sd_a, sd_b, n, a.alpha, a.draws, a.seed)  # noqa: E731
+        what = (
+            f"exact permutation test (simulated, {a.draws} draws, seed {a.seed}): difference {diff:g}, sd {sd_a:g} (A) "
+            f"and {sd_b:g} (B)"
+        )
+        a.max_n = min(a.max_n, PERMUTATION_MAX_RUNS // 2)
     elif a.test == "paired":
         diff, sd_diff = map(_number, a.values)
         power_at = lambda n: paired_power(diff, sd_diff, n, a.alpha)  # noqa: E731

@@ -224,3 +224,46 @@ def test_the_target_counts_as_reached_and_alpha_as_not_separated():
     assert p_min == pytest.approx(1 / 3)
     assert power.fisher_power(0.99, 0.01, 2, alpha=p_min) == 0.0
     assert power.fisher_power(0.99, 0.01, 2, alpha=p_min * 1.0001) == pytest.approx(0.99**4 + 0.01**4)
+
+
+def _complete_separation_power(diff, sd_a, sd_b, n):
+    """P(every b > every a) + P(every b < every a), a ~ N(0, sd_a), b ~ N(diff, sd_b), n each: at n = 4 the exact
+    permutation test's only p below 0.05 is 2 / C(8, 4) = 0.029, complete separation, so this is its power."""
+    a, b = stats.norm(0, sd_a), stats.norm(diff, sd_b)
+    up = integrate.quad(lambda x: n * a.pdf(x) * a.cdf(x) ** (n - 1) * b.sf(x) ** n, -12 * sd_a, 12 * sd_a)[0]
+    down = integrate.quad(lambda x: n * a.pdf(x) * a.sf(x) ** (n - 1) * b.cdf(x) ** n, -12 * sd_a, 12 * sd_a)[0]
+    return up + down
+
+
+@pytest.mark.parametrize("diff,sd_a,sd_b", [(4.16, 0.216, 2.338), (1.0, 1.0, 1.0), (0.5, 0.2, 0.4)])
+def test_perm_power_at_4_runs_is_the_complete_separation_probability(diff, sd_a, sd_b):
+    got = power.perm_power(diff, sd_a, sd_b, 4, alpha=0.05, draws=20000, seed=3)
+    want = _complete_separation_power(diff, sd_a, sd_b, 4)
+    assert abs(got - want) < 4 * math.sqrt(want * (1 - want) / 20000) + 1e-9, (got, want)
+
+
+def test_perm_power_is_zero_where_no_p_can_fall_below_alpha_and_counts_each_draws_exact_p():
+    """n = 4 under Holm's 0.025: the smallest p is 0.029, so the power is 0 however far apart the arms are. At n = 3
+    each draw's p from a loop over all C(6, 3) relabellings (a second code path) gives the same fraction."""
+    assert power.perm_power(100.0, 0.1, 0.1, 4, alpha=0.025, draws=200) == 0.0
+    assert power.perm_power(100.0, 0.1, 0.1, 5, alpha=0.025, draws=200) == 1.0
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(0.0, 1.0, (500, 3)), rng.normal(1.5, 0.7, (500, 3))
+    hits = 0
+    for x, y in zip(a, b):
+        pool, obs = np.r_[x, y], abs(y.mean() - x.mean())
+        splits = [
+            abs(pool[list(c)].mean() - np.delete(pool, list(c)).mean()) for c in itertools.combinations(range(6), 3)
+        ]
+        hits += np.mean([d >= obs - 1e-12 for d in splits]) < 0.2
+    assert power.perm_power(1.5, 1.0, 0.7, 3, alpha=0.2, draws=500, seed=7) == hits / 500
+
+
+def test_perm_on_the_command_line_stops_at_15_runs_per_arm(capsys):
+    power.main(["perm", "0.3", "1", "1", "--draws=50", "--alpha=0.05"])  # never 80 %: 2 to 10, then max_n
+    out = capsys.readouterr().out
+    assert [n for n, _ in _table(out)] == [*range(2, 11), 15] and "not reached by n = 15 runs per arm" in out
+    with pytest.raises(SystemExit) as e:
+        power.main(["perm", "1", "1", "1", "--n=16"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "up to 15 runs per arm" in err and len(err.strip().splitlines()) == 1
