@@ -479,8 +479,11 @@ def lower_right_attention(q, k, v, sm_scale=None):
     mask tensor: SDPA with torch.nn.attention.bias.causal_lower_right, which runs the flash or memory-efficient kernel
     with that alignment (a context-parallel rank's query chunk against the keys up to its end: a boolean mask there
     is chunk x end bytes per layer, 512 MB at 8k x 64k). Grouped heads: k, v repeated to the query heads, G x the
-    gathered keys' bytes (CausalBias's flash path may take enable_gqa, as sdpa_gqa would choose; not yet checked on a
-    GPU, so the copy stays). q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv, Tk, dv)."""
+    gathered keys' bytes. (torch 2.13's CausalBias._dispatch passes enable_gqa to its flash check but then calls
+    aten's flash and memory-efficient kernels directly, and the memory-efficient call does not expand k, v to the
+    query heads: enable_gqa without the copy would be safe only where flash is chosen, and whether that raw flash
+    call groups heads is unchecked on a GPU, so the copy stays.) q (B, H, Tq, dk), k (B, H_kv, Tk, dk), v (B, H_kv,
+    Tk, dv)."""
     from torch.nn.attention.bias import causal_lower_right
 
     G = q.shape[1] // k.shape[1]
