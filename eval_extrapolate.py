@@ -67,7 +67,8 @@ at evaluation time (no fine-tuning); other encodings ignore it, with a note. YaR
 rope_yarn_ramp ('code' by default; 'paper' for a checkpoint written before the setting existed).
 
 Outputs: markdown tables on stdout, and in --out_dir (written atomically):
-  extrapolation.csv   one row per (model, length): run, label, protocol, length, tokens, ppl,
+  extrapolation.csv   one row per (model, length): run, label, protocol, one_document (True when
+                      --one_document read the split as one), length, tokens, ppl,
                       ppl_window_mean, last_loss (empty where a protocol has no such number), and
                       where the evaluation ran (provenance.flat: commit, libraries, machine,
                       threads, world_size, data_digest)
@@ -475,7 +476,18 @@ def markdown_tables(rows, runs, lengths, last_k, protocol="tiled", stride=None):
     return "\n".join(out) + "\n"
 
 
-CSV_COLUMNS = ["run", "label", "protocol", "length", "tokens", "ppl", "ppl_window_mean", "last_loss", *FLAT_COLUMNS]
+CSV_COLUMNS = [
+    "run",
+    "label",
+    "protocol",
+    "one_document",
+    "length",
+    "tokens",
+    "ppl",
+    "ppl_window_mean",
+    "last_loss",
+    *FLAT_COLUMNS,
+]
 
 
 def write_csv(path, rows):
@@ -688,6 +700,7 @@ def run(argv):
                     run=run,
                     label=label,
                     protocol=a.protocol,
+                    one_document=a.one_document,
                     length=L,
                     chunks=len(units),
                     **{k: (res[L] or {}).get(k) for k in ("tokens", "ppl", "ppl_window_mean", "last_loss")},

@@ -32,7 +32,8 @@ the runs that have it (with "(n=k)" where not all do).
 eval_extrapolate.py's extrapolation.csv (columns: run, label, protocol, length, tokens, ppl, ...):
 FOLDER/extrapolate/extrapolation.csv for a run folder, NAME.extrapolation.csv beside NAME.json for a
 copy. A CSV that holds several runs is matched to this one by its run folder (run.out_dir or the
-folder of "checkpoint"). All runs must have been scored with one protocol.
+folder of "checkpoint"). All runs must have been scored with one protocol (a split read as one document,
+eval_extrapolate.py --one_document, counts as its own: "tiled, one document").
 
 --retrieval=TASK@L[,...] (with --compare): per item, each run's eval_retrieval.py accuracy in %: passkey,
 correct / trials at window length L pooled over the depths (FOLDER/retrieval/passkey.csv, or
@@ -240,7 +241,9 @@ def wall_s(metrics):
 
 
 def extrapolation_ppl(run, length):
-    """(perplexity, protocol) of a run at context `length` from its extrapolation.csv; UserError if missing."""
+    """(perplexity, protocol) of a run at context `length` from its extrapolation.csv; UserError if missing.
+    protocol: the CSV's, with ", one document" where eval_extrapolate.py read the split as one (--one_document), so
+    that runs scored over other chunks count as another protocol."""
     path = run["extrapolation_csv"]
     if not os.path.isfile(path):
         raise UserError(
@@ -270,7 +273,10 @@ def extrapolation_ppl(run, length):
         )
     if not rows[0].get("ppl"):
         raise UserError(f"{path} has no perplexity at length {length} (an absolute encoding past its block_size?)")
-    return float(rows[0]["ppl"]), rows[0].get("protocol", "")
+    protocol = rows[0].get("protocol", "")
+    if rows[0].get("one_document") == "True":  # eval_extrapolate.py --one_document: other chunks than the documents'
+        protocol += ", one document"
+    return float(rows[0]["ppl"]), protocol
 
 
 RETRIEVAL_TASKS = ("passkey", "copy")  # eval_retrieval.py's CSVs: passkey.csv, copy.csv

@@ -161,6 +161,7 @@ def test_same_windows_reference_ppl_table_csv_png(setup, monkeypatch, capsys):
         "run",
         "label",
         "protocol",
+        "one_document",
         "length",
         "tokens",
         "ppl",
@@ -280,7 +281,12 @@ def test_one_document_reads_a_split_with_offsets_as_one_and_a_missing_offsets_fi
         return [(r["label"], r["length"], r["tokens"], r["ppl"], r["last_loss"]) for r in rows]
 
     flat = key(ee.run([*runs, *common, "--dataset=flat"]))
-    assert key(ee.run([*runs, *common, "--one_document"])) == flat and key(ee.run([*runs, *common])) != flat
+    assert key(ee.run([*runs, *common, "--one_document"])) == flat
+    with open(tmp_path / "out" / "extrapolation.csv") as f:  # the CSV says how the split was read
+        assert {r["one_document"] for r in csv.DictReader(f)} == {"True"}
+    assert key(ee.run([*runs, *common])) != flat
+    with open(tmp_path / "out" / "extrapolation.csv") as f:
+        assert {r["one_document"] for r in csv.DictReader(f)} == {"False"}
     os.remove(tmp_path / "data" / "toy" / "test.docs.bin")
     assert key(ee.run([*runs, *common, "--one_document"])) == flat
     capsys.readouterr()

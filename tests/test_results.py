@@ -321,6 +321,24 @@ def test_runs_scored_with_two_protocols_are_refused_not_averaged(tmp_path, capsy
     assert "different protocols (sliding, tiled)" in err
 
 
+def test_a_split_read_as_one_document_is_its_own_protocol(tmp_path, capsys):
+    """eval_extrapolate.py --one_document scores other chunks than the split's documents: a group mixing the two
+    exits 2 naming both, and runs all read so carry it in the column's header."""
+    a = make_run(tmp_path, "a", 1.5, 0.5)
+    b = make_run(tmp_path, "b", 1.5, 0.5, seed=2)
+    head = "run,label,protocol,one_document,length,tokens,ppl,ppl_window_mean,last_loss\n"
+    for run, flag in ((a, "True"), (b, "False")):
+        os.makedirs(os.path.join(run, "extrapolate"))
+        with open(os.path.join(run, "extrapolate", "extrapolation.csv"), "w") as f:
+            f.write(head + f"{run},pope,tiled,{flag},4096,65536,5.0,,1.5\n")
+    code, out, err = run_main([a, b, "--extrapolation=4096"], capsys)
+    assert (code, out) == (2, "") and "different protocols (tiled, tiled, one document)" in err, err
+    with open(os.path.join(b, "extrapolate", "extrapolation.csv"), "w") as f:
+        f.write(head + f"{b},pope,tiled,True,4096,65536,7.0,,1.5\n")
+    code, out, err = run_main([a, b, "--extrapolation=4096"], capsys)
+    assert code == 0 and "ppl at 4096 (tiled, one document)" in out and "6.000 ± 1.414" in out, out
+
+
 def test_an_empty_perplexity_cell_exits_2_with_one_line(tmp_path, capsys):
     """eval_extrapolate.py leaves ppl empty for an absolute encoding past its block_size: one line, exit 2."""
     a = make_run(tmp_path, "a", 1.5, 0.5, pos_encoding="learned")

@@ -4,6 +4,8 @@ registered study's, every fine-tune starts from a RoPE run of the queue, and stu
 fine-tune after its parent (in test_lane's sandbox, whose train.py is a stub). At the end, issue 74's queues."""
 
 import itertools
+import json
+import math
 import os
 import re
 
@@ -255,7 +257,7 @@ def test_i74_registered_queue_repeats_the_search_lines_at_new_seeds(tmp_path, st
         )
 
 
-@pytest.mark.parametrize("bad", ["--yarn_lr=2e-4", "--popeft_lr=3e-3", "--n=0"])
+@pytest.mark.parametrize("bad", ["--yarn_lr=2e-4", "--popeft_lr=1e-2", "--n=0"])
 def test_i74_registered_queue_refuses_an_lr_outside_the_search(tmp_path, bad):
     import subprocess
     import sys
@@ -263,3 +265,110 @@ def test_i74_registered_queue_refuses_an_lr_outside_the_search(tmp_path, bad):
     argv = ["--n=3", "--steps=7680", "--yarn_lr=3e-4", "--popeft_lr=3e-4", f"--out={tmp_path / 'q.tsv'}", bad]
     p = subprocess.run([sys.executable, I74_REGISTERED, *argv], cwd=REPO, capture_output=True, text=True)
     assert p.returncode != 0 and "one of the search's" in p.stderr and not (tmp_path / "q.tsv").exists()
+
+
+@pytest.mark.parametrize("extend", ["yarn:3e-3", "popeft:3e-5"])
+def test_i74_search_extension_is_the_search_line_one_grid_step_past_the_edge(tmp_path, extend):
+    """--extend=ARM:LR (the edge rule): the two seeds' lines of that arm at LR, equal to the search's line of the arm
+    at the edge it extends with only the lr changed; its own file, so the running search's queue stays as it is."""
+    import subprocess
+    import sys
+
+    arm, lr = extend.split(":")
+    edge = {"3e-3": "1e-3", "3e-5": "1e-4"}[lr]
+    (tmp_path / "docs" / "runs").mkdir(parents=True)
+    subprocess.run([sys.executable, I74_GENERATOR, "--n=7680", f"--extend={extend}"], check=True, cwd=tmp_path)
+    assert not (tmp_path / "docs" / "runs" / "i74-search-n7680.tsv").exists()  # the running search's queue: untouched
+    ext = lines(tmp_path / "docs" / "runs" / f"i74-search-n7680-{arm}-lr{lr}.tsv")
+    search = {r[0]: r for r in i74_rows(tmp_path, "--n=7680", "--center")}
+    tag = {"yarn": "yarn-n7680-lr{}-code-s{}", "popeft": "popeft-n7680-lr{}-s{}"}[arm]
+    assert [r[0] for r in ext] == [f"i74s-{tag.format(lr, s)}" for s in (6001, 6002)]
+    for (_, out, args), s in zip(ext, (6001, 6002)):
+        base = search[f"i74s-{tag.format(edge, s)}"][2].replace(f"--learning_rate={edge} --min_lr={edge}", "")
+        assert out == f"out-i74s/{tag.format(lr, s)}"
+        cfg = configure(train.DEFAULTS, args.split())
+        assert cfg["learning_rate"] == cfg["min_lr"] == float(lr)
+        assert cfg == configure(train.DEFAULTS, base.split() + [f"--learning_rate={lr}", f"--min_lr={lr}"])
+    for bad in ("yarn:1e-3", "rope:3e-3", "popeft"):
+        p = subprocess.run(
+            [sys.executable, I74_GENERATOR, "--n=7680", f"--extend={bad}"], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert p.returncode != 0 and "3e-5 or 3e-3" in p.stderr
+
+
+def test_i74_registered_queue_takes_the_edge_rule_lrs(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "q.tsv"
+    argv = ["--n=1", "--steps=7680", "--yarn_lr=3e-3", "--popeft_lr=3e-5", f"--out={out}"]
+    subprocess.run([sys.executable, I74_REGISTERED, *argv], check=True, cwd=REPO, capture_output=True)
+    cfg = {r[0]: configure(train.DEFAULTS, r[2].split()) for r in lines(out)}
+    assert cfg["i74-yarn-s7401"]["learning_rate"] == 3e-3 and cfg["i74-popeft-s7401"]["min_lr"] == 3e-5
+
+
+def _registered_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("i74_registered", I74_REGISTERED)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_i74_registered_analysis_runs_on_the_registered_arms(tmp_path, monkeypatch, capsys):
+    """The registered analysis commands (i74-registered-queue.py's ANALYSIS, quoted in docs/extrapolation.md) run on
+    records with the registered queue's own configs (study/results.py refuses arms that differ in a setting not
+    --allow'ed), and read what the rule says: the permutation p at 4096 and the TOST at 1024. Known answer: PoPE arms
+    below YaRN on all five seeds give the smallest exact p, 2 / C(10, 5) = 0.0079; PoPE+ft's test loss 0.01 nats from
+    YaRN's with sd 0.005 is equivalent at +-0.05."""
+    import glob
+    import shlex
+    import subprocess
+    import sys
+
+    import results
+
+    mod = _registered_module()
+    q = tmp_path / "reg.tsv"
+    argv = ["--n=5", "--steps=7680", "--yarn_lr=3e-4", "--popeft_lr=1e-3", f"--out={q}"]
+    subprocess.run([sys.executable, I74_REGISTERED, *argv], check=True, cwd=REPO, capture_output=True)
+    runs = tmp_path / "docs" / "runs"
+    runs.mkdir(parents=True)
+    ppl16 = {"rope": 40.0, "pope": 8.0, "yarn": 14.0, "popeft": 7.0}
+    loss = {"rope": 1.52, "pope": 1.50, "yarn": 1.45, "popeft": 1.46}
+    for i, (name, out, args, _) in enumerate(lines(q)):
+        arm, j = name.split("-")[1], i // 4
+        m = {
+            "dataset": "shakespeare_char",
+            "config": configure(train.DEFAULTS, args.split() + [f"--out_dir={out}"]),
+            "val": {"loss": loss[arm], "ppl": math.exp(loss[arm]), "acc": 0.5},
+            "test": {"loss": loss[arm] + 0.005 * (j - 2), "ppl": math.exp(loss[arm]), "acc": 0.5},
+            "run": {"name": name, "out_dir": out},
+        }
+        (runs / f"{name}.json").write_text(json.dumps(m))
+        rows = ["run,label,protocol,one_document,length,tokens,ppl"]  # the after-command's --one_document
+        rows += [
+            f"{out},{arm},tiled,True,{L},249856,{ppl16[arm] * L / 4096 + 0.1 * j}" for L in (256, 512, 1024, 2048, 4096)
+        ]
+        (runs / f"{name}.extrapolation.csv").write_text("\n".join(rows) + "\n")
+    monkeypatch.chdir(tmp_path)
+    text = {}
+    for what, cmd in mod.ANALYSIS.items():
+        words = shlex.split(cmd)
+        assert words[:2] == ["python", "study/results.py"]
+        argv = [w2 for w in words[2:] for w2 in (sorted(glob.glob(w)) if "*" in w else [w])]
+        text[what] = results.main(argv)
+    groups = {tuple(c.strip() for c in ln.split("|")[1:3]) for ln in text["table"].splitlines() if ln.startswith("| ")}
+    assert {("pope", "256"), ("pope", "1024"), ("rope", "256"), ("rope", "1024")} <= groups
+    for what in ("H2a", "H2b,H2c"):
+        head = next(ln for ln in text[what].splitlines() if ln.startswith("| metric"))
+        row = next(ln for ln in text[what].splitlines() if ln.startswith("| ppl at 4096 (tiled, one document) |"))
+        cells = dict(zip([c.strip() for c in head.split("|")], [c.strip() for c in row.split("|")]))
+        assert float(cells["p (perm.)"]) == pytest.approx(2 / 252, abs=5e-4), row
+    assert "equivalent" in text["H2b,H2c"] and "TOST" in text["H2b,H2c"]
+    assert "rope_scaling" in text["H2a"] and "rope_scaling" in text["H2b,H2c"]  # the allowed settings, named
+    assert mod.holm(0.0079, 0.03) == {"H2a": True, "H2b": True}
+    assert mod.holm(0.03, 0.0079) == {"H2a": True, "H2b": True}
+    assert mod.holm(0.0079, 0.06) == {"H2a": True, "H2b": False}
+    assert mod.holm(0.029, 0.03) == {"H2a": False, "H2b": False}  # n = 4's smallest p cannot pass Holm's first step

@@ -20,6 +20,34 @@ import math
 H = "\t"
 SEED0 = 7401
 ARMS = ("rope", "pope", "yarn", "popeft")
+LRS = ("1e-4", "3e-4", "1e-3", "3e-5", "3e-3")  # the search's grid at N, and the edge rule's one step past it
+# The registered analysis, run once when the last registered run is in (docs/extrapolation.md, the amendment of
+# issue 74's rules). Arm A is the PoPE arm, so B - A is YaRN minus it. The fine-tunes differ from their parents'
+# recipe in the settings ALLOW names (YaRN's scaling, the fine-tune's context and schedule): part of each method.
+ALLOW = (
+    "block_size,eval_interval,learning_rate,log_interval,lr_decay_iters,max_iters,min_lr,"
+    "rope_original_block_size,rope_scaling,rope_yarn_ramp,warmup_iters"
+)
+LENGTHS = "4096,256,512,1024,2048"  # the first, 4096 (16x), is the primary's row
+ANALYSIS = {
+    "table": f"python study/results.py docs/runs/i74-*-s*.json --by=pos_encoding,block_size --extrapolation={LENGTHS}",
+    # H2a: the row 'ppl at 4096 (tiled)', its exact permutation p; Holm over H2a and H2b by hand
+    "H2a": "python study/results.py docs/runs/i74-pope-s*.json docs/runs/i74-yarn-s*.json --compare=pos_encoding "
+    f"--decide=perm --allow={ALLOW} --extrapolation={LENGTHS}",
+    # H2b: the same row; H2c: the TOST line (test loss at 1024, both arms' own block_size)
+    "H2b,H2c": "python study/results.py docs/runs/i74-popeft-s*.json docs/runs/i74-yarn-s*.json --compare=pos_encoding "
+    f"--decide=perm --allow={ALLOW} --extrapolation={LENGTHS} --tost=0.05",
+    "RoPE-PoPE (no verdict)": "python study/results.py docs/runs/i74-rope-s*.json docs/runs/i74-pope-s*.json "
+    f"--compare=pos_encoding --extrapolation={LENGTHS}",
+}
+
+
+def holm(p_h2a, p_h2b, alpha=0.05):
+    """Holm's step-down verdicts over the two primaries: the smaller p is separated below alpha / 2 (0.025), then
+    the other below alpha; both stay unseparated if the first is not. Returns {"H2a": bool, "H2b": bool}."""
+    (first, p1), (second, p2) = sorted({"H2a": p_h2a, "H2b": p_h2b}.items(), key=lambda kv: kv[1])
+    one = p1 < alpha / 2
+    return {first: one, second: one and p2 < alpha}
 
 
 def after(out):
@@ -51,12 +79,18 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, required=True, help="seeds per arm, from the registration's power rule")
     ap.add_argument("--steps", type=int, required=True, help="N, YaRN's step count (the doubling rule)")
-    ap.add_argument("--yarn_lr", required=True, help="YaRN's lr at N, chosen on validation (1e-4, 3e-4 or 1e-3)")
+    ap.add_argument(
+        "--yarn_lr",
+        required=True,
+        help="YaRN's lr at N, chosen on validation (1e-4, 3e-4, 1e-3; 3e-5, 3e-3 by the edge rule)",
+    )
     ap.add_argument("--popeft_lr", required=True, help="PoPE+ft's lr at N, chosen on validation")
     ap.add_argument("--out", default="docs/runs/i74-registered.tsv")
     a = ap.parse_args(argv)
-    if a.n < 1 or a.steps < 16 or {a.yarn_lr, a.popeft_lr} - {"1e-4", "3e-4", "1e-3"}:
-        raise SystemExit("--n >= 1, --steps >= 16, and each lr one of the search's: 1e-4, 3e-4, 1e-3")
+    if a.n < 1 or a.steps < 16 or {a.yarn_lr, a.popeft_lr} - set(LRS):
+        raise SystemExit(
+            "--n >= 1, --steps >= 16, and each lr one of the search's: 1e-4, 3e-4, 1e-3, or the edge rule's 3e-5, 3e-3"
+        )
     lr = {"rope": None, "pope": None, "yarn": a.yarn_lr, "popeft": a.popeft_lr}
     lines = []
     for s in range(SEED0, SEED0 + a.n):
@@ -74,7 +108,9 @@ def main(argv=None):
     )
     with open(a.out, "w") as f:
         f.write(head + "\n".join(lines) + "\n")
-    print(f"wrote {a.out}: {len(lines)} runs")
+    print(f"wrote {a.out}: {len(lines)} runs; the registered analysis, once they are all in:")
+    for what, cmd in ANALYSIS.items():
+        print(f"  {what}: {cmd}")
 
 
 if __name__ == "__main__":
