@@ -181,8 +181,8 @@ class CPBatch:
     def _chunk_documents(self, attn, j, end, dtype):
         """Documents for query chunk j (queries at starts[j].., keys 0..end-1) or None, its mask built on the first
         layer's call and shared by the others (autograd then saves one copy for every layer): the documents' mask,
-        or for ALiBi its float bias in the queries' dtype, (1, n_head, chunk, end) causal (attend builds that per
-        call) or (B, n_head, chunk, end) under the documents' mask."""
+        or for ALiBi its float bias in the queries' dtype, (1, n_head, chunk, end) causal (without CP attend builds
+        the causal bias itself, in every layer) or (B, n_head, chunk, end) under the documents' mask."""
         from model import Documents, alibi_bias, alibi_document_bias
         from pope import document_mask
 
@@ -262,8 +262,9 @@ def activation_bytes(config, batch_size, block_size, cp, bytes_per_element, gath
     attention's own, with H = n_head, K = n_kv_head:
         cp = 1  PoPE: q~, k~ (2d wide), v padded to 2d, its output (2d) and logsumexp: 4 H d + 4 K d + H
                 RoPE: rotated q, k, output, logsumexp: 2 H d + K d + H
-        cp > 1  local: PoPE 4 H d + H (q~, output, logsumexp), RoPE 2 H d + H (and the positions' rotation rows, d,
-                once for every layer);
+        cp > 1  local: PoPE 4 H d + H (q~, output, logsumexp), RoPE 2 H d + H (and, once for every layer, the
+                positions' rotation rows: d columns for RoPE, d / 2 for rope_half, float32 whatever
+                bytes_per_element, as the model's table is);
                 gathered, per row of the batch: k and v of the whole sequence (2 K d T), and PoPE's k~ and padded v
                 of each chunk's key range, 4 K d (end_0 + end_1) with end_0 + end_1 = T (2 cp + 1) / (2 cp); plus the
                 chunks' boolean causal masks (chunk x end bytes each, the CPU SDPA path's)
@@ -292,7 +293,8 @@ def activation_bytes(config, batch_size, block_size, cp, bytes_per_element, gath
         layer += (4 * B * K * d * ends * e + 2 * 2 * K * d * e) if pope else 0  # k~, padded v per chunk; delta
         layer += chunk * ends  # causal masks (bool)
     head = n * (e * (3 * C + V + 1) + 8) + e
-    rows = n * d * e if cp > 1 and not pope else 0  # RoPE's rotation rows at the rank's global positions
+    n_rot = {"rope": d, "rope_half": d // 2}.get(config.pos_encoding, 0)
+    rows = n * n_rot * 4 if cp > 1 else 0  # RoPE's rotation rows at the rank's global positions (the fp32 table's)
     return L * layer + head + rows + (8 * T if cp > 1 and gathered else 0)  # + the restore index
 
 

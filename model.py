@@ -286,7 +286,8 @@ class Documents(NamedTuple):
     document_mask(ids): a boolean (B, 1, T, T) tensor (SDPA) or, on CUDA, a FlexAttention BlockMask (tiles
     without a visible pair skipped), for every encoding's attention; for ALiBi instead of the boolean tensor
     its float bias (B, n_head, T, T), -inf where the mask forbids (alibi_document_bias, built once for every
-    layer); None without ids, and for PoPE with attn_backend='triton' (the kernel masks from the ids).
+    layer); None without ids (except ALiBi under context parallelism, whose query chunk carries its causal bias,
+    (1, n_head, chunk, keys)), and for PoPE with attn_backend='triton' (the kernel masks from the ids).
     cp: under context parallelism (train.py's context_parallel_degree > 1) the batch's context_parallel.CPBatch,
     which every layer's attention goes through (positions are then this rank's tokens' global positions); else None.
     rows: RoPE's (and rope_half's) rotation rows at positions, (B, 1, T, n_rot) (rotation_table's columns), gathered
@@ -476,8 +477,9 @@ class CausalSelfAttention(nn.Module):
     def _alibi_documents(self, q, k, v, mask, q_offset=0):
         """ALiBi under a document mask: the bias -slope_h (q_offset + i - j) on the pairs the mask allows. Distances
         are token indices, equal to position differences inside a document whether positions restart or not.
-        mask: Documents.mask, for ALiBi the float bias alibi_document_bias (SDPA) or a BlockMask (flex), built for
-        queries at positions q_offset.."""
+        mask: Documents.mask built for queries at positions q_offset..: a float bias added as is, (B, n_head, T, T_k)
+        under the documents' mask (alibi_document_bias) or (1, n_head, T, T_k) causal (a context-parallel query
+        chunk's, context_parallel.CPBatch), or a BlockMask (flex), whose score_mod adds the bias."""
         if isinstance(mask, torch.Tensor):  # (B, n_head, T, T) float bias, -inf where the mask forbids
             bias = mask
             k, v, gqa = sdpa_gqa(q, k, v, masked=True)

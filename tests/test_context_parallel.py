@@ -269,6 +269,22 @@ def test_activation_bytes_per_rank_fall_with_cp_as_estimated(two, request, enc):
     assert all(abs(per_token[cp] / (one / cp) - 1) < 0.25 for cp in (2, 4)), (one, per_token)
 
 
+def test_activation_bytes_counts_the_rotation_rows_only_where_an_encoding_gathers_them():
+    """Under CP each rank keeps its tokens' rotation rows once for every layer: the float32 table's columns, head_dim
+    for RoPE, head_dim / 2 for rope_half, none for ALiBi or NoPE (counted as RoPE otherwise): known answers from
+    the rows' size, n tokens x columns x 4 bytes, at bf16's 2 bytes per element too."""
+    n, d = 2 * 256 // 2, 16  # B = 2 rows of T = 256 at cp = 2; head_dim 64 / 4
+
+    def est(enc, e):
+        cfg = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=64, pos_encoding=enc)
+        return context_parallel.activation_bytes(cfg, 2, 256, 2, e)
+
+    for e in (4, 2):
+        assert est("rope", e) - est("none", e) == n * d * 4
+        assert est("rope_half", e) - est("none", e) == n * (d // 2) * 4
+        assert est("alibi_half", e) == est("none", e)
+
+
 @pytest.mark.parametrize("name", list(SHARED))
 def test_a_cp_forward_builds_alibis_bias_and_ropes_rows_once_for_every_layer(two, name):
     """Under CP, ALiBi's causal float bias (one per query chunk: 2 per forward, however many layers; it was built in
