@@ -9,6 +9,7 @@ per length and every run as a dot). From the repo root:
     python docs/runs/i54-report.py                         # the registered runs: i54-{rope,pope,yarn,drope}-s*
     python docs/runs/i54-report.py --prefix=i54-pilot --png=/tmp/pilot.png   # the pilot
     python docs/runs/i54-report.py --prefix=i60 --png=assets/extrapolation_i60_cpu.png   # issue 60's registered runs
+    python docs/runs/i54-report.py --prefix=i74 --png=assets/extrapolation_i74_cpu.png   # issue 74's: + PoPE+ft
 """
 
 import argparse
@@ -28,6 +29,12 @@ ARMS_I60 = [  # issue 60: the recipes its search chose on validation (docs/extra
     ("rope", "RoPE (lr 2e-3)"),
     ("pope", "PoPE (δ at zero, lr 2e-3)"),
     ("yarn", "RoPE + YaRN (s = 4, 960-step fine-tune at 4x, lr 3e-4)"),
+]
+ARMS_I74 = [  # issue 74: YaRN and PoPE+ft on one budget; their steps and lr are read from the records
+    ("rope", "RoPE (lr 2e-3)"),
+    ("pope", "PoPE (δ at zero, lr 2e-3)"),
+    ("yarn", "RoPE + YaRN (s = 4, {max_iters}-step fine-tune at 4x, lr {lr})"),
+    ("popeft", "PoPE+ft ({max_iters}-step fine-tune at 4x, lr {lr})"),
 ]
 
 
@@ -50,7 +57,17 @@ def main():
     p.add_argument("--seeds", default="", help="comma-separated seeds to keep (default: every seed found)")
     a = p.parse_args()
     keep = {s.strip() for s in a.seeds.split(",") if s.strip()}
-    arms = ARMS_I60 if a.prefix == "i60" else ARMS
+    arms = list({"i60": ARMS_I60, "i74": ARMS_I74}.get(a.prefix, ARMS))
+    if a.prefix == "i74":  # the fine-tunes' steps and lr, from the first record of each arm (the queue's, one value)
+        import json
+
+        for i, (arm, label) in enumerate(arms):
+            first = sorted(glob.glob(os.path.join(a.runs, f"i74-{arm}-s*.json")))
+            if "{" in label and first:
+                with open(first[0]) as f:
+                    cfg = json.load(f)["config"]
+                lr = f"{cfg['learning_rate']:.0e}".replace("e-0", "e-")  # 3e-4, as the queues write it
+                arms[i] = (arm, label.format(max_iters=cfg["max_iters"], lr=lr))
     data = {}
     for arm, _ in arms:
         runs = {}
@@ -102,6 +119,8 @@ def main():
                     xs.append(L), ms.append(st.fmean(v)), sds.append(st.stdev(v) if len(v) > 1 else 0.0)
                     dots += [(L * 2 ** (0.08 + 0.03 * k), y) for y in v]  # beside the mean, each arm a little apart
             line = ax.errorbar(xs, ms, yerr=sds, marker=marker, capsize=3, label=f"{label}, n = {len(runs)}")
+            lo, hi = [m - s for m, s in zip(ms, sds)], [m + s for m, s in zip(ms, sds)]
+            ax.fill_between(xs, lo, hi, color=line[0].get_color(), alpha=0.12, linewidth=0)  # the mean ± sd band
             ax.scatter(*zip(*dots), s=9, alpha=0.45, color=line[0].get_color(), linewidths=0, zorder=3)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -116,7 +135,8 @@ def main():
             "Character-level Shakespeare, 4 x 128: perplexity against context\n"
             "RoPE, PoPE as trained at 256; "
             + ("YaRN and DroPE" if any(arm == "drope" for arm, _ in arms) else "YaRN")
-            + " fine-tuned from RoPE",
+            + " fine-tuned from RoPE"
+            + (", PoPE+ft from PoPE" if any(arm == "popeft" for arm, _ in arms) else ""),
             fontsize=10,
         )
         ax.grid(True, which="both", alpha=0.3)
