@@ -29,11 +29,13 @@ only); and, if any run's "run" entry has cpu_s, the CPU time (user + system) per
 the runs that have it (with "(n=k)" where not all do).
 
 --extrapolation=L[,L...] adds, per length L, the mean ± sd of the perplexity at context L from
-eval_extrapolate.py's extrapolation.csv (columns: run, label, protocol, length, tokens, ppl, ...):
+eval_extrapolate.py's extrapolation.csv (columns: run, label, protocol, one_document, length, tokens, ppl, ...):
 FOLDER/extrapolate/extrapolation.csv for a run folder, NAME.extrapolation.csv beside NAME.json for a
 copy. A CSV that holds several runs is matched to this one by its run folder (run.out_dir or the
-folder of "checkpoint"). All runs must have been scored with one protocol (a split read as one document,
-eval_extrapolate.py --one_document, counts as its own: "tiled, one document").
+folder of "checkpoint"). All runs must have been scored with one protocol (a split scored with
+eval_extrapolate.py --one_document counts as its own, "tiled, one document": the label says the flag was passed,
+so a CSV from before the column, or one scored without the flag on a dataset that declares no documents, reads
+"tiled" though it read the split the same way).
 
 --retrieval=TASK@L[,...] (with --compare): per item, each run's eval_retrieval.py accuracy in %: passkey,
 correct / trials at window length L pooled over the depths (FOLDER/retrieval/passkey.csv, or

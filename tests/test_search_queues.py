@@ -316,12 +316,13 @@ def _registered_module():
     return mod
 
 
-def test_i74_registered_analysis_runs_on_the_registered_arms(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("popeft_loss,equivalent", [(1.46, True), (1.52, False)])
+def test_i74_registered_analysis_runs_on_the_registered_arms(tmp_path, monkeypatch, capsys, popeft_loss, equivalent):
     """The registered analysis commands (i74-registered-queue.py's ANALYSIS, quoted in docs/extrapolation.md) run on
     records with the registered queue's own configs (study/results.py refuses arms that differ in a setting not
     --allow'ed), and read what the rule says: the permutation p at 4096 and the TOST at 1024. Known answer: PoPE arms
     below YaRN on all five seeds give the smallest exact p, 2 / C(10, 5) = 0.0079; PoPE+ft's test loss 0.01 nats from
-    YaRN's with sd 0.005 is equivalent at +-0.05."""
+    YaRN's with sd 0.008 is equivalent at +-0.05, 0.07 nats from it is not. --verdicts reads the same."""
     import glob
     import shlex
     import subprocess
@@ -336,7 +337,7 @@ def test_i74_registered_analysis_runs_on_the_registered_arms(tmp_path, monkeypat
     runs = tmp_path / "docs" / "runs"
     runs.mkdir(parents=True)
     ppl16 = {"rope": 40.0, "pope": 8.0, "yarn": 14.0, "popeft": 7.0}
-    loss = {"rope": 1.52, "pope": 1.50, "yarn": 1.45, "popeft": 1.46}
+    loss = {"rope": 1.52, "pope": 1.50, "yarn": 1.45, "popeft": popeft_loss}
     for i, (name, out, args, _) in enumerate(lines(q)):
         arm, j = name.split("-")[1], i // 4
         m = {
@@ -366,9 +367,19 @@ def test_i74_registered_analysis_runs_on_the_registered_arms(tmp_path, monkeypat
         row = next(ln for ln in text[what].splitlines() if ln.startswith("| ppl at 4096 (tiled, one document) |"))
         cells = dict(zip([c.strip() for c in head.split("|")], [c.strip() for c in row.split("|")]))
         assert float(cells["p (perm.)"]) == pytest.approx(2 / 252, abs=5e-4), row
-    assert "equivalent" in text["H2b,H2c"] and "TOST" in text["H2b,H2c"]
+    verdict = re.search(
+        r"^TOST \(equivalence of the test loss .*: (equivalent|not shown equivalent) \(p <", text["H2b,H2c"], re.M
+    )
+    assert verdict and verdict.group(1) == ("equivalent" if equivalent else "not shown equivalent"), text["H2b,H2c"]
+    v = mod.main(["--verdicts"])  # the registered verdicts at full precision
+    assert v["p"] == {"H2a": 2 / 252, "H2b": 2 / 252} and v["holm"] == {"H2a": True, "H2b": True}
+    assert v["holm_p"] == {"H2a": 4 / 252, "H2b": 4 / 252} and (v["tost"]["p"] < 0.05) == equivalent
+    assert "H2a: exact permutation p 0.0079365" in capsys.readouterr().out
     assert "rope_scaling" in text["H2a"] and "rope_scaling" in text["H2b,H2c"]  # the allowed settings, named
     assert mod.holm(0.0079, 0.03) == {"H2a": True, "H2b": True}
     assert mod.holm(0.03, 0.0079) == {"H2a": True, "H2b": True}
     assert mod.holm(0.0079, 0.06) == {"H2a": True, "H2b": False}
     assert mod.holm(0.029, 0.03) == {"H2a": False, "H2b": False}  # n = 4's smallest p cannot pass Holm's first step
+    assert mod.holm_adjusted(0.01, 0.03) == {"H2a": 0.02, "H2b": 0.03}
+    assert mod.holm_adjusted(0.04, 0.01) == {"H2a": 0.04, "H2b": 0.02}
+    assert mod.holm_adjusted(0.3, 0.9) == {"H2a": 0.6, "H2b": 0.9}

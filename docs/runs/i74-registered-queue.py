@@ -3,6 +3,7 @@ repo root with YaRN's step count N (the doubling rule), the lrs the search chose
 
     python docs/runs/i74-registered-queue.py --n=5 --steps=7680 --yarn_lr=3e-4 --popeft_lr=3e-4
     # -> docs/runs/i74-registered.tsv
+    python docs/runs/i74-registered-queue.py --verdicts   # once every registered run is in: H2a, H2b (Holm), H2c
 
 One block per seed (7401, 7402, ...: no other study's), in order: RoPE and PoPE pretraining (issue 60's registered
 recipes, both lr 2e-3, min_lr 2e-4, the lrs chosen on validation; YaRN's search ran from RoPE parents at 1e-3, issue
@@ -11,11 +12,18 @@ from its PoPE run, both N steps at the same batch with the search's schedule (do
 4 % of the steps rounded up, constant lr, evaluations every N / 16 steps). Every run is scored tiled at 256, 512,
 1024, 2048 and 4096 over the whole test split (--max_tokens=0: every 4097-character chunk; --one_document: the split
 read as one document, as issues 54 and 60 read it, though meta.json now declares its two works), the arms' table at
-1x, 4x (H2c) and 16x (H2a, H2b: the primary, ppl at 4096).
+1x-16x; H2a and H2b read ppl at 4096 (16x), H2c the fine-tunes' test loss at their block_size, 1024 (4x).
+--verdicts runs ANALYSIS's H2 commands through study/results.py's compare() and prints the exact permutation p at
+full precision (the table rounds to 3 decimals, which at n = 6 prints 46 / 924 = 0.0498 as 0.050), the Holm-adjusted
+p and each verdict, and H2c's TOST.
 """
 
 import argparse
+import glob
 import math
+import os
+import shlex
+import sys
 
 H = "\t"
 SEED0 = 7401
@@ -31,7 +39,7 @@ ALLOW = (
 LENGTHS = "4096,256,512,1024,2048"  # the first, 4096 (16x), is the primary's row
 ANALYSIS = {
     "table": f"python study/results.py docs/runs/i74-*-s*.json --by=pos_encoding,block_size --extrapolation={LENGTHS}",
-    # H2a: the row 'ppl at 4096 (tiled)', its exact permutation p; Holm over H2a and H2b by hand
+    # H2a: the row 'ppl at 4096 (tiled, one document)', its exact permutation p; Holm over H2a and H2b (--verdicts)
     "H2a": "python study/results.py docs/runs/i74-pope-s*.json docs/runs/i74-yarn-s*.json --compare=pos_encoding "
     f"--decide=perm --allow={ALLOW} --extrapolation={LENGTHS}",
     # H2b: the same row; H2c: the TOST line (test loss at 1024, both arms' own block_size)
@@ -48,6 +56,48 @@ def holm(p_h2a, p_h2b, alpha=0.05):
     (first, p1), (second, p2) = sorted({"H2a": p_h2a, "H2b": p_h2b}.items(), key=lambda kv: kv[1])
     one = p1 < alpha / 2
     return {first: one, second: one and p2 < alpha}
+
+
+def holm_adjusted(p_h2a, p_h2b):
+    """Holm-adjusted p of the two primaries (each separated when its adjusted p < 0.05, the same verdicts as holm()):
+    the smaller p doubled, the other the larger of itself and that. Returns {"H2a": p, "H2b": p}."""
+    (first, p1), (second, p2) = sorted({"H2a": p_h2a, "H2b": p_h2b}.items(), key=lambda kv: kv[1])
+    a1 = min(1.0, 2 * p1)
+    return {first: a1, second: max(a1, p2)}
+
+
+def _compare(cmd):
+    """study/results.py's compare() on one ANALYSIS command (its runs' globs expanded from the current folder)."""
+    import results
+
+    words = shlex.split(cmd)[2:]  # after "python study/results.py"
+    flags = dict(w[2:].split("=", 1) for w in words if w.startswith("--"))
+    runs = [r for w in words if not w.startswith("--") for r in sorted(glob.glob(w))]
+    tost = float(flags["tost"]) if "tost" in flags else None
+    lengths = results.parse_lengths(flags["extrapolation"])
+    allow = flags["allow"].split(",")
+    return results.compare(runs, flags["compare"], "test", lengths, None, (), allow, tost, flags["decide"])
+
+
+def _importable():
+    """The repo root and study/ on sys.path (results.py, cli.py), from wherever this file is run."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for path in (os.path.join(root, "study"), root):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def verdicts():
+    """The registered verdicts from the records in docs/runs (run from the repo root): {"p": exact permutation p of
+    ppl at 4096 per primary, "holm": holm(), "holm_p": holm_adjusted(), "tost": H2c's results.compare TOST dict}."""
+    _importable()
+    p, tost = {}, None
+    for what, key in (("H2a", "H2a"), ("H2b", "H2b,H2c")):
+        c = _compare(ANALYSIS[key])
+        (row,) = [r for r in c["rows"] if r["metric"].startswith("ppl at 4096 ")]
+        p[what] = row["rank"][0]
+        tost = c["tost"] if what == "H2b" else tost
+    return {"p": p, "holm": holm(p["H2a"], p["H2b"]), "holm_p": holm_adjusted(p["H2a"], p["H2b"]), "tost": tost}
 
 
 def after(out):
@@ -76,6 +126,27 @@ def args(arm, seed, steps, lr):
 
 
 def main(argv=None):
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv == ["--verdicts"]:
+        _importable()
+        from cli import UserError
+
+        try:
+            v = verdicts()
+        except UserError as e:
+            raise SystemExit(f"error: {e}") from None
+        for h in ("H2a", "H2b"):
+            print(
+                f"{h}: exact permutation p {v['p'][h]!r}, Holm-adjusted {v['holm_p'][h]!r}: "
+                + ("separated" if v["holm"][h] else "not separated")
+            )
+        t = v["tost"]
+        print(
+            f"H2c: TOST ±{t['margin']:g} on the {t['metric']}, B − A {t['diff']!r}, 90 % CI {t['ci90']}, "
+            f"p {t['p']!r}: " + ("equivalent" if t["p"] < 0.05 else "not shown equivalent")
+        )
+        return v
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, required=True, help="seeds per arm, from the registration's power rule")
     ap.add_argument("--steps", type=int, required=True, help="N, YaRN's step count (the doubling rule)")
