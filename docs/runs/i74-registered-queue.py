@@ -50,20 +50,18 @@ ANALYSIS = {
 }
 
 
-def holm(p_h2a, p_h2b, alpha=0.05):
-    """Holm's step-down verdicts over the two primaries: the smaller p is separated below alpha / 2 (0.025), then
-    the other below alpha; both stay unseparated if the first is not. Returns {"H2a": bool, "H2b": bool}."""
-    (first, p1), (second, p2) = sorted({"H2a": p_h2a, "H2b": p_h2b}.items(), key=lambda kv: kv[1])
-    one = p1 < alpha / 2
-    return {first: one, second: one and p2 < alpha}
-
-
 def holm_adjusted(p_h2a, p_h2b):
-    """Holm-adjusted p of the two primaries (each separated when its adjusted p < 0.05, the same verdicts as holm()):
-    the smaller p doubled, the other the larger of itself and that. Returns {"H2a": p, "H2b": p}."""
+    """Holm-adjusted p of the two primaries: the smaller p doubled, the other the larger of itself and that.
+    Returns {"H2a": p, "H2b": p}."""
     (first, p1), (second, p2) = sorted({"H2a": p_h2a, "H2b": p_h2b}.items(), key=lambda kv: kv[1])
     a1 = min(1.0, 2 * p1)
     return {first: a1, second: max(a1, p2)}
+
+
+def holm(p_h2a, p_h2b, alpha=0.05):
+    """Holm's step-down verdicts over the two primaries, each adjusted p below alpha: the smaller p separated below
+    alpha / 2 (0.025), then the other below alpha; neither if the first is not. Returns {"H2a": bool, "H2b": bool}."""
+    return {h: p < alpha for h, p in holm_adjusted(p_h2a, p_h2b).items()}
 
 
 def _compare(cmd):
