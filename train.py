@@ -968,7 +968,8 @@ def text_run_summary(metrics, cfg, argv, dev):
     root = [] if cfg.data_root == DEFAULTS["data_root"] else [f"--data_root={cfg.data_root}"]
     if cfg.pos_encoding == "pope":
         rope_dir = "rope".join(out_dir.rsplit("pope", 1)) if "pope" in out_dir else out_dir.rstrip("/") + "-rope"
-        keep = [a for a in argv if not a.startswith(("--pos_encoding=", "--out_dir="))]
+        # a resumed PoPE run's RoPE sibling starts from scratch: --init_from=resume would ask for its ckpt.pt
+        keep = [a for a in argv if not a.startswith(("--pos_encoding=", "--out_dir=")) and a != "--init_from=resume"]
         print(
             "next: the same run with RoPE, then both models at 1x to 16x the training context:\n  "
             + shlex.join(["python", "train.py", *keep, "--pos_encoding=rope", f"--out_dir={rope_dir}"])

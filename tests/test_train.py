@@ -732,6 +732,10 @@ def test_default_run_builds_the_text_learns_and_prints_loss_sample_and_next_comm
         "--out_dir=out-extrapolate-shakespeare-char",
     ]
 
+    run([*argv, "--init_from=resume"])  # a resumed PoPE run's RoPE command starts from scratch, as the first one
+    resumed = capsys.readouterr().out.split("next: ", 1)[1].splitlines()
+    assert shlex.split(resumed[1]) == rope_cmd and shlex.split(resumed[2]) == eval_cmd
+
     r = run(rope_cmd[2:])  # the printed RoPE command trains the same model with RoPE, and names the same eval
     assert (
         r["pos_encoding"] == "rope" and r["iter_num"] == 30 and r["test"]["loss"] < math.log(meta["vocab_size"]) - 0.5
