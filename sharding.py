@@ -328,7 +328,8 @@ def grad_bytes(model):
     """Bytes of gradients this rank holds now: every parameter's local .grad (a DTensor's shard under FSDP), plus
     the whole (unsharded) gradients FSDP2 keeps between micro-steps that do not reduce-scatter
     (set_requires_gradient_sync(False)). Those live in FSDP's private FSDPParam fields (unsharded_accumulated_grad,
-    _unsharded_param.grad; torch 2.6 to 2.13), read where present; a torch that moved them counts 0 for them."""
+    _unsharded_param.grad; torch 2.6 to 2.15), read where present; a torch that moved them counts 0 for them. Each
+    tensor counts once: torch 2.15's unsharded_accumulated_grad is a property returning _unsharded_param.grad."""
 
     def size(t):
         if t is None:
@@ -337,12 +338,19 @@ def grad_bytes(model):
         return t.numel() * t.element_size()  # not its storage's: FSDP's shards are views of one flat buffer
 
     total = sum(size(p.grad) for p in model.parameters())
+    seen = set()
     for module in model.modules():
         state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
         group = getattr(state, "_fsdp_param_group", None)
         for fsdp_param in getattr(group, "fsdp_params", ()):
-            total += size(getattr(fsdp_param, "unsharded_accumulated_grad", None))
-            total += size(getattr(getattr(fsdp_param, "_unsharded_param", None), "grad", None))
+            for t in (
+                getattr(fsdp_param, "unsharded_accumulated_grad", None),
+                getattr(getattr(fsdp_param, "_unsharded_param", None), "grad", None),
+            ):
+                key = None if t is None else (t.data_ptr(), t.numel(), t.dtype)
+                if key is not None and key not in seen:  # the same whole gradient under two names counts once
+                    seen.add(key)
+                    total += size(t)
     return total
 
 

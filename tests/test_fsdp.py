@@ -904,3 +904,27 @@ def test_an_unreadable_checkpoint_beside_another_is_refused_in_one_line_naming_i
             train._saved_iter(path)
         msg = str(e.value)
         assert len(msg.splitlines()) == 1 and path in msg and why in msg and "weights_only" not in msg, msg
+
+
+def test_grad_bytes_counts_a_whole_gradient_held_under_two_names_once():
+    """sharding.grad_bytes on FSDP2's private fields, spelled as two torch releases spell them: torch 2.13 keeps
+    unsharded_accumulated_grad as its own tensor (mixed precision: an fp32 sum beside the bf16 .grad), torch 2.15
+    makes it a property returning _unsharded_param.grad. The alias counts once (it counted twice under 2.15:
+    the FSDP memory tests measured 2x the whole gradients); two tensors count both."""
+    from types import SimpleNamespace
+
+    g16 = torch.zeros(8, 4, dtype=torch.bfloat16)
+    g32 = torch.zeros(8, 4)
+
+    class Holder(torch.nn.Module):
+        def __init__(self, accumulated, grad):
+            super().__init__()
+            param = SimpleNamespace(unsharded_accumulated_grad=accumulated, _unsharded_param=SimpleNamespace(grad=grad))
+            self.state = SimpleNamespace(_fsdp_param_group=SimpleNamespace(fsdp_params=[param]))
+
+        def _get_fsdp_state(self):
+            return self.state
+
+    assert sharding.grad_bytes(Holder(g32, g32)) == 8 * 4 * 4  # torch 2.15: one tensor, two names
+    assert sharding.grad_bytes(Holder(g32, g16)) == 8 * 4 * 4 + 8 * 4 * 2  # torch 2.13, mixed precision: two
+    assert sharding.grad_bytes(Holder(None, g16)) == 8 * 4 * 2
