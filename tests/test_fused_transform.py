@@ -168,9 +168,13 @@ def test_the_triton_path_reads_the_queries_rows_at_their_offset(Tq, Tk, q_offset
 @pytest.mark.parametrize("what", ["no_delta", "delta_frozen_v", "delta_only"])
 def test_the_triton_path_saves_no_cartesian_tensors_whatever_requires_grad(what):
     """Eager autograd around backend='triton': the selective checkpoint runs whenever any input needs a gradient,
-    so what the forward saves holds no (B, H, T, 2d) q~ or k~, with delta None, with only q, k trainable, and with
-    only delta trainable (a delta-only probe or fine-tune: k~ depends on delta); the gradients still equal the torch
-    backend's."""
+    so what the forward keeps for the backward holds no (B, H, T, 2d) q~ or k~, with delta None, with only q, k
+    trainable, and with only delta trainable (a delta-only probe or fine-tune: k~ depends on delta); the gradients
+    still equal the torch backend's. Measured by storage lifetime (tests/saved.py), which sees the checkpoint's own
+    cache: saved_tensors_hooks did not, and passed with a policy that saved q~ and k~. The torch backend, which
+    saves them for SDPA, is the known answer that the measure finds them: q~, k~, v padded to 2d and the output."""
+    from saved import kept_for_backward
+
     from pope import pope_attention
 
     g = torch.Generator().manual_seed(2)
@@ -180,15 +184,11 @@ def test_the_triton_path_saves_no_cartesian_tensors_whatever_requires_grad(what)
     trainable = {"no_delta": (q, k, v), "delta_frozen_v": (q, k), "delta_only": (delta,)}[what]
     for t in trainable:
         t.requires_grad_()
-    shapes = []
-
-    def pack(t):
-        shapes.append(tuple(t.shape))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = pope_attention(q, k, v, delta, backend="triton")
-    assert (B, H, T, 2 * d) not in shapes, shapes
+    wide = lambda t: tuple(t.shape) == (B, H, T, 2 * d)
+    out, kept = kept_for_backward(lambda: pope_attention(q, k, v, delta, backend="triton"), wide)
+    assert kept == [], kept
+    _, kept_torch = kept_for_backward(lambda: pope_attention(q, k, v, delta, backend="torch"), wide)
+    assert len(kept_torch) == 4, kept_torch
     got = torch.autograd.grad(out.pow(2).sum(), trainable)
     want = torch.autograd.grad(pope_attention(q, k, v, delta, backend="torch").pow(2).sum(), trainable)
     for a, b in zip(got, want):

@@ -478,10 +478,11 @@ def test_torch_compile_keeps_custom_op_in_graph(tmp_path, monkeypatch):
 
 
 def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
-    """(B, H, T, 2d) tensors a 2-layer PoPE GPT keeps for the backward of one fp16-autocast training step, and their
-    bytes. compiled: the whole step under torch.compile (fullgraph) with a backend that runs AOTAutograd with
-    Inductor's decompositions and min-cut partitioner (what the default torch.compile does before code
-    generation): the forward graph's outputs besides the loss. Eager: autograd's saved tensors, each storage once."""
+    """How many (B, H, T, 2d) tensors a 2-layer PoPE GPT keeps for the backward of one fp16-autocast training step.
+    compiled: the whole step under torch.compile (fullgraph) with a backend that runs AOTAutograd with Inductor's
+    decompositions and min-cut partitioner (what the default torch.compile does before code generation): the
+    forward graph's outputs besides the loss. Eager: the tensors the forward created that are still
+    alive after it, each storage once (tests/saved.py; the bytes are not counted)."""
     from functools import partial
 
     from torch._functorch.aot_autograd import aot_module_simplified
@@ -520,17 +521,11 @@ def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
         torch._dynamo.reset()
         torch.compile(step, backend=aot_backend, fullgraph=True)(x)
     else:
-        seen = {}
+        from saved import kept_for_backward
 
-        def pack(t):
-            seen[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            step(x)
-        saved = list(seen.values())
-    big = [t for t in saved if tuple(t.shape) == (B, H, T, 2 * d)]
-    return len(big), sum(t.numel() * t.element_size() for t in big)
+        _, kept = kept_for_backward(lambda: step(x), lambda t: tuple(t.shape) == (B, H, T, 2 * d))
+        return len(kept)
+    return len([t for t in saved if tuple(t.shape) == (B, H, T, 2 * d)])
 
 
 @pytest.mark.parametrize("backend, eager_count", [("triton", 0), ("torch", 8)])
@@ -539,8 +534,8 @@ def test_compiled_training_step_keeps_no_more_cartesian_tensors_than_eager(backe
     merged the backward's recomputation of q~, k~ with the forward's, and the partitioner then saved both, 4
     (B, H, T, 2d) tensors for 2 layers. The Triton path keeps none (its selective checkpoint recomputes q~, k~);
     the torch path keeps SDPA's inputs and output, as eager autograd does."""
-    n_eager, _ = _saved_cartesian(backend, compiled=False)
-    n_compiled, _ = _saved_cartesian(backend, compiled=True)
+    n_eager = _saved_cartesian(backend, compiled=False)
+    n_compiled = _saved_cartesian(backend, compiled=True)
     assert n_eager == eager_count
     assert n_compiled <= n_eager, (backend, n_compiled, n_eager)
 
