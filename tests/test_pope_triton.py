@@ -485,6 +485,7 @@ def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
     alive after it, each storage once (tests/saved.py; the bytes are not counted)."""
     from functools import partial
 
+    from saved import kept_for_backward
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
@@ -499,6 +500,10 @@ def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
     def step(x):
         with torch.autocast(DEV, dtype=torch.float16):
             return model(x, x)[1]
+
+    wide = lambda t: tuple(t.shape) == (B, H, T, 2 * d)
+    if not compiled:
+        return len(kept_for_backward(lambda: step(x), wide)[1])
 
     def forward_compiler(gm, example_inputs):
         out = next(n for n in gm.graph.nodes if n.op == "output")
@@ -517,15 +522,9 @@ def _saved_cartesian(backend, compiled, B=2, T=32, H=2, d=16):
             decompositions=select_decomp_table(),
         )
 
-    if compiled:
-        torch._dynamo.reset()
-        torch.compile(step, backend=aot_backend, fullgraph=True)(x)
-    else:
-        from saved import kept_for_backward
-
-        _, kept = kept_for_backward(lambda: step(x), lambda t: tuple(t.shape) == (B, H, T, 2 * d))
-        return len(kept)
-    return len([t for t in saved if tuple(t.shape) == (B, H, T, 2 * d)])
+    torch._dynamo.reset()
+    torch.compile(step, backend=aot_backend, fullgraph=True)(x)
+    return len([t for t in saved if wide(t)])
 
 
 @pytest.mark.parametrize("backend, eager_count", [("triton", 0), ("torch", 8)])
