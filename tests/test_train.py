@@ -1,12 +1,15 @@
 """train.py end to end on tiny data: config errors, resume, DDP, learning, divergence."""
 
+import contextlib
 import json
 import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from unittest import mock
 
 import numpy as np
@@ -1255,3 +1258,114 @@ def test_train_main_stays_within_120_lines():
     tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
     assert main.end_lineno - main.lineno + 1 <= 120, main.end_lineno - main.lineno + 1
+
+
+def _until(p, pattern, timeout=120):
+    """The first match of pattern in the lines p (a text-mode Popen) writes to stdout; fails past timeout s."""
+    import select
+
+    end = time.time() + timeout
+    while time.time() < end:
+        if select.select([p.stdout], [], [], 1.0)[0]:
+            line = p.stdout.readline()
+            assert line, f"the process ended (rc {p.poll()}) before printing {pattern!r}"
+            if m := re.search(pattern, line):
+                return m
+    raise AssertionError(f"no {pattern!r} in {timeout} s")
+
+
+def _cmdline(pid):
+    """Process pid's command line, its arguments joined by spaces (what pkill -f matches)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode()
+
+
+def _descendants(pid):
+    """The pids of every live descendant of process pid (from /proc: Linux)."""
+    children = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def test_sigusr1_saves_off_the_evaluation_grid_and_a_kill_then_resume_continues_the_uninterrupted_run(
+    tiny_indirect, tmp_path
+):
+    """A preemption (the lanes' session end, a cluster's time limit): SIGUSR1 to a real `python train.py` writes
+    ckpt.pt at the next step, between evaluations (none falls before step 1000 here), and training goes on; a
+    SIGKILL then loses nothing before that step. Resumed from it, steps K+1..K+3 give the uninterrupted run's
+    losses bit for bit (dropout on: the RNG states travel too), and so do the final weights and test loss."""
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--eval_interval=1000", "--lr_decay_iters=40"]
+    common += ["--dropout=0.1"]
+    killed, full = str(tmp_path / "killed"), str(tmp_path / "full")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-u", "train.py", *common, "--max_iters=100000", f"--out_dir={killed}"]
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _until(p, r"^iter 3/")
+        p.send_signal(signal.SIGUSR1)
+        k = int(_until(p, r"^iter (\d+): saved ckpt.pt on SIGUSR1").group(1))
+        _until(p, rf"^iter {k + 2}/")  # it trains on past the save
+    finally:
+        p.kill()
+        p.wait()
+    ckpt = torch.load(os.path.join(killed, "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] == k and 3 <= k < 1000 and not os.path.exists(os.path.join(killed, "best.pt"))
+    m = run(common + [f"--max_iters={k + 3}", f"--out_dir={killed}", "--init_from=resume"])
+    want = run(common + [f"--max_iters={k + 3}", f"--out_dir={full}"])
+    a, b = losses(full), losses(killed)  # the killed process's rows past k are replaced by the resumed ones
+    assert [a[i] for i in range(k + 1, k + 4)] == [b[i] for i in range(k + 1, k + 4)]
+    assert m["test"] == want["test"] and m["provenance_earlier"] == ckpt["provenance"]
+    wa = torch.load(os.path.join(full, "ckpt.pt"), weights_only=True)["model"]
+    wb = torch.load(os.path.join(killed, "ckpt.pt"), weights_only=True)["model"]
+    assert all(torch.equal(wa[n], wb[n]) for n in wa)
+
+
+def test_sigusr1_to_one_ddp_rank_saves_on_every_rank_at_the_next_log_step(tiny_indirect, tmp_path):
+    """Under torchrun a signal can reach one rank only (or the ranks at different steps): the ranks agree at the
+    next log step (one all-reduce), so all of them enter the checkpoint's collectives together; a rank that saved
+    on its own flag would wait in them alone. Rank 1 alone gets SIGUSR1; ckpt.pt is written at a log step (every
+    3rd) with both ranks' RNG states, and the job trains on."""
+    common = TINY + INDIRECT + [f"--data_root={tiny_indirect}", "--eval_interval=1000", "--log_interval=3"]
+    common += ["--gradient_accumulation_steps=2"]  # one micro-batch per rank
+    out = str(tmp_path / "ddp")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    cmd += [*common, "--max_iters=100000", f"--out_dir={out}"]
+    p = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        _until(p, r"^iter 3/")
+        ranks = {}  # the workers, by LOCAL_RANK: torchrun starts each in a session of its own
+        for pid in _descendants(p.pid):
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env_vars = f.read().split(b"\0")
+            ranks.update({int(v.split(b"=")[1]): pid for v in env_vars if v.startswith(b"LOCAL_RANK=")})
+        assert sorted(ranks) == [0, 1], ranks
+        # docs/usage.md's pkill pattern finds the workers, not torchrun, not a wrapper (the lanes' /usr/bin/time)
+        with open(os.path.join(REPO, "docs", "usage.md")) as f:
+            pattern = re.search(r"pkill -USR1 -f '([^']+)'", f.read()).group(1)
+        assert [bool(re.search(pattern, _cmdline(pid))) for pid in (p.pid, ranks[0], ranks[1])] == [False, True, True]
+        assert not re.search(pattern, "/usr/bin/time -v -a -o out/time.txt python train.py --seed=1")
+        assert re.search(pattern, "python train.py --seed=1") and re.search(pattern, "/usr/bin/python3.11 -u train.py")
+        os.kill(ranks[1], signal.SIGUSR1)
+        k = int(_until(p, r"^iter (\d+): saved ckpt.pt on SIGUSR1", timeout=60).group(1))
+        _until(p, rf"^iter {k + 3}/", timeout=60)  # both ranks came out of the checkpoint and train on
+    finally:  # the workers first (killing torchrun's group would leave them training)
+        for pid in [*_descendants(p.pid), p.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        p.wait()
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ckpt["iter_num"] == k and k % 3 == 0 and len(ckpt["rng"]) == 2
