@@ -383,3 +383,31 @@ def test_i74_registered_analysis_runs_on_the_registered_arms(tmp_path, monkeypat
     assert mod.holm_adjusted(0.01, 0.03) == {"H2a": 0.02, "H2b": 0.03}
     assert mod.holm_adjusted(0.04, 0.01) == {"H2a": 0.04, "H2b": 0.02}
     assert mod.holm_adjusted(0.3, 0.9) == {"H2a": 0.6, "H2b": 0.9}
+
+
+def test_i74_cpu_total_sums_records_and_the_uncounted_ledger(tmp_path, monkeypatch, capsys):
+    """--cpu: the issue's CPU time is its records' run.cpu_s (search i74s-*, registered i74-*-s*) plus the ledger of
+    processes no record holds. Known sums; a record without cpu_s is named and counts 0; other studies' records,
+    training logs (.log.jsonl) and other i74 files are not counted; a ledger row that is not seconds is refused."""
+    mod = _registered_module()
+    runs = tmp_path / "docs" / "runs"
+    runs.mkdir(parents=True)
+    cpu = {"i74s-rope-s6001": 700.0, "i74s-yarn-n7680-lr3e-4-code-s6001": 9000.5, "i74-yarn-s7401": 11000.0}
+    cpu |= {"i74-pope-s7401": 1100.0, "i60-yarn-s6001": 1e6}  # another study's record: not counted
+    for name, c in cpu.items():
+        (runs / f"{name}.json").write_text(json.dumps({"run": {"name": name, "cpu_s": c}}))
+        (runs / f"{name}.log.jsonl").write_text(json.dumps({"iter": 0, "cpu_s": 1e6}) + "\n")
+    (runs / "i74-rope-s7401.json").write_text(json.dumps({"run": {"name": "i74-rope-s7401"}}))  # no cpu_s
+    (runs / "i74-power-val16x-pope.csv").write_text("run,ppl\nx,7.6\n")
+    ledger = runs / mod.LEDGER
+    header = "what,steps,cpu_s_per_step,cpu_s,note\n"
+    ledger.write_text('# a comment, "with, commas"\n' + header + '"a, killed",300,2.0,600,x\nb,0,measured,88,\n')
+    monkeypatch.chdir(tmp_path)
+    c = mod.main(["--cpu"])
+    assert c["search"] == 9700.5 and c["registered"] == 12100.0 and c["uncounted"] == 688.0
+    assert c["total"] == 9700.5 + 12100.0 + 688.0 and c["no_cpu"] == ["i74-rope-s7401.json"]
+    out = capsys.readouterr().out
+    assert "total: 22488 CPU-s = 6.2 core-hours" in out and "i74-rope-s7401.json" in out
+    ledger.write_text(header + "b,0,measured,,\n")
+    with pytest.raises(SystemExit, match=r"row 1 \('b'\): cpu_s '' is not seconds"):
+        mod.main(["--cpu"])

@@ -4,6 +4,7 @@ repo root with YaRN's step count N (the doubling rule), the lrs the search chose
     python docs/runs/i74-registered-queue.py --n=5 --steps=7680 --yarn_lr=3e-4 --popeft_lr=3e-4
     # -> docs/runs/i74-registered.tsv
     python docs/runs/i74-registered-queue.py --verdicts   # once every registered run is in: H2a, H2b (Holm), H2c
+    python docs/runs/i74-registered-queue.py --cpu        # the issue's CPU time: records + the uncounted ledger
 
 One block per seed (7401, 7402, ...: no other study's), in order: RoPE and PoPE pretraining (issue 60's registered
 recipes, both lr 2e-3, min_lr 2e-4, the lrs chosen on validation; YaRN's search ran from RoPE parents at 1e-3, issue
@@ -19,7 +20,9 @@ p and each verdict, and H2c's TOST.
 """
 
 import argparse
+import csv
 import glob
+import json
 import math
 import os
 import shlex
@@ -36,6 +39,7 @@ ALLOW = (
     "block_size,eval_interval,learning_rate,log_interval,lr_decay_iters,max_iters,min_lr,"
     "rope_original_block_size,rope_scaling,rope_yarn_ramp,warmup_iters"
 )
+LEDGER = "i74-cpu-uncounted.csv"  # CPU time no record holds (killed processes, hand-run work), in docs/runs
 LENGTHS = "4096,256,512,1024,2048"  # the first, 4096 (16x), is the primary's row
 ANALYSIS = {
     "table": f"python study/results.py docs/runs/i74-*-s*.json --by=pos_encoding,block_size --extrapolation={LENGTHS}",
@@ -98,6 +102,34 @@ def verdicts():
     return {"p": p, "holm": holm(p["H2a"], p["H2b"]), "holm_p": holm_adjusted(p["H2a"], p["H2b"]), "tost": tost}
 
 
+def cpu_total(folder="docs/runs"):
+    """Issue 74's CPU time (user + system, seconds) from the files in `folder`: {"search": the i74s-*.json records'
+    run.cpu_s summed, "registered": the i74-*-s*.json records', "uncounted": LEDGER's cpu_s column (processes no
+    record holds), "total": the three summed, "no_cpu": the records without cpu_s, which count as 0}. Raises
+    SystemExit naming the row of a ledger cpu_s that is not a number."""
+    out, no_cpu = {}, []
+    for part, pattern in (("search", "i74s-*.json"), ("registered", "i74-*-s*.json")):
+        out[part] = 0.0
+        for path in sorted(glob.glob(os.path.join(folder, pattern))):
+            with open(path) as f:
+                cpu = (json.load(f).get("run") or {}).get("cpu_s")
+            if cpu is None:
+                no_cpu.append(os.path.basename(path))
+            out[part] += cpu or 0.0
+    with open(os.path.join(folder, LEDGER)) as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    out["uncounted"] = 0.0
+    for i, row in enumerate(rows, 1):
+        try:
+            out["uncounted"] += float(row["cpu_s"])
+        except (TypeError, ValueError):
+            bad = f"{LEDGER}, row {i} ({row.get('what')!r}): cpu_s {row.get('cpu_s')!r} is not seconds"
+            raise SystemExit(bad) from None
+    out["total"] = out["search"] + out["registered"] + out["uncounted"]
+    out["no_cpu"] = no_cpu
+    return out
+
+
 def after(out):
     """The registered evaluation: tiled at 1x-16x over the whole test split."""
     return (
@@ -145,6 +177,13 @@ def main(argv=None):
             f"p {t['p']!r}: " + ("equivalent" if t["p"] < 0.05 else "not shown equivalent")
         )
         return v
+    if argv == ["--cpu"]:
+        c = cpu_total()
+        for part in ("search", "registered", "uncounted", "total"):
+            print(f"{part}: {c[part]:.0f} CPU-s = {c[part] / 3600:.1f} core-hours")
+        if c["no_cpu"]:
+            print("records without cpu_s (counted as 0): " + ", ".join(c["no_cpu"]))
+        return c
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, required=True, help="seeds per arm, from the registration's power rule")
     ap.add_argument("--steps", type=int, required=True, help="N, YaRN's step count (the doubling rule)")
