@@ -14,7 +14,9 @@
 # OUT_DIR/ckpt.pt resumes (--init_from=resume). A line whose arguments hold --init_ckpt=RUN/best.pt (a DroPE
 # or YaRN fine-tune) waits while another lane trains RUN and is skipped while RUN has no metrics.json, so it
 # never starts from an unfinished run. The after-command runs once (marker OUT_DIR/after.done). Each run gets one
-# core (OMP_NUM_THREADS=1) at low priority; /usr/bin/time -v writes its wall and CPU time to
+# core (OMP_NUM_THREADS=1) at low priority, or LANE_THREADS of them (LANE_THREADS=2 bash study/lane.sh ...: one lane
+# whose runs take both cores, for a run that must end within one session when the next may be on another
+# machine; the record's provenance.device.threads says which); /usr/bin/time -v writes its wall and CPU time to
 # OUT_DIR/time.txt. Results are copied to docs/runs/NAME.json (metrics.json plus wall and CPU time),
 # the training log to docs/runs/NAME.log.jsonl (the curve) and, if the after-command wrote
 # OUT_DIR/extrapolate/extrapolation.csv, docs/runs/NAME.extrapolation.csv; OUT_DIR/retrieval/passkey.csv and
@@ -23,7 +25,9 @@ set -u
 {  # the whole script is read before it runs, so editing lane.sh (a git pull) cannot break a running lane
 (( $# >= 1 )) || { echo "usage: lane.sh QUEUE.tsv [QUEUE.tsv ...]" >&2; exit 2; }
 cd "$(dirname "$0")/.."  # the repo root: train.py, docs/runs/
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+threads="${LANE_THREADS:-1}"
+[[ "$threads" =~ ^[1-9][0-9]*$ ]] || { echo "lane.sh: LANE_THREADS=$threads is not a number of cores (1, 2, ...)" >&2; exit 2; }
+export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
 while IFS= read -r line; do
   # split at every tab: with IFS=$'\t' two tabs would count as one (tab is IFS whitespace), so an empty
   # field would shift the after-command into train.py's arguments; \x1f is not whitespace

@@ -21,6 +21,8 @@ args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and 
 out = args["out_dir"]
 with open(os.path.join(out, "calls.txt"), "a") as f:
     f.write(" ".join(sys.argv[1:]) + "\n")
+with open(os.path.join(out, "threads.txt"), "a") as f:
+    f.write(os.environ.get("OMP_NUM_THREADS", "unset") + " " + os.environ.get("MKL_NUM_THREADS", "unset") + "\n")
 if args.get("init_from") == "resume" and not os.path.exists(os.path.join(out, "ckpt.pt")):
     sys.exit(f"error: init_from='resume' but {out}/ckpt.pt does not exist")
 if args.get("fail") == "1":
@@ -56,11 +58,17 @@ def queue(root, name, *lines, newline_at_end=True):
     return str(path)
 
 
-def lane(root, *queues):
-    """Run one lane to its end: (stdout's messages without their timestamps, seconds it took)."""
+def lane(root, *queues, env=None):
+    """Run one lane to its end: (stdout's messages without their timestamps, seconds it took). env: variables
+    added to the lane's environment."""
     t = time.time()
     p = subprocess.run(
-        ["bash", str(root / "study" / "lane.sh"), *queues], cwd=root, capture_output=True, text=True, timeout=60
+        ["bash", str(root / "study" / "lane.sh"), *queues],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
     )
     assert p.returncode == 0 and p.stderr == "", p.stderr
     return [re.sub(r"^\S+Z ", "", line) for line in p.stdout.splitlines()], time.time() - t
@@ -423,3 +431,24 @@ def test_a_record_from_before_after_done_is_done_in_a_fresh_checkout(repo):
     assert (runs / "a.json").read_text() == before
     assert (runs / "a.extrapolation.csv").read_text() == "length,ppl\n64,3.0\n"
     assert record(repo, "b")["run"]["after_done"] is True
+
+
+def test_each_run_gets_one_core_unless_lane_threads_says_more(repo):
+    """OMP_NUM_THREADS and MKL_NUM_THREADS are the lane's, whatever the caller's environment says: 1 by default,
+    LANE_THREADS when given (a run that must end within one session takes both cores); a bad value is refused."""
+    q = queue(repo, "q.tsv", ("one", "out/one", "--seed=1"), ("two", "out/two", "--seed=2"))
+    lane(repo, q, env={"OMP_NUM_THREADS": "7", "MKL_NUM_THREADS": "7"})
+    assert (repo / "out/one/threads.txt").read_text() == "1 1\n"
+    q2 = queue(repo, "q2.tsv", ("three", "out/three", "--seed=3"))
+    lane(repo, q2, env={"LANE_THREADS": "2"})
+    assert (repo / "out/three/threads.txt").read_text() == "2 2\n"
+    for bad in ("0", "two", "-1"):
+        p = subprocess.run(
+            ["bash", str(repo / "study" / "lane.sh"), q2],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "LANE_THREADS": bad},
+        )
+        assert p.returncode == 2 and "LANE_THREADS" in p.stderr and "not a number of cores" in p.stderr
