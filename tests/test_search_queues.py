@@ -224,8 +224,8 @@ I74_REGISTERED = os.path.join(REPO, "docs", "runs", "i74-registered-queue.py")
 @pytest.mark.parametrize("steps,yarn_lr,popeft_lr", [(7680, "3e-4", "1e-4"), (3840, "1e-3", "3e-4")])
 def test_i74_registered_queue_repeats_the_search_lines_at_new_seeds(tmp_path, steps, yarn_lr, popeft_lr):
     """Each registered run is the search's line of its arm and lr (i74-search-queue.py's; RoPE: issue 60's registered
-    lr 2e-3, its search line) with only the seed and the parent's folder changed; blocks in seed order, parents
-    first; every run scored tiled at 1x-16x over the whole test split."""
+    lr 2e-3, its search line) with only the seed and the parent's folder changed; blocks in seed order, each parent
+    directly before its fine-tune; every run scored tiled at 1x-16x over the whole test split."""
     import subprocess
     import sys
 
@@ -236,7 +236,7 @@ def test_i74_registered_queue_repeats_the_search_lines_at_new_seeds(tmp_path, st
     search = {r[0]: r[2] for r in i74_rows(tmp_path, f"--n={steps}", "--center")}
     search["i60s-rope-lr2e-3-s6001"] = search_line("i60s-rope-lr2e-3-s6001")  # issue 60's registered RoPE recipe
     assert [r[0] for r in rows] == [
-        f"i74-{a}-s{s}" for s in (7401, 7402, 7403) for a in ("rope", "pope", "yarn", "popeft")
+        f"i74-{a}-s{s}" for s in (7401, 7402, 7403) for a in ("rope", "yarn", "pope", "popeft")
     ]
     want_name = {
         "rope": "i60s-rope-lr2e-3-s6001",
@@ -411,3 +411,78 @@ def test_i74_cpu_total_sums_records_and_the_uncounted_ledger(tmp_path, monkeypat
     ledger.write_text(header + "b,0,measured,,\n")
     with pytest.raises(SystemExit, match=r"row 1 \('b'\): cpu_s '' is not seconds"):
         mod.main(["--cpu"])
+
+
+def _sandbox(root):
+    """A sandbox checkout as test_lane's `repo` fixture makes it: the real lane.sh and cli.py, the stub train.py."""
+    import test_lane
+
+    (root / "docs" / "runs").mkdir(parents=True)
+    (root / "study").mkdir()
+    os.symlink(test_lane.LANE, root / "study" / "lane.sh")
+    os.symlink(os.path.join(REPO, "cli.py"), root / "cli.py")
+    (root / "train.py").write_text(test_lane.STUB)
+    return root
+
+
+def test_i74_registered_resume_reruns_a_parent_whose_fine_tune_a_new_machine_lost(tmp_path):
+    """A session on a new machine: main holds seed 7401's RoPE, YaRN and PoPE records but not PoPE+ft's (the last
+    machine ended inside it, and took out-i74/ with it). take_records copies RoPE's and YaRN's in and withholds
+    PoPE's, so the lane (LANE_THREADS=2, the real lane.sh, a stub train.py) trains PoPE again and then PoPE+ft from
+    it, and touches neither RoPE nor YaRN. On the same machine (PoPE's best.pt there) PoPE's record is copied in and
+    only PoPE+ft runs. Against a plan that copies every landed record: PoPE+ft would be skipped (its parent has no
+    metrics.json), so nothing would run."""
+    import subprocess
+    import sys
+
+    mod = _registered_module()
+    main_runs = tmp_path / "main-runs"
+    main_runs.mkdir()
+    for machine in ("new", "same"):
+        wt = _sandbox(tmp_path / machine)
+        q = wt / "docs" / "runs" / "i74-registered.tsv"
+        argv = ["--n=1", "--steps=7680", "--yarn_lr=1e-3", "--popeft_lr=3e-4", f"--out={q}"]
+        subprocess.run([sys.executable, I74_REGISTERED, *argv], check=True, cwd=REPO, capture_output=True)
+        rows = lines(q)
+        assert [r[0] for r in rows] == ["i74-rope-s7401", "i74-yarn-s7401", "i74-pope-s7401", "i74-popeft-s7401"]
+        q.write_text("\n".join("\t".join(r[:3]) for r in rows) + "\n")  # no after-commands in the sandbox
+        if machine == "new":  # main's records, as the old machine's lane wrote them
+            for name in ("i74-rope-s7401", "i74-yarn-s7401", "i74-pope-s7401"):
+                for ext in (".json", ".log.jsonl"):
+                    (main_runs / (name + ext)).write_text(json.dumps({"run": {"name": name, "machine": "old"}}))
+        else:
+            (wt / "out-i74" / "pope-s7401").mkdir(parents=True)
+            (wt / "out-i74" / "pope-s7401" / "best.pt").write_text("weights")
+            (wt / "out-i74" / "pope-s7401" / "metrics.json").write_text("{}")
+        plan = mod.take_records(str(main_runs), str(wt))
+        want_rerun = ["i74-pope-s7401"] if machine == "new" else []
+        assert plan == {
+            "copy": [n for n in ("i74-rope-s7401", "i74-yarn-s7401", "i74-pope-s7401") if n not in want_rerun],
+            "rerun": want_rerun,
+        }
+        for name in plan["copy"]:
+            assert record(wt, name)["run"]["machine"] == "old"
+            assert (wt / "docs" / "runs" / f"{name}.log.jsonl").exists()
+        log, _ = lane(wt, str(q), env={"LANE_THREADS": "2"})
+        started = [m.split(":")[0] for m in log if m.startswith("start ")]
+        assert started == ["start " + n for n in (*want_rerun, "i74-popeft-s7401")]
+        assert record(wt, "i74-popeft-s7401")["run"]["name"] == "i74-popeft-s7401"
+        if machine == "new":
+            assert record(wt, "i74-pope-s7401")["run"]["name"] == "i74-pope-s7401"  # the new run's, not main's
+            assert "machine" not in record(wt, "i74-pope-s7401")["run"]
+    # the plan again after the lane: every landed record is here, nothing to copy or rerun
+    assert mod.resume_plan(str(main_runs), str(tmp_path / "new")) == {"copy": [], "rerun": []}
+    # PoPE+ft lands; a later session on yet another machine copies the whole block in (no best.pt needed) and runs
+    # nothing
+    for ext in (".json", ".log.jsonl"):
+        (main_runs / f"i74-popeft-s7401{ext}").write_text(
+            (tmp_path / "new" / "docs" / "runs" / f"i74-popeft-s7401{ext}").read_text()
+        )
+    later = _sandbox(tmp_path / "later")
+    (later / "docs" / "runs" / "i74-registered.tsv").write_text(
+        (tmp_path / "new" / "docs" / "runs" / "i74-registered.tsv").read_text()
+    )
+    block = ["i74-rope-s7401", "i74-yarn-s7401", "i74-pope-s7401", "i74-popeft-s7401"]
+    assert mod.take_records(str(main_runs), str(later)) == {"copy": block, "rerun": []}
+    log, _ = lane(later, str(later / "docs" / "runs" / "i74-registered.tsv"), env={"LANE_THREADS": "2"})
+    assert [m for m in log if m.startswith("start ")] == []

@@ -5,18 +5,19 @@ repo root with YaRN's step count N (the doubling rule), the lrs the search chose
     # -> docs/runs/i74-registered.tsv
     python docs/runs/i74-registered-queue.py --verdicts   # once every registered run is in: H2a, H2b (Holm), H2c
     python docs/runs/i74-registered-queue.py --cpu        # the issue's CPU time: records + the uncounted ledger
+    python docs/runs/i74-registered-queue.py --take_records MAIN_RUNS WORKTREE   # i74-registered-resume.sh's step
 
-One block per seed (7401, 7402, ...: no other study's), in order: RoPE and PoPE pretraining (issue 60's registered
-recipes, both lr 2e-3, min_lr 2e-4, the lrs chosen on validation; YaRN's search ran from RoPE parents at 1e-3, issue
-60's caveat 1), then YaRN (ramp `code`) from that seed's RoPE run and PoPE+ft
-from its PoPE run, both N steps at the same batch with the search's schedule (docs/runs/i74-search-queue.py: warmup
-4 % of the steps rounded up, constant lr, evaluations every N / 16 steps). Every run is scored tiled at 256, 512,
-1024, 2048 and 4096 over the whole test split (--max_tokens=0: every 4097-character chunk; --one_document: the split
-read as one document, as issues 54 and 60 read it, though meta.json now declares its two works), the arms' table at
-1x-16x; H2a and H2b read ppl at 4096 (16x), H2c the fine-tunes' test loss at their block_size, 1024 (4x).
---verdicts runs ANALYSIS's H2 commands through study/results.py's compare() and prints the exact permutation p at
-full precision (the table rounds to 3 decimals, which at n = 6 prints 46 / 924 = 0.0498 as 0.050), the Holm-adjusted
-p and each verdict, and H2c's TOST.
+One block per seed (7401, 7402, ...: no other study's), in order: RoPE pretraining, YaRN (ramp `code`) from it, PoPE
+pretraining, PoPE+ft from it (each parent directly before its fine-tune: BLOCK). The pretrainings are issue 60's
+registered recipes (both lr 2e-3, min_lr 2e-4, the lrs chosen on validation; YaRN's search ran from RoPE parents at
+1e-3, issue 60's caveat 1); both fine-tunes run N steps at the same batch with the search's schedule
+(docs/runs/i74-search-queue.py: warmup 4 % of the steps rounded up, constant lr, evaluations every N / 16 steps).
+Every run is scored tiled at 256, 512, 1024, 2048 and 4096 over the whole test split (--max_tokens=0: every
+4097-character chunk; --one_document: the split read as one document, as issues 54 and 60 read it, though meta.json
+now declares its two works), the arms' table at 1x-16x; H2a and H2b read ppl at 4096 (16x), H2c the fine-tunes' test
+loss at their block_size, 1024 (4x). --verdicts runs ANALYSIS's H2 commands through study/results.py's compare() and
+prints the exact permutation p at full precision (the table rounds to 3 decimals, which at n = 6 prints 46 / 924 =
+0.0498 as 0.050), the Holm-adjusted p and each verdict, and H2c's TOST.
 """
 
 import argparse
@@ -26,11 +27,18 @@ import json
 import math
 import os
 import shlex
+import shutil
 import sys
 
 H = "\t"
 SEED0 = 7401
 ARMS = ("rope", "pope", "yarn", "popeft")
+# A block's order in the queue: each parent directly followed by its fine-tune, so that a session's end (and a
+# new machine at the next) catches at most one parent whose fine-tune has not landed (the rule that a parent and
+# its fine-tune share a machine: resume_plan()).
+BLOCK = ("rope", "yarn", "pope", "popeft")
+PARENT = {"yarn": "rope", "popeft": "pope"}
+RECORD_FILES = (".json", ".log.jsonl", ".extrapolation.csv")  # what study/lane.sh writes to docs/runs per run
 LRS = ("1e-4", "3e-4", "1e-3", "3e-5", "3e-3")  # the search's grid at N, and the edge rule's one step past it
 # The registered analysis, run once when the last registered run is in (docs/extrapolation.md, the amendment of
 # issue 74's rules). Arm A is the PoPE arm, so B - A is YaRN minus it. The fine-tunes differ from their parents'
@@ -130,6 +138,55 @@ def cpu_total(folder="docs/runs"):
     return out
 
 
+def resume_plan(main_runs, worktree, queue="docs/runs/i74-registered.tsv"):
+    """Which of main's registered records a session's worktree of the registration commit takes in before its lane
+    starts (docs/runs/i74-registered-resume.sh). A record in main and not in the worktree is copied in (so the lane
+    skips its run), except a parent's (RoPE or PoPE at seed s) whose fine-tune (YaRN or PoPE+ft at s) has no record
+    in main and whose checkpoint the worktree lacks (out-i74/ARM-sS/best.pt: a new machine). That parent runs again
+    through the lane, so that its fine-tune starts from the run it descends from and whose scores stand for the
+    parent's arm (a parent retrained on another CPU differs at float32 rounding); the new record replaces main's when
+    it lands. `main_runs`: main's docs/runs folder; `worktree`: the worktree's root (its `queue` lists the runs).
+    Returns {"copy": [NAME, ...], "rerun": [NAME, ...]}, in queue order. Raises SystemExit if the queue is missing."""
+    path = os.path.join(worktree, queue)
+    if not os.path.exists(path):
+        raise SystemExit(f"{path} is missing: is {worktree} a checkout of the registration commit?")
+    with open(path) as f:
+        rows = [line.rstrip("\n").split(H) for line in f if line.strip() and not line.startswith("#")]
+    out_dir = {r[0]: r[1] for r in rows}
+    landed = {name for name in out_dir if os.path.exists(os.path.join(main_runs, name + ".json"))}
+    child_of = {parent: child for child, parent in PARENT.items()}
+    plan = {"copy": [], "rerun": []}
+    for name in out_dir:
+        if name not in landed or os.path.exists(os.path.join(worktree, "docs", "runs", name + ".json")):
+            continue
+        arm, seed = name.split("-")[1], name.rsplit("-s", 1)[1]
+        child = child_of.get(arm)
+        if (
+            child
+            and f"i74-{child}-s{seed}" not in landed
+            and not os.path.exists(os.path.join(worktree, out_dir[name], "best.pt"))
+        ):
+            plan["rerun"].append(name)
+        else:
+            plan["copy"].append(name)
+    return plan
+
+
+def take_records(main_runs, worktree):
+    """resume_plan() carried out: copies each record to copy (RECORD_FILES, those main has) into the worktree's
+    docs/runs and prints what it did. Returns the plan."""
+    plan = resume_plan(main_runs, worktree)
+    for name in plan["copy"]:
+        for ext in RECORD_FILES:
+            src = os.path.join(main_runs, name + ext)
+            if os.path.exists(src):
+                shutil.copyfile(src, os.path.join(worktree, "docs", "runs", name + ext))
+        print(f"copied in {name}")
+    for name in plan["rerun"]:
+        print(f"rerun {name}: its fine-tune has not landed and this machine lacks its best.pt (a new machine)")
+    return plan
+
+
 def after(out):
     """The registered evaluation: tiled at 1x-16x over the whole test split."""
     return (
@@ -177,6 +234,8 @@ def main(argv=None):
             f"p {t['p']!r}: " + ("equivalent" if t["p"] < 0.05 else "not shown equivalent")
         )
         return v
+    if len(argv) == 3 and argv[0] == "--take_records":  # docs/runs/i74-registered-resume.sh: MAIN_RUNS WORKTREE
+        return take_records(argv[1], argv[2])
     if argv == ["--cpu"]:
         c = cpu_total()
         for part in ("search", "registered", "uncounted", "total"):
@@ -202,7 +261,7 @@ def main(argv=None):
     lr = {"rope": None, "pope": None, "yarn": a.yarn_lr, "popeft": a.popeft_lr}
     lines = []
     for s in range(SEED0, SEED0 + a.n):
-        for arm in ARMS:
+        for arm in BLOCK:
             name, out = f"i74-{arm}-s{s}", f"out-i74/{arm}-s{s}"
             lines.append(H.join((name, out, args(arm, s, a.steps, lr[arm]), after(out))))
     head = (
@@ -210,9 +269,9 @@ def main(argv=None):
         f"{SEED0} .. {SEED0 + a.n - 1},\n# one block per seed in order. Arms: RoPE (lr 2e-3), PoPE (lr 2e-3), "
         f"YaRN ({a.steps} steps, lr {a.yarn_lr}, ramp code), PoPE+ft ({a.steps} steps, lr {a.popeft_lr}).\n"
         "# Every run scored tiled at 1x-16x over the whole test split. Written by docs/runs/i74-registered-queue.py\n"
-        f"# --n={a.n} --steps={a.steps} --yarn_lr={a.yarn_lr} --popeft_lr={a.popeft_lr}. Two lanes, one core each:\n"
-        f"#   OMP_NUM_THREADS=1 nohup nice -n 19 bash study/lane.sh {a.out} > lane-i74-0.log 2>&1 &\n"
-        f"#   OMP_NUM_THREADS=1 nohup nice -n 19 bash study/lane.sh {a.out} > lane-i74-1.log 2>&1 &\n"
+        f"# --n={a.n} --steps={a.steps} --yarn_lr={a.yarn_lr} --popeft_lr={a.popeft_lr}. One lane on both cores,\n"
+        "# each parent followed by its fine-tune; started each session from main's root, with this commit:\n"
+        "#   nohup bash docs/runs/i74-registered-resume.sh COMMIT > /work/i74-registered-resume.log 2>&1 &\n"
     )
     with open(a.out, "w") as f:
         f.write(head + "\n".join(lines) + "\n")
