@@ -13,6 +13,8 @@
 #    CPU time is in no record: each is printed for docs/runs/i74-cpu-uncounted.csv;
 # 5. one lane whose runs take both cores (LANE_THREADS=2; main's lane.sh copied in as study/lane2.sh, as e879f6e's
 #    has no LANE_THREADS), so that each PoPE+ft run (about 100 minutes on two cores here) ends within its session.
+# Never send SIGUSR1 to the search's runs: e879f6e's train.py has no handler for it (13de1f2 added one), so the
+# signal kills the run (it resumes from its last ckpt.pt; docs/extrapolation.md, 2026-12-02 04:29 UTC).
 set -euo pipefail
 MAIN="$(cd "$(dirname "$0")/../.." && pwd)"
 WT="${WT:-/work/wt-i74}"
