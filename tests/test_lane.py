@@ -41,7 +41,11 @@ with open(os.path.join(out, "metrics.json"), "w") as f:
 @pytest.fixture
 def repo(tmp_path):
     """A sandbox repository: the real lane.sh and cli.py (linked), a stub train.py, an empty docs/runs."""
-    root = tmp_path / "repo"
+    return sandbox(tmp_path / "repo")
+
+
+def sandbox(root):
+    """Makes the `repo` fixture's sandbox at `root` (a new folder); returns root."""
     (root / "docs" / "runs").mkdir(parents=True)
     (root / "study").mkdir()
     os.symlink(LANE, root / "study" / "lane.sh")

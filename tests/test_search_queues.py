@@ -10,7 +10,7 @@ import os
 import re
 
 import pytest
-from test_lane import lane, record, repo  # noqa: F401 (repo: the sandbox fixture)
+from test_lane import lane, record, repo, sandbox  # noqa: F401 (repo: the sandbox fixture)
 
 import train
 from configurator import configure
@@ -413,18 +413,6 @@ def test_i74_cpu_total_sums_records_and_the_uncounted_ledger(tmp_path, monkeypat
         mod.main(["--cpu"])
 
 
-def _sandbox(root):
-    """A sandbox checkout as test_lane's `repo` fixture makes it: the real lane.sh and cli.py, the stub train.py."""
-    import test_lane
-
-    (root / "docs" / "runs").mkdir(parents=True)
-    (root / "study").mkdir()
-    os.symlink(test_lane.LANE, root / "study" / "lane.sh")
-    os.symlink(os.path.join(REPO, "cli.py"), root / "cli.py")
-    (root / "train.py").write_text(test_lane.STUB)
-    return root
-
-
 def test_i74_registered_resume_reruns_a_parent_whose_fine_tune_a_new_machine_lost(tmp_path):
     """A session on a new machine: main holds seed 7401's RoPE, YaRN and PoPE records but not PoPE+ft's (the last
     machine ended inside it, and took out-i74/ with it). take_records copies RoPE's and YaRN's in and withholds
@@ -439,7 +427,7 @@ def test_i74_registered_resume_reruns_a_parent_whose_fine_tune_a_new_machine_los
     main_runs = tmp_path / "main-runs"
     main_runs.mkdir()
     for machine in ("new", "same"):
-        wt = _sandbox(tmp_path / machine)
+        wt = sandbox(tmp_path / machine)
         q = wt / "docs" / "runs" / "i74-registered.tsv"
         argv = ["--n=1", "--steps=7680", "--yarn_lr=1e-3", "--popeft_lr=3e-4", f"--out={q}"]
         subprocess.run([sys.executable, I74_REGISTERED, *argv], check=True, cwd=REPO, capture_output=True)
@@ -478,7 +466,7 @@ def test_i74_registered_resume_reruns_a_parent_whose_fine_tune_a_new_machine_los
         (main_runs / f"i74-popeft-s7401{ext}").write_text(
             (tmp_path / "new" / "docs" / "runs" / f"i74-popeft-s7401{ext}").read_text()
         )
-    later = _sandbox(tmp_path / "later")
+    later = sandbox(tmp_path / "later")
     (later / "docs" / "runs" / "i74-registered.tsv").write_text(
         (tmp_path / "new" / "docs" / "runs" / "i74-registered.tsv").read_text()
     )

