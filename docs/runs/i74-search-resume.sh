@@ -45,6 +45,7 @@ for f in docs/runs/i74-search-n7680-*.tsv "$MAIN"/docs/runs/i74-search-n7680-*.t
   [[ -e "$f" ]] && Q+=("docs/runs/${f##*/}")
 done
 mapfile -t Q < <(printf '%s\n' "${Q[@]}" | awk '!seen[$0]++')
+QP=(); for f in "${Q[@]}"; do [[ -e "$f" ]] && QP+=("$f") || QP+=("$MAIN/$f"); done   # a dry run has not copied main's
 
 # the parents to train: "OUT_DIR<tab>ARGS" of each line that a fine-tune without a record starts from
 mapfile -t parents < <(awk -F'\t' -v runs="$MAIN/docs/runs" '
@@ -59,7 +60,7 @@ mapfile -t parents < <(awk -F'\t' -v runs="$MAIN/docs/runs" '
         if (system("test -f " src "/metrics.json") != 0 && !(src in out)) { out[src] = 1; print src "\t" args[src] }
       }
     }
-  }' "${Q[@]}")
+  }' "${QP[@]}")
 for p in "${parents[@]}"; do
   src="${p%%$'\t'*}"; args="${p#*$'\t'}"
   [[ -n "$args" && "$args" != "$src" ]] || { echo "no queue line trains $src" >&2; exit 2; }
