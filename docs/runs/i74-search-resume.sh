@@ -41,8 +41,11 @@ if [[ -z "$DRY" ]]; then
   cp "$MAIN/study/lane.sh" study/lane2.sh
 fi
 Q=(docs/runs/i74-yarn-3840.tsv docs/runs/i74-search-n7680.tsv)
-for f in docs/runs/i74-search-n7680-*.tsv "$MAIN"/docs/runs/i74-search-n7680-*.tsv; do   # --extend's files
-  [[ -e "$f" ]] && Q+=("docs/runs/${f##*/}")
+# --extend's files in the order main committed them (the edge rule's order: YaRN's 3e-3 runs, one of them perhaps cut
+# short by the last session's end, before PoPE+ft's), then any not committed yet
+mapfile -t ext < <(git -C "$MAIN" log --diff-filter=A --format= --name-only --reverse -- 'docs/runs/i74-search-n7680-*.tsv')
+for f in "${ext[@]}" docs/runs/i74-search-n7680-*.tsv "$MAIN"/docs/runs/i74-search-n7680-*.tsv; do
+  [[ -e "$f" || -e "$MAIN/$f" ]] && Q+=("docs/runs/${f##*/}")
 done
 mapfile -t Q < <(printf '%s\n' "${Q[@]}" | awk '!seen[$0]++')
 QP=(); for f in "${Q[@]}"; do [[ -e "$f" ]] && QP+=("$f") || QP+=("$MAIN/$f"); done   # a dry run has not copied main's
