@@ -13,6 +13,11 @@
 # 4. one lane whose runs take both cores (LANE_THREADS=2), each parent followed by its fine-tune.
 # A few minutes before a session's end, `pkill -USR1 -f '^[^ ]*python[0-9.]* (-u )?train\.py'` writes each run's
 # ckpt.pt at its next step (train.py trains on), so a session on the same machine resumes from there.
+# /work has been new at each session's start so far (out-i74/ gone), so a run that cannot end within the session is
+# better not started: STOP_AFTER=NAME (a run of the queue, e.g. i74-yarn-s7402) gives the lane the queue's lines up
+# to NAME only (written to $WT.i74-registered-until-NAME.tsv), and the lane ends there. On the AMD EPYC at 2
+# threads a session of 3 hours holds one fine-tune with its parent: RoPE + YaRN about 1 h 50 min, PoPE + PoPE+ft
+# about 2 h 35 min.
 set -euo pipefail
 MAIN="$(cd "$(dirname "$0")/../.." && pwd)"
 (( $# == 1 )) || { echo "usage: i74-registered-resume.sh COMMIT (the registration commit)" >&2; exit 2; }
@@ -22,10 +27,15 @@ WT="${WT:-/work/wt-i74r}"
 META_SHA=72b99c53259150524253888d1f22e950fa6cc47a9bf9258eb11d6f3b9663b29d
 QUEUE=docs/runs/i74-registered.tsv
 DRY="${DRY:-}"
+STOP_AFTER="${STOP_AFTER:-}"
 say() { echo "$(date -u +%FT%TZ) $*"; }
 
 git -C "$MAIN" cat-file -e "$COMMIT:$QUEUE" 2>/dev/null \
   || { echo "$COMMIT has no $QUEUE: give the registration commit" >&2; exit 2; }
+if [[ -n "$STOP_AFTER" ]]; then
+  git -C "$MAIN" show "$COMMIT:$QUEUE" | cut -f1 | grep -qxF -- "$STOP_AFTER" \
+    || { echo "STOP_AFTER=$STOP_AFTER is not a run of $QUEUE (its first column: i74-ARM-sSEED)" >&2; exit 2; }
+fi
 [[ -d "$WT" ]] || { say "worktree $WT of $COMMIT"; [[ -n "$DRY" ]] && exit 0; git -C "$MAIN" worktree add --detach "$WT" "$COMMIT"; }
 cd "$WT"
 if [[ "$(git rev-parse HEAD)" != "$COMMIT" || -n "$(git status --porcelain --untracked-files=no)" ]]; then
@@ -45,7 +55,12 @@ fi
 if pgrep -f "lane\.sh .*i74-registered" > /dev/null; then
   say "a lane is already running: left alone"; exit 0
 fi
-say "lane: LANE_THREADS=2 nohup nice -n 19 bash study/lane.sh $QUEUE >> lane-i74-registered.log"
+queue="$QUEUE"
+if [[ -n "$STOP_AFTER" ]]; then   # the queue up to STOP_AFTER, an absolute path (lane.sh reads it from the repo root)
+  queue="$(pwd).i74-registered-until-$STOP_AFTER.tsv"
+  [[ -n "$DRY" ]] || awk -F '\t' -v n="$STOP_AFTER" '{ print } $1 == n { exit }' "$QUEUE" > "$queue"
+fi
+say "lane: LANE_THREADS=2 nohup nice -n 19 bash study/lane.sh $queue >> lane-i74-registered.log"
 [[ -n "$DRY" ]] && exit 0
-LANE_THREADS=2 nohup nice -n 19 bash study/lane.sh "$QUEUE" >> lane-i74-registered.log 2>&1 &
+LANE_THREADS=2 nohup nice -n 19 bash study/lane.sh "$queue" >> lane-i74-registered.log 2>&1 &
 say "lane started (pid $!)"
