@@ -474,3 +474,56 @@ def test_i74_registered_resume_reruns_a_parent_whose_fine_tune_a_new_machine_los
     assert mod.take_records(str(main_runs), str(later)) == {"copy": block, "rerun": []}
     log, _ = lane(later, str(later / "docs" / "runs" / "i74-registered.tsv"), env={"LANE_THREADS": "2"})
     assert [m for m in log if m.startswith("start ")] == []
+
+
+def test_i74_land_copies_new_records_with_one_bullet_each_and_flags_a_wrong_provenance(tmp_path):
+    """land(): the worktree's records main lacks or holds an older version of are copied (with their curves), one
+    bullet each goes at the end of the notebook (the registered runs' section), a record not at the registration's
+    commit or dirty is flagged, and a second call lands nothing."""
+    mod = _registered_module()
+    wt_runs, main_runs = tmp_path / "wt" / "docs" / "runs", tmp_path / "main"
+    wt_runs.mkdir(parents=True)
+    main_runs.mkdir()
+
+    def rec(name, commit="91ff1b1958535c", dirty=False, cpu_s=600.0):
+        prov = {
+            "code": {"commit": commit, "dirty": dirty},
+            "device": {"cpu": "AMD EPYC", "threads": 2},
+            "data": {"meta_sha256": "72b99c53259150"},
+        }
+        run = {"name": name, "cpu_s": cpu_s, "wall_s_processes": [300.0, 60.0], "after_done": True}
+        return json.dumps({"iter_num": 3000, "provenance": prov, "run": run, "test": {"loss": 1.0}})
+
+    (wt_runs / "i74-rope-s7401.json").write_text(rec("i74-rope-s7401"))
+    (wt_runs / "i74-rope-s7401.log.jsonl").write_text("curve\n")
+    (wt_runs / "i74-pope-s7401.json").write_text(rec("i74-pope-s7401", dirty=True))
+    (wt_runs / "i74-yarn-s7401.json").write_text(rec("i74-yarn-s7401", commit="abcdef0"))
+    (wt_runs / "i74-power-val16x-pope.csv").write_text("not a record\n")
+    (main_runs / "i74-pope-s7401.json").write_text(rec("i74-pope-s7401", cpu_s=1.0))  # an older machine's
+    notebook = tmp_path / "extrapolation.md"
+    notebook.write_text("# x\n\n### The registered runs (issue 74)\n\n- the lane started.\n")
+
+    names = mod.land(str(tmp_path / "wt"), str(main_runs), str(notebook), now="T0")
+    assert names == ["i74-pope-s7401", "i74-rope-s7401", "i74-yarn-s7401"]
+    for name in names:
+        assert (main_runs / f"{name}.json").read_text() == (wt_runs / f"{name}.json").read_text()
+    assert (main_runs / "i74-rope-s7401.log.jsonl").read_text() == "curve\n"
+    assert not (main_runs / "i74-power-val16x-pope.csv").exists()
+    bullets = notebook.read_text().split("\n- ")[2:]
+    assert [b.split("`")[1] for b in bullets] == names
+    by = {b.split("`")[1]: " ".join(b.split()) for b in bullets}
+    assert "10.0 CPU min, wall 6.0 min over 2 process(es)" in by["i74-rope-s7401"]
+    assert "names 91ff1b1, not dirty" in by["i74-rope-s7401"] and "NOT" not in by["i74-rope-s7401"]
+    assert (
+        "replacing main's earlier record" in by["i74-pope-s7401"] and "NOT the registration's" in by["i74-pope-s7401"]
+    )
+    assert "names abcdef0" in by["i74-yarn-s7401"] and "NOT the registration's" in by["i74-yarn-s7401"]
+    assert "1.0" not in notebook.read_text().split("- the lane started.")[1]  # no test number
+    before = notebook.read_text()
+    assert mod.land(str(tmp_path / "wt"), str(main_runs), str(notebook)) == []
+    assert notebook.read_text() == before
+    notebook.write_text(before + "\n### Another section\n")
+    (wt_runs / "i74-rope-s7402.json").write_text(rec("i74-rope-s7402"))
+    with pytest.raises(SystemExit, match="last section"):
+        mod.land(str(tmp_path / "wt"), str(main_runs), str(notebook))
+    assert not (main_runs / "i74-rope-s7402.json").exists()

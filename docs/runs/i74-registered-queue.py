@@ -6,6 +6,7 @@ repo root with YaRN's step count N (the doubling rule), the lrs the search chose
     python docs/runs/i74-registered-queue.py --verdicts   # once every registered run is in: H2a, H2b (Holm), H2c
     python docs/runs/i74-registered-queue.py --cpu        # the issue's CPU time: records + the uncounted ledger
     python docs/runs/i74-registered-queue.py --take_records MAIN_RUNS WORKTREE   # i74-registered-resume.sh's step
+    python docs/runs/i74-registered-queue.py --land /work/wt-i74r   # the lane's new records into main, with bullets
 
 One block per seed (7401, 7402, ...: no other study's), in order: RoPE pretraining, YaRN (ramp `code`) from it, PoPE
 pretraining, PoPE+ft from it (each parent directly before its fine-tune: BLOCK). The pretrainings are issue 60's
@@ -187,6 +188,73 @@ def take_records(main_runs, worktree):
     return plan
 
 
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def land(worktree, main_runs, notebook, commit="91ff1b1", meta_sha256="72b99c53", now=None):
+    """Lands the registered records the worktree's lane has written and main lacks (or holds an older version of,
+    a parent rerun on a new machine): copies RECORD_FILES (those the worktree has, the record last) into
+    `main_runs` and appends one bullet per run to `notebook` (docs/extrapolation.md, whose last section is the
+    registered runs' record): steps, CPU and wall minutes, the CPU, threads, and whether the record names the
+    registration `commit`, not dirty, with the search's data (`meta_sha256`, a prefix); it prints no test number.
+    `now`: the bullet's time (default: the clock, UTC). Returns the landed names, in sorted order; [] when there is
+    none. Raises SystemExit if the notebook's last section is not the registered runs' record."""
+    import textwrap
+    import time
+
+    names = []
+    for src in sorted(glob.glob(os.path.join(worktree, "docs", "runs", "i74-*-s*.json"))):
+        dst = os.path.join(main_runs, os.path.basename(src))
+        if not os.path.exists(dst) or _read(src) != _read(dst):
+            names.append(os.path.basename(src)[: -len(".json")])
+    if not names:
+        return []
+    head = "### The registered runs (issue 74)"
+    with open(notebook) as f:
+        text = f.read()
+    if text.count(head) != 1 or "\n#" in text.split(head, 1)[1]:
+        raise SystemExit(f"{notebook}: its last section is not '{head}', where the records' bullets go")
+    now = now or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    for name in names:
+        replaced = os.path.exists(os.path.join(main_runs, name + ".json"))
+        for ext in sorted(RECORD_FILES, key=lambda e: e == ".json"):  # the record last: it marks the run landed
+            src = os.path.join(worktree, "docs", "runs", name + ext)
+            if os.path.exists(src):
+                shutil.copyfile(src, os.path.join(main_runs, name + ext))
+        with open(os.path.join(main_runs, name + ".json")) as f:
+            m = json.load(f)
+        prov, run = m["provenance"], m["run"]
+        ok = (
+            prov["code"]["commit"].startswith(commit)
+            and not prov["code"]["dirty"]
+            and prov["data"]["meta_sha256"].startswith(meta_sha256)
+        )
+        bullet = (
+            f"- {now}, `{name}` in"
+            + (" (replacing main's earlier record: a parent run again)" if replaced else "")
+            + f": {m['iter_num']} steps, {run['cpu_s'] / 60:.1f} CPU min, wall {sum(run['wall_s_processes']) / 60:.1f}"
+            f" min over {len(run['wall_s_processes'])} process(es), on an {prov['device']['cpu']} at "
+            f"{prov['device']['threads']} threads; the record names {prov['code']['commit'][:7]}, "
+            f"{'dirty' if prov['code']['dirty'] else 'not dirty'}, "
+            f"data meta sha256 {prov['data']['meta_sha256'][:8]}..., "
+            f"evaluations run: {str(run['after_done']).lower()}. No test number read."
+            + ("" if ok else f" NOT the registration's code or data ({commit}, {meta_sha256}...): see the record.")
+        )
+        text = (
+            text.rstrip("\n")
+            + "\n"
+            + textwrap.fill(bullet, 117, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+            + "\n"
+        )
+        print(f"landed {name}" + ("" if ok else " (provenance mismatch)"))
+    with open(notebook + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(notebook + ".tmp", notebook)
+    return names
+
+
 def after(out):
     """The registered evaluation: tiled at 1x-16x over the whole test split."""
     return (
@@ -236,6 +304,8 @@ def main(argv=None):
         return v
     if len(argv) == 3 and argv[0] == "--take_records":  # docs/runs/i74-registered-resume.sh: MAIN_RUNS WORKTREE
         return take_records(argv[1], argv[2])
+    if len(argv) == 2 and argv[0] == "--land":  # from main's root: WORKTREE (see land(); the session commits)
+        return land(argv[1], "docs/runs", "docs/extrapolation.md")
     if len(argv) == 3 and argv[0] == "--resume_plan":  # the same, only said (its DRY=1)
         plan = resume_plan(argv[1], argv[2])
         print(plan)

@@ -18,6 +18,9 @@
 # to NAME only (written to $WT.i74-registered-until-NAME.tsv), and the lane ends there. On the AMD EPYC at 2
 # threads a session of 3 hours holds one fine-tune with its parent: RoPE + YaRN about 1 h 50 min, PoPE + PoPE+ft
 # about 2 h 35 min.
+# Records land in main as the lane writes them (from main's root; a bullet each in docs/extrapolation.md, no test read):
+#   nohup bash -c 'while sleep 60; do python docs/runs/i74-registered-queue.py --land /work/wt-i74r | grep -q landed \
+#     && git add docs/runs docs/extrapolation.md && git commit -qm "issue 74 registered runs: records in"; done' &
 set -euo pipefail
 MAIN="$(cd "$(dirname "$0")/../.." && pwd)"
 (( $# == 1 )) || { echo "usage: i74-registered-resume.sh COMMIT (the registration commit)" >&2; exit 2; }
