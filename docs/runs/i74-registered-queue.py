@@ -217,6 +217,7 @@ def land(worktree, main_runs, notebook, commit="91ff1b1", meta_sha256="72b99c53"
     if text.count(head) != 1 or "\n#" in text.split(head, 1)[1]:
         raise SystemExit(f"{notebook}: its last section is not '{head}', where the records' bullets go")
     now = now or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    said = []
     for name in names:
         replaced = os.path.exists(os.path.join(main_runs, name + ".json"))
         for ext in sorted(RECORD_FILES, key=lambda e: e == ".json"):  # the record last: it marks the run landed
@@ -248,10 +249,11 @@ def land(worktree, main_runs, notebook, commit="91ff1b1", meta_sha256="72b99c53"
             + textwrap.fill(bullet, 117, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
             + "\n"
         )
-        print(f"landed {name}" + ("" if ok else " (provenance mismatch)"))
+        said.append(f"landed {name}" + ("" if ok else " (provenance mismatch)"))
     with open(notebook + ".tmp", "w") as f:
         f.write(text)
     os.replace(notebook + ".tmp", notebook)
+    print("\n".join(said))  # after the notebook is written: a reader that stops early (grep -q) loses nothing
     return names
 
 

@@ -19,7 +19,7 @@
 # threads a session of 3 hours holds one fine-tune with its parent: RoPE + YaRN about 1 h 50 min, PoPE + PoPE+ft
 # about 2 h 35 min.
 # Records land in main as the lane writes them (from main's root; a bullet each in docs/extrapolation.md, no test read):
-#   nohup bash -c 'while sleep 60; do python docs/runs/i74-registered-queue.py --land /work/wt-i74r | grep -q landed \
+#   nohup bash -c 'while sleep 60; do python docs/runs/i74-registered-queue.py --land /work/wt-i74r | grep landed \
 #     && git add docs/runs docs/extrapolation.md && git commit -qm "issue 74 registered runs: records in"; done' &
 set -euo pipefail
 MAIN="$(cd "$(dirname "$0")/../.." && pwd)"
