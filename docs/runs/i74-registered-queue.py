@@ -23,6 +23,7 @@ prints the exact permutation p at full precision (the table rounds to 3 decimals
 
 import argparse
 import csv
+import filecmp
 import glob
 import json
 import math
@@ -188,11 +189,6 @@ def take_records(main_runs, worktree):
     return plan
 
 
-def _read(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def land(worktree, main_runs, notebook, commit="91ff1b1", meta_sha256="72b99c53", now=None):
     """Lands the registered records the worktree's lane has written and main lacks (or holds an older version of,
     a parent rerun on a new machine): copies RECORD_FILES (those the worktree has, the record last) into
@@ -207,7 +203,7 @@ def land(worktree, main_runs, notebook, commit="91ff1b1", meta_sha256="72b99c53"
     names = []
     for src in sorted(glob.glob(os.path.join(worktree, "docs", "runs", "i74-*-s*.json"))):
         dst = os.path.join(main_runs, os.path.basename(src))
-        if not os.path.exists(dst) or _read(src) != _read(dst):
+        if not os.path.exists(dst) or not filecmp.cmp(src, dst, shallow=False):
             names.append(os.path.basename(src)[: -len(".json")])
     if not names:
         return []
