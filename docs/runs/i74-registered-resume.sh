@@ -13,7 +13,7 @@
 # 4. one lane whose runs take both cores (LANE_THREADS=2), each parent followed by its fine-tune.
 # A few minutes before a session's end, `pkill -USR1 -f '^[^ ]*python[0-9.]* (-u )?train\.py'` writes each run's
 # ckpt.pt at its next step (train.py trains on), so a session on the same machine resumes from there.
-# /work is often new at a session's start (out-i74/ gone; it survived once, 2026-12-03), so a run that cannot end
+# /work is often new at a session's start (out-i74/ gone; it survived twice, 2026-12-03), so a run that cannot end
 # within the session is better not started: STOP_AFTER=NAME (a run of the queue, e.g. i74-yarn-s7402) gives the
 # lane the queue's lines up to NAME only (written to $WT.i74-registered-until-NAME.tsv), and the lane ends there.
 # On the AMD EPYC at 2 threads a session of 3 hours holds one fine-tune with its parent: RoPE + YaRN about
