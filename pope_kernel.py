@@ -1338,6 +1338,15 @@ def _device(t):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
+def _check_supported(q, k, v):
+    """Raise unsupported_reason's ValueError at a launch: the custom ops take unchecked inputs, and a width Triton
+    cannot compile (a tl.dot needs K >= 16 on NVIDIA: a value width of 8 failed the H200's backward) runs in the
+    interpreter, so without this a CPU test passes what a GPU refuses."""
+    reason = unsupported_reason(q, k, v)
+    if reason is not None:
+        raise ValueError(reason)
+
+
 def _meta(q, k, v, causal):
     return dict(
         GROUP=q.shape[1] // k.shape[1],
@@ -1382,6 +1391,7 @@ def launch_forward(q, k, v, causal, q_offset, docs=None, tiles=None):
     lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
     if Tq == 0 or B * H == 0:
         return o, lse
+    _check_supported(q, k, v)
     check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), k.stride(2), v.stride(2), o.stride(2)))
     with _device(q):
         _fwd_kernel[lambda m: (triton.cdiv(Tq, m["BLOCK_M"]) * B * H,)](
@@ -1415,6 +1425,7 @@ def launch_backward(do, q, k, v, o, lse, causal, q_offset, docs=None, tiles=None
     dq, dk, dv = (torch.empty(t.shape, device=t.device, dtype=t.dtype) for t in (q, k, v))  # contiguous
     if Tq == 0 or B * H == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    _check_supported(q, k, v)
     check_limits(B, H, Tq, Tk, q_offset, (q.stride(2), k.stride(2), v.stride(2), o.stride(2), do.stride(2)))
     di = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
     meta = _meta(q, k, v, causal)

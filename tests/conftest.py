@@ -23,20 +23,52 @@ for path in (os.path.join(REPO, "study"), REPO):  # the study scripts import as 
         sys.path.insert(0, path)
 
 
-@pytest.fixture(autouse=True)
-def _tf32_restored():
-    """train.main turns TF32 on for a CUDA run (setup_processes), for the whole process: on a GPU machine a
-    training test would leave the next test in its worker with TF32 matmuls, so that the Triton kernel's fp32
-    dots (pope_kernel.dot_precision follows torch's setting) missed their 1e-4 references by 1e-3 (seen on an
-    H200). Each test gets the setting it started with back."""
-    flags = [(o, "fp32_precision") for o in (torch.backends.cuda.matmul, torch.backends.cudnn)]
+def _fp32_precision_flags():
+    """The (object, attribute) pairs that decide whether fp32 CUDA matmuls may use TF32: torch >= 2.9's
+    fp32_precision of cuda.matmul and cudnn and the process-wide torch.backends.fp32_precision that their 'none'
+    inherits (transformers' enable_tf32 sets that one), else the legacy allow_tf32 flags."""
+    b = torch.backends
+    flags = [(o, "fp32_precision") for o in (b, b.cuda.matmul, b.cudnn)]  # the process-wide one first
     if not all(hasattr(o, a) for o, a in flags):  # torch < 2.9: the legacy flags only
-        flags = [(o, "allow_tf32") for o in (torch.backends.cuda.matmul, torch.backends.cudnn)]
-    saved = [(o, a, getattr(o, a)) for o, a in flags]
-    yield
+        flags = [(o, "allow_tf32") for o in (b.cuda.matmul, b.cudnn)]
+    return flags
+
+
+# What the process started with, read before any fixture runs: a session or module fixture that trains on CUDA
+# (train.main turns TF32 on) runs before a test's function fixtures, so a value read per test could already be TF32.
+_FP32_PRECISION_AT_START = [(o, a, getattr(o, a)) for o, a in _fp32_precision_flags()]
+
+
+def _set_fp32_precision(saved):
     for o, a, value in saved:
         if getattr(o, a) != value:
             setattr(o, a, value)
+
+
+@pytest.fixture(autouse=True)
+def _tf32_restored():
+    """Every test starts and ends with the process's starting fp32 matmul precision (no TF32 unless the process
+    started with it). train.main turns TF32 on for a CUDA run (setup_processes), for the whole process: on a GPU
+    machine a training test, or a session fixture that trains, left later tests in its worker with TF32 matmuls,
+    so that the Triton kernel's fp32 dots (pope_kernel.dot_precision follows torch's setting) missed their 1e-5
+    references by 1e-3 (seen on an H200, twice: per-test saving missed the fixtures' and the process-wide flag)."""
+    _set_fp32_precision(_FP32_PRECISION_AT_START)
+    yield
+    _set_fp32_precision(_FP32_PRECISION_AT_START)
+
+
+def old_triton_interpreter():
+    """A skip reason where the installed Triton's interpreter cannot run pope_kernel, else None. Triton 3.6's
+    interpreter (the H200 image's) fails every kernel at its first key loop (`range(lo, hi, BLOCK_N)`: "only
+    0-dimensional arrays can be converted to Python scalars"); 3.7.1 (requirements.txt) and 3.9.0 run them. For the
+    tests that run gloo ranks with TRITON_INTERPRET=1 also on a GPU machine."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7):
+        return f"Triton {triton.__version__}'s interpreter cannot run pope_kernel's loops (3.7.1 can: requirements.txt)"
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import old_triton_interpreter
 
 import context_parallel
 import sample
@@ -130,6 +131,8 @@ def two(tmp_path_factory):
     cases.update({("memory", k): v for k, v in MEMORY.items() if v["cp"] < 4})
     cases[("loss", "uneven")] = {"kind": "loss", "dp": 1, "cp": 2}
     cases.update({("shared", k): v for k, v in SHARED.items()})
+    if old_triton_interpreter():  # the launch's Triton cases would fail it for every case
+        pytest.skip(old_triton_interpreter())
     return run_worker(tmp_path_factory.mktemp("cp2"), 2, cases, {"TRITON_INTERPRET": "1"})
 
 
@@ -152,6 +155,8 @@ def two_slow(tmp_path_factory):
     cp = 2 (one launch)."""
     cases = {("train", k): v for k, v in TRITON2.items()}
     cases[("memory", "32k-config")] = case("memory", "pope", T=256, model=config_32k_dims())
+    if old_triton_interpreter():  # the launch's Triton cases would fail it for every case
+        pytest.skip(old_triton_interpreter())
     return run_worker(tmp_path_factory.mktemp("cp2t"), 2, cases, {"TRITON_INTERPRET": "1"})
 
 

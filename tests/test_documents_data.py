@@ -284,6 +284,7 @@ def test_block_causal_ddp_step_equals_one_process_and_is_recorded(tmp_path):
         "--gradient_accumulation_steps=2",
         "--attn_backend=torch",
         "--compile=False",
+        "--device=cpu",  # gloo ranks on the CPU, also on a GPU machine
         "--attn_mask_type=block_causal",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")

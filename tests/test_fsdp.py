@@ -32,6 +32,7 @@ TINY = [
     "--warmup_iters=2",
     "--attn_backend=torch",
     "--compile=False",
+    "--device=cpu",  # gloo ranks on the CPU, also on a GPU machine (2 ranks on 1 GPU exit 2; review of the H200 run)
     "--dataset=chars",
     "--block_size=64",
     "--eval_interval=5",

@@ -111,6 +111,12 @@ def exported(tmp_path, model, tokenizer, **kw):
     return run, hf_export.export(run, str(tmp_path / f"hf-{tmp_path.name}"))
 
 
+def cache_of(output):
+    """The Cache a forward returned: the output's field `cache` (newer transformers, 5.24 here, where
+    `past_key_values` is a deprecated alias) or `past_key_values` (older, e.g. 5.17 on the H200's image)."""
+    return output.cache if "cache" in type(output).__dataclass_fields__ else output.past_key_values
+
+
 def relative_error(got, want):
     return float((got.double() - want.double()).abs().max() / want.double().abs().max())
 
@@ -266,9 +272,9 @@ def test_pope_cache_holds_key_magnitudes_as_the_repos_kv_cache(tmp_path):
     with torch.no_grad():
         gpt.hidden_states(x, kv)
         first = hf(x[:, :6], use_cache=True)
-        rest = hf(x[:, 6:], cache=first.cache, use_cache=True)
+        rest = hf(x[:, 6:], cache=cache_of(first), use_cache=True)
         full = hf(x).logits
-    cache = rest.cache
+    cache = cache_of(rest)
     assert cache.get_seq_length() == T
     for layer in range(gpt.config.n_layer):
         keys, values = cache.layers[layer].keys, cache.layers[layer].values

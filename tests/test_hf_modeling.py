@@ -24,6 +24,7 @@ from test_hf_export import (
     ITOS,
     L,
     built_model,
+    cache_of,
     char_ids,
     relative_error,
     save_run,
@@ -84,7 +85,7 @@ def test_every_encoding_runs_in_bf16_and_fp16_near_its_fp32_logits(name, export_
                 assert got.dtype == dtype and torch.isfinite(got).all(), (dtype, impl)
                 assert relative_error(got, want) <= tol, (dtype, impl, relative_error(got, want))
                 first = hf(x[:, :20], use_cache=True)
-                rest = hf(x[:, 20:], cache=first.cache, use_cache=True).logits
+                rest = hf(x[:, 20:], cache=cache_of(first), use_cache=True).logits
                 assert relative_error(rest, want[:, 20:]) <= tol, (dtype, impl, "cached")
 
 
@@ -118,7 +119,7 @@ def test_a_cached_continuation_at_given_positions_equals_the_full_forward(name, 
         for a, b in ((0, 9), (9, 10), (10, T)):
             r = hf(x[:, a:b], position_ids=p[:, a:b], cache=cache, use_cache=True)
             steps.append(r.logits)
-            cache = r.cache
+            cache = cache_of(r)
     assert relative_error(torch.cat(steps, dim=1), full) <= 1e-5
 
 

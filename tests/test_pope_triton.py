@@ -433,6 +433,21 @@ def test_unsupported_head_dim_raises(d):
         pope.pope_attention(q, k, v, backend="triton")
 
 
+@pytest.mark.parametrize("d_qk, d_v", [(16, 8), (8, 16), (32, 256)])
+def test_the_custom_ops_refuse_widths_the_kernels_do_not_take(d_qk, d_v):
+    """pope::attention_forward / attention_backward called directly (unchecked entries) raise the same sentence
+    as attention for a width outside QK_DIMS / V_DIMS: a value width of 8 ran in the interpreter and failed to
+    compile on an H200 (a tl.dot needs K >= 16)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 8, d_qk, generator=g).to(DEV) for _ in range(2))
+    v = torch.randn(1, 2, 8, d_v, generator=g).to(DEV)
+    with pytest.raises(ValueError, match="supports query/key widths"):
+        pk.attention_forward(q, k, v, True, 0)
+    o, lse = torch.zeros(1, 2, 8, d_v, device=DEV), torch.zeros(1, 2, 8, device=DEV)
+    with pytest.raises(ValueError, match="supports query/key widths"):
+        pk.attention_backward(torch.ones_like(o), q, k, v, o, lse, True, 0)
+
+
 def test_float64_raises():
     q, k, v, _ = _inputs(1, 1, 4, 4, 16, 16, False, torch.float64)
     with pytest.raises(ValueError, match="float16, bfloat16 and float32"):
@@ -635,6 +650,24 @@ def test_dot_precision_reads_both_tf32_apis():
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, (setup, err[-2000:])
         assert out.split() == [TF32_CASES[setup], "tf32"], setup
+
+
+@pytest.fixture(scope="module")
+def tf32_turned_on_by_a_module_fixture():
+    """TF32 on for the rest of the process, as a module or session fixture that trains on CUDA leaves it
+    (train.main) or as transformers' enable_tf32 sets it (process-wide); set before any test's own fixtures run."""
+    b = torch.backends
+    if hasattr(b, "fp32_precision"):
+        b.fp32_precision = "tf32"
+    else:  # torch < 2.9
+        b.cuda.matmul.allow_tf32 = True
+    yield
+
+
+def test_no_test_inherits_tf32_from_a_fixture(tf32_turned_on_by_a_module_fixture):
+    """conftest's _tf32_restored gives every test the process's starting fp32 precision, also after a fixture of
+    a wider scope turned TF32 on (on an H200 the Triton kernel's fp32 tests then missed 1e-5 by 1e-3)."""
+    assert pk.dot_precision(torch.float32) == "ieee"
 
 
 # ---- shared memory per architecture (no GPU) ----------------------------------------------------------------

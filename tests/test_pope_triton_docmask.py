@@ -142,10 +142,15 @@ def test_every_query_blocks_last_row_at_a_key_blocks_first_key_with_pinned_tiles
         assert err <= TOL[torch.float32] * max(1.0, want.abs().max().item()), (which, err)
 
 
-def test_one_document_is_causal_bit_for_bit():
+def test_one_document_is_causal_bit_for_bit(monkeypatch):
     """A row that is one document (ids all 0) gives exactly today's causal output and gradients: the document path
     visits the same tiles with the same arithmetic. With position_ids 0..T-1 as well, the output, dq, dk, dv stay
-    bitwise equal; d(delta) only to rounding (the gathered rows (B, 1, T, 2d) reduce over batch in another order)."""
+    bitwise equal; d(delta) only to rounding (the gathered rows (B, 1, T, 2d) reduce over batch in another order).
+    The tiles are pinned (restored after): documents are part of the autotuner's key, so on a GPU each path may
+    time its own winner, another summation order (seen on an H200)."""
+    for role in pk.KERNELS:
+        monkeypatch.setattr(pk.KERNELS[role], "configs", pk.KERNELS[role].configs)
+    pk.pin_configs("fwd=32,32,4,2;dkdv=32,32,4,2;dq=32,32,4,2")
     B, H, T, d = 2, 1, 40, 16
     leaves = _leaves(B, H, H, T, T, d, torch.float32, seed=3)
     g = torch.randn(B, H, T, d, generator=torch.Generator().manual_seed(4)).to(DEV)
@@ -250,7 +255,7 @@ def test_ops_keep_the_layout_contract_with_documents():
     document table: q~, k~ and v views of one (B, T, .) projection as the model's, GQA (4 query heads, 2 key/value
     heads); the forward on the whole row with grad (opcheck runs its backward too), the backward op on a chunk of
     queries at q_offset 8 with dO a transposed view."""
-    B, T, H, H_kv, d = 2, 20, 4, 2, 8
+    B, T, H, H_kv, d = 2, 20, 4, 2, 16  # not d = 8: value width 8 is no width the kernels take (no GPU compiles it)
     g = torch.Generator().manual_seed(8)
     proj = torch.randn(B, T, (H + H_kv) * 2 * d + H_kv * d, generator=g).to(DEV)
     q = proj[..., : H * 2 * d].view(B, T, H, 2 * d).transpose(1, 2)
