@@ -28,6 +28,7 @@
 7. Bytes per token per layer of one compiled training step (one layer, 768 wide, 12 heads of 64, bf16 autocast,
    forward and backward) from Inductor's own count, RoPE and PoPE (Triton path), by group and scheduler node,
    PoPE minus RoPE beside the design minimum (design_minimum_bytes derives it); --tokens sets the two token counts.
+   Then PoPE's transform in eager mode: the bytes its aten ops move per element, forward and backward.
 5. On CUDA: PoPE through pope_kernel.py's FlashAttention-2 vs PoPE through flex_attention vs RoPE through
    FlashAttention, bf16, T in {1k, 4k, 16k}, d in {64, 128} (bench_kernel.py, which also runs on its own).
 Every PoPE/RoPE ratio comes from interleaved rounds (--rounds, at least 5): each round times every arm
@@ -527,6 +528,64 @@ def bench_bytes(
     return summary, groups, kernels
 
 
+_NO_DATA_OPS = frozenset(  # aten ops that move no data: views and metadata
+    "detach view _unsafe_view t expand unsqueeze squeeze slice select unflatten transpose permute alias "
+    "as_strided split unbind".split()
+)
+
+
+def dispatch_bytes(fn):
+    """Run fn() and count the aten ops it dispatches that move data and their bytes: every input and output tensor
+    of each op at its own size (TorchDispatchMode; _NO_DATA_OPS left out) -> (fn's result, ops, bytes). Eager
+    kernels read each input and write each output once, so on any device this is what eager mode moves."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Count(TorchDispatchMode):
+        ops = moved = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ not in _NO_DATA_OPS:
+                self.ops += 1
+                tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+                self.moved += sum(t.numel() * t.element_size() for t in tensors)
+            return out
+
+    with Count() as c:
+        out = fn()
+    return out, c.ops, c.moved
+
+
+def eager_transform_bytes(B=4, H=12, T=256, d=64, dtype=torch.bfloat16, device="cpu"):
+    """PoPE's transform in eager mode (pope.pope_cartesian of keys with delta, result in `dtype`, as
+    pope_attention_triton calls it without torch.compile), forward and backward, counted by dispatch_bytes, per
+    element of x (B, H, T, d) -> {'fwd_ops', 'fwd_bytes', 'bwd_ops', 'bwd_bytes', 'design_fwd', 'design_bwd'}. The
+    compiled step's count is compiled_step_bytes. design (e = dtype's bytes): the forward reads x and writes the
+    2d-wide result, 3e; the backward reads the 2d-wide gradient and x and writes dx, then reads both again for
+    delta's reduction, 7e (6 and 14 B for bf16). Beyond the design, delta's rotations (H, T, 2, d) in float32 cost
+    each direction 50 to 60 / B bytes per element of x, for any B the same per token. The H200 timed the eager path
+    (bench_kernel.py's pope_triton) slower after issue 67: docs/benchmarks.md."""
+    from pope import pope_cartesian, pope_rotation_table
+
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(B, H, T, d, generator=g, device=device, dtype=dtype).requires_grad_()
+    delta = torch.rand(H, d, generator=g, device=device).mul(-2 * math.pi).requires_grad_()
+    rows = pope_rotation_table(T, d, device=device)
+    grad = torch.randn(B, H, T, 2 * d, generator=g, device=device, dtype=dtype)
+    out, fwd_ops, fwd_moved = dispatch_bytes(lambda: pope_cartesian(x, rows, delta, dtype=dtype))
+    _, bwd_ops, bwd_moved = dispatch_bytes(lambda: torch.autograd.grad(out, (x, delta), grad))
+    n, e = x.numel(), x.element_size()
+    return {
+        "fwd_ops": fwd_ops,
+        "fwd_bytes": fwd_moved / n,
+        "bwd_ops": bwd_ops,
+        "bwd_bytes": bwd_moved / n,
+        "design_fwd": 3.0 * e,
+        "design_bwd": 7.0 * e,
+    }
+
+
 def print_bytes(tokens=BYTES_SHAPE["tokens"], **kw):
     """Section 7's tables (bench_bytes), with the design minimum and the issue's target beside PoPE minus RoPE."""
     summary, groups, kernels = bench_bytes(tokens, **kw)
@@ -542,6 +601,12 @@ def print_bytes(tokens=BYTES_SHAPE["tokens"], **kw):
         f"\nPoPE minus RoPE: {p['pope_minus_rope'] / 1e3:.1f} KB per token per layer; design minimum "
         f"{p['design_minimum'] / 1e3:.1f} KB; PoPE's transform {p['pope_transform'] / 1e3:.1f} KB, design "
         f"{p['design_transform'] / 1e3:.1f} KB (issue 67's target: PoPE minus RoPE <= 30 KB)"
+    )
+    e = eager_transform_bytes(device=kw.get("device", "cpu"))
+    print(
+        f"PoPE's transform in eager mode (pope_cartesian of keys, bf16, 4 x 12 x 256 x 64), bytes per element of x: "
+        f"forward {e['fwd_bytes']:.1f} in {e['fwd_ops']} ops (design {e['design_fwd']:.0f}), backward "
+        f"{e['bwd_bytes']:.1f} in {e['bwd_ops']} ops (design {e['design_bwd']:.0f})"
     )
 
 
@@ -578,18 +643,27 @@ POPE_TRANSFORM_NAMES = ("softplus", "cartesian", "sigmoid")
 GRADIENT_NAMES = ("backward", "sigmoid", "sum", "triton_red")
 
 
+# the optimizer's kernels by name, in whatever phase the profiler places them (on an H200 RoPE's fused AdamW,
+# multi_tensor_apply, fell outside the optimizer's GPU range)
+OPTIMIZER_NAMES = ("multi_tensor_apply", "adam", "_foreach_", "optimizer.")
+# Inductor's generated kernels, whose descriptive names list the aten ops they fuse: one named after an op that
+# feeds attention (..._attention_forward_...) is no attention kernel
+INDUCTOR_PREFIXES = ("triton_poi_", "triton_red_", "triton_per_")
+
+
 def kernel_group(name, phase):
     """KERNEL_GROUPS' group of a kernel (CUDA) or top-level op (CPU) of the training step by its name and the step's
-    phase ('fwd', 'bwd', 'optimizer') it ran in: everything in the optimizer phase is 'optimizer' (clipping, AdamW,
-    the delta clamp); else attention (ATTENTION_NAMES), matmul (MATMUL_NAMES), PoPE's transform
-    (POPE_TRANSFORM_NAMES: fwd in the forward; in the backward recompute, or bwd when the name holds a gradient op,
-    GRADIENT_NAMES); the rest 'norms, pointwise'. A heuristic on names: a transform kernel that Inductor fuses with
-    no op of those names counts as pointwise, as do the eager transform's mul ops; bench.py --only=bytes attributes
-    bytes by the ops' source lines instead."""
+    phase ('fwd', 'bwd', 'optimizer') it ran in: everything in the optimizer phase, and AdamW's kernels anywhere
+    (OPTIMIZER_NAMES), is 'optimizer' (clipping, AdamW, the delta clamp); else attention (ATTENTION_NAMES, never an
+    Inductor kernel: INDUCTOR_PREFIXES), matmul (MATMUL_NAMES), PoPE's transform (POPE_TRANSFORM_NAMES: fwd in the
+    forward; in the backward recompute, or bwd when the name holds a gradient op, GRADIENT_NAMES); the rest 'norms,
+    pointwise'. A heuristic on names: a transform kernel that Inductor fuses with no op of those names counts as
+    pointwise, as do the eager transform's mul ops; bench.py --only=bytes attributes bytes by the ops' source lines
+    instead."""
     n = name.lower()
-    if phase == "optimizer":
+    if phase == "optimizer" or any(o in n for o in OPTIMIZER_NAMES):
         return "optimizer"
-    if any(a in n for a in ATTENTION_NAMES):
+    if not n.startswith(INDUCTOR_PREFIXES) and any(a in n for a in ATTENTION_NAMES):
         return "attention"
     if any(m in n for m in MATMUL_NAMES):
         return "matmul"
@@ -637,7 +711,8 @@ def profile_kernels(step, device, n_steps=2, top=8):
     if cuda:
         gpu_ranges = [r for r, e in zip(ranges, [e for e in events if e.name in names]) if on_device(e)]
         ranges = gpu_ranges or [r for r, e in zip(ranges, [e for e in events if e.name in names]) if not on_device(e)]
-        kernels = [e for e in events if on_device(e) and e.name not in names]
+        # kernels, not the GPU-side copies of record_function ranges (Optimizer.step#AdamW.step: counted twice before)
+        kernels = [e for e in events if on_device(e) and e.name not in names and not e.is_user_annotation]
     else:
         kernels = [e for e in events if not on_device(e) and _top_level(e)]
     groups = {g: {"fwd": 0.0, "bwd": 0.0, "rest": 0.0} for g in KERNEL_GROUPS}
@@ -647,7 +722,7 @@ def profile_kernels(step, device, n_steps=2, top=8):
         phase = _phase_of(e.time_range.start, ranges) or "bwd"  # the autograd engine's own thread: the backward
         group = kernel_group(e.name, phase)
         ms = e.time_range.elapsed_us() / per
-        groups[group]["rest" if phase == "optimizer" else phase] += ms
+        groups[group]["rest" if group == "optimizer" else phase] += ms
         if phase in ("fwd", "bwd"):
             calls, total = by_name.get((phase, e.name), (0, 0.0))
             by_name[phase, e.name] = (calls + 1, total + ms)

@@ -179,9 +179,13 @@ def _pair_rotations(rows, cos_delta, sin_delta, ct):
 
 
 def _pair_magnitudes(x, magnitude, scale, ct):
-    """scale * magnitude(x) over (..., 2, d), one per half of the Cartesian form. x is broadcast before the magnitude
-    function, not its result: Inductor's CPU heuristic stores a broadcast softplus (exp, log1p: "heavy" ops) in a
-    float32 buffer of its own, a write and a read of 4 bytes per element that the CUDA backend does not make."""
+    """scale * magnitude(x) over (..., 2, d), one per half of the Cartesian form, the same values either way. Under
+    torch.compile x is broadcast before the magnitude function, not its result: Inductor's CPU heuristic stores a
+    broadcast softplus (exp, log1p: "heavy" ops) in a float32 buffer of its own, a write and a read of 4 bytes per
+    element that the CUDA backend does not make. In eager mode the broadcast would materialise x twice in float32
+    and run the magnitude on both copies, so there the result is broadcast (a view)."""
+    if not torch.compiler.is_compiling():
+        return (pope_magnitude(x.to(ct), magnitude) * scale).unsqueeze(-2)
     pairs = x.unsqueeze(-2).expand(*x.shape[:-1], 2, x.shape[-1]).to(ct)
     return pope_magnitude(pairs, magnitude) * scale
 
@@ -215,7 +219,7 @@ class _Cartesian(torch.autograd.Function):
         x, rows, cos_delta, sin_delta = ctx.saved_tensors
         magnitude, scale = ctx.args
         ct = torch.promote_types(x.dtype, torch.float32)
-        g = grad.unflatten(-1, (2, x.shape[-1])).to(ct)
+        g = grad.unflatten(-1, (2, x.shape[-1]))  # in its own dtype: each product with rot (ct) promotes, exactly
         rot = _pair_rotations(rows, cos_delta, sin_delta, ct)
         xf = x.to(ct)
         dx = ddelta = None

@@ -35,7 +35,7 @@ bitwise deterministic for a given set of tiles.
 Public API (imports nothing from this repo):
     attention(q, k, v, *, causal=True, q_offset=0, document_ids=None) -> (o, lse), differentiable in q, k, v
     document_bounds(document_ids), document_ids_reason(...), visited_tiles(...)   documents (block-causal)
-    launch_forward(q, k, v, causal, q_offset, docs, tiles), launch_backward(...)   the unchecked launches
+    launch_forward(q, k, v, causal, q_offset, docs, tiles), launch_backward(...)   the launches (shapes, widths, limits)
     attention_forward, attention_backward   the torch.library custom ops pope::attention_forward and
         pope::attention_backward (fake kernels registered, so torch.compile keeps them in its graph)
     unsupported_reason(q, k, v), device_unsupported_reason(device, dtype, D_QK, D_V), check_limits(...),
@@ -1381,9 +1381,9 @@ def launch_forward(q, k, v, causal, q_offset, docs=None, tiles=None):
     """Launch the forward kernel: q (B, H, Tq, D_QK) pre-scaled, k (B, H_kv, Tk, D_QK), v (B, H_kv, Tk, D_V), any
     strides (copied where the last one is not 1) -> (o (B, H, Tq, D_V) in v's dtype, lse (B, H, Tq) float32, nats),
     contiguous. docs: None or document_bounds' table; tiles: None or {'fwd': an int32 buffer with an entry per program},
-    into which the kernel writes the key tiles each program visits (tests, bench_kernel.py; with docs). No checks but
-    check_limits: attention and the custom op attention_forward are the checked entries; this is for benchmarks and
-    tests."""
+    into which the kernel writes the key tiles each program visits (tests, bench_kernel.py; with docs). Checks shapes,
+    widths and dtypes (unsupported_reason: a width the GPU cannot compile raises here, not only on a GPU) and
+    check_limits; attention also checks q_offset and document ids. For benchmarks, tests and the custom ops."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     q, k, v = _unit_rows(q, k, v)
@@ -1417,7 +1417,7 @@ def launch_forward(q, k, v, causal, q_offset, docs=None, tiles=None):
 def launch_backward(do, q, k, v, o, lse, causal, q_offset, docs=None, tiles=None):
     """Launch the backward kernels (Di, dK/dV, dQ) for launch_forward's (o, lse) and the output gradient do ->
     (dq, dk, dv) contiguous, in q's, k's, v's dtype. docs and tiles as launch_forward ({'dkdv': buffer, 'dq': buffer}
-    for tiles). Unchecked as launch_forward; attention_backward is the custom op around it."""
+    for tiles). Checked as launch_forward; attention_backward is the custom op around it."""
     B, H, Tq, _ = q.shape
     H_kv, Tk = k.shape[1], k.shape[2]
     q, k, v, o, do = _unit_rows(q, k, v, o, do.to(v.dtype))

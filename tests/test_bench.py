@@ -362,3 +362,16 @@ def test_the_timed_step_is_train_pys_clipped_and_clamped_with_15_rounds(monkeypa
     bench.main(["--only=step", "--device=cpu", "--profile"])
     bench.main(["--only=step", "--device=cpu", "--profile", "--rounds=7"])
     assert rounds == [15, 7]
+
+
+def test_dispatch_bytes_counts_each_ops_tensors_and_pope_cartesian_stays_within_its_bound():
+    """bench.dispatch_bytes sums every data-moving aten op's tensors: x.to(float32) alone is one op of 2 + 4 bytes per
+    bf16 element, views none. bench.eager_transform_bytes, PoPE's transform op by op in eager mode per element of x,
+    stays within today's bound: forward <= 60 (85 while eager mode also broadcast x before softplus, as Inductor
+    wants), backward <= 136 (155 while the 2d-wide gradient was copied to float32 first); design 6 and 14."""
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    assert bench.dispatch_bytes(lambda: x.to(torch.float32))[1:] == (1, 6 * x.numel())
+    assert bench.dispatch_bytes(lambda: x.unsqueeze(0).transpose(1, 2))[1:] == (0, 0)
+    got = bench.eager_transform_bytes()
+    assert got["design_fwd"] == 6 and got["design_bwd"] == 14
+    assert got["fwd_bytes"] <= 60 and got["bwd_bytes"] <= 136, got

@@ -131,8 +131,10 @@ def two(tmp_path_factory):
     cases.update({("memory", k): v for k, v in MEMORY.items() if v["cp"] < 4})
     cases[("loss", "uneven")] = {"kind": "loss", "dp": 1, "cp": 2}
     cases.update({("shared", k): v for k, v in SHARED.items()})
-    if old_triton_interpreter():  # the launch's Triton cases would fail it for every case
-        pytest.skip(old_triton_interpreter())
+    if old_triton_interpreter():  # its Triton cases would fail the launch, every case with them: left out (None)
+        dropped = {k for k, v in cases.items() if v.get("backend") == "triton"}
+        kept = run_worker(tmp_path_factory.mktemp("cp2"), 2, {k: v for k, v in cases.items() if k not in dropped})
+        return {**kept, **dict.fromkeys(dropped)}
     return run_worker(tmp_path_factory.mktemp("cp2"), 2, cases, {"TRITON_INTERPRET": "1"})
 
 
@@ -241,6 +243,8 @@ def test_one_layers_gathered_attention_equals_the_full_attentions_rows(request, 
     from every rank's queries by the all-gather's reduce-scatter), with documents crossing chunk boundaries and
     positions restarting in each; the worst rank."""
     r = request.getfixturevalue(name[0])[("layer", name[1])]
+    if r is None:
+        pytest.skip(old_triton_interpreter())
     print(name, r)
     f64 = (LAYER2 if name[0] == "two" else LAYER4)[name[1]].get("dtype") == "float64"
     assert max(r.values()) < (1e-12 if f64 else 1e-6), r
