@@ -114,21 +114,23 @@ def _make_fn(impl, q, k, v, delta, cos, sin, use_flash):
     return rope
 
 
-def _kernel_alone(q, k, v, delta):
+def _kernel_alone(q, k, v, delta, rows=None, document_ids=None):
     """pope_kernel.attention on q~, k~ formed here once (pope.pope_cartesian, as pope_attention_triton forms them) as
-    leaves that require grad: the callable's time is the kernels' (forward; backward with fwd + bwd). Its
-    `extra_leaves` are q~, k~ (their .grad is reset between timed calls like the raw inputs')."""
+    leaves that require grad: the callable's time is the kernels' (forward; backward with fwd + bwd). rows: the
+    rotation rows (T, 2d), or per token (B, 1, T, 2d) for positions restarting per document (None: the table's);
+    document_ids (B, T) int32 or None: the block-causal mask. Its `extra_leaves` are q~, k~ (their .grad is reset
+    between timed calls like the raw inputs')."""
     import pope
     import pope_kernel
 
     T, d = q.shape[-2], q.shape[-1]
-    rows = pope.pope_rotation_table(T, d, device=q.device)
+    rows = pope.pope_rotation_table(T, d, device=q.device) if rows is None else rows
     with torch.no_grad():
         qc = pope.pope_cartesian(q, rows, None, "softplus", pope.LOG2E / math.sqrt(d), q.dtype).requires_grad_()
         kc = pope.pope_cartesian(k, rows, delta, "softplus", 1.0, q.dtype).requires_grad_()
 
     def kernel():
-        return pope_kernel.attention(qc, kc, v, causal=True)[0]
+        return pope_kernel.attention(qc, kc, v, causal=True, document_ids=document_ids)[0]
 
     kernel.extra_leaves = (qc, kc)
     return kernel
@@ -346,7 +348,8 @@ def bench_documents(
 ):
     """CUDA: block_causal (documents of exponential lengths, mean doc_len, positions restarting per document) against
     causal, forward and forward + backward (do_bench medians, ms), for pope_triton (pope_attention_triton with
-    document_ids / position_ids), pope_flex and rope_flex (flex_attention with a document BlockMask, the same Cartesian
+    document_ids / position_ids), pope_kernel (the kernels alone on ready q~, k~: _kernel_alone), pope_flex and
+    rope_flex (flex_attention with a document BlockMask, the same Cartesian
     q~, k~ or RoPE-rotated q, k). B = 32768 // T, H = 768 // d by default. Prints a table, returns its rows."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -378,6 +381,7 @@ def bench_documents(
             kw = dict(document_ids=ids, position_ids=pos) if docs else {}
             fns = {
                 "pope_triton": lambda kw=kw: pope.pope_attention_triton(q, k, v, delta, **kw),
+                "pope_kernel": _kernel_alone(q, k, v, delta, rows_qk, ids.int() if docs else None),
                 "pope_flex": lambda bm=bm, r=rows_qk: flex(
                     pope.pope_cartesian(q, r, None, "softplus", 1.0, dtype),
                     pope.pope_cartesian(k, r, delta, "softplus", 1.0, dtype),
@@ -395,7 +399,8 @@ def bench_documents(
                     with torch.no_grad():
                         row["fwd_ms"] = bench(fn)
                     g = torch.randn_like(fn())
-                    row["fwdbwd_ms"] = bench(lambda: fn().backward(g), grad_to_none=[q, k, v, delta])
+                    leaves = [q, k, v, delta, *getattr(fn, "extra_leaves", ())]
+                    row["fwdbwd_ms"] = bench(lambda: fn().backward(g), grad_to_none=leaves)
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
                     if device == "cuda":

@@ -452,3 +452,20 @@ def test_a_document_launch_is_tuned_apart_from_a_causal_launch_of_the_same_shape
     s = (q.double() @ k.double().transpose(-1, -2)) * 0.6931471805599453  # the narrow tile's output is right too
     ref = torch.softmax(s.masked_fill(~visible, float("-inf")), -1) @ v.double()
     torch.testing.assert_close(o.double(), ref, rtol=0, atol=1e-5)
+
+
+def test_bench_kernel_alone_with_documents_is_the_attention_it_times():
+    """bench_kernel._kernel_alone with per-token rotation rows and document ids (bench_documents' pope_kernel row):
+    the kernels alone on its q~, k~ give pope_attention_triton's output with the same document_ids and position_ids,
+    so the row times the attention the model computes."""
+    import bench_kernel as bk
+
+    lens = [[5, 20, 7], [1, 31]]
+    ids = torch.stack([_ids(x) for x in lens]).to(DEV)
+    pos = torch.stack([_positions(_ids(x)) for x in lens]).to(DEV)
+    q, k, v, delta = (t.detach() for t in _leaves(2, 3, 3, 32, 32, 16, torch.float32, seed=21))
+    rows = pope.pope_rotation_table(32, 16, device=DEV)[pos].unsqueeze(1)
+    kernel = bk._kernel_alone(q, k, v, delta, rows, ids.int())
+    want = pope.pope_attention_triton(q, k, v, delta, document_ids=ids, position_ids=pos)
+    torch.testing.assert_close(kernel(), want, rtol=1e-5, atol=1e-5)
+    assert [t.shape[-1] for t in kernel.extra_leaves] == [32, 32]
