@@ -528,16 +528,23 @@ def bench_bytes(
     return summary, groups, kernels
 
 
-_NO_DATA_OPS = frozenset(  # aten ops that move no data: views and metadata
-    "detach view _unsafe_view t expand unsqueeze squeeze slice select unflatten transpose permute alias "
-    "as_strided split unbind".split()
-)
+_NO_DATA_OPS = frozenset(("_unsafe_view", "lift_fresh"))  # no data moved, though their schemas are no views
+
+
+def _tensor_bytes(t):
+    """Bytes of the elements tensor t holds: a broadcast (stride 0) dimension counts once."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        n *= size if stride != 0 else 1
+    return n * t.element_size()
 
 
 def dispatch_bytes(fn):
-    """Run fn() and count the aten ops it dispatches that move data and their bytes: every input and output tensor
-    of each op at its own size (TorchDispatchMode; _NO_DATA_OPS left out) -> (fn's result, ops, bytes). Eager
-    kernels read each input and write each output once, so on any device this is what eager mode moves."""
+    """Run fn() and count the aten ops it dispatches that move data, and their bytes: every tensor an op takes or
+    returns, each at the elements it holds (_tensor_bytes: a broadcast input once), views, ops without tensors and
+    _NO_DATA_OPS left out (TorchDispatchMode) -> (fn's result, ops, bytes). Eager kernels read each input and write
+    each output once, so on any device this is what eager mode moves; an op writing into a given tensor (copy_,
+    out=) counts that tensor as read too."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
@@ -546,10 +553,10 @@ def dispatch_bytes(fn):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if func.overloadpacket.__name__ not in _NO_DATA_OPS:
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            if tensors and not func.is_view and func.overloadpacket.__name__ not in _NO_DATA_OPS:
                 self.ops += 1
-                tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-                self.moved += sum(t.numel() * t.element_size() for t in tensors)
+                self.moved += sum(_tensor_bytes(t) for t in tensors)
             return out
 
     with Count() as c:
@@ -563,9 +570,10 @@ def eager_transform_bytes(B=4, H=12, T=256, d=64, dtype=torch.bfloat16, device="
     element of x (B, H, T, d) -> {'fwd_ops', 'fwd_bytes', 'bwd_ops', 'bwd_bytes', 'design_fwd', 'design_bwd'}. The
     compiled step's count is compiled_step_bytes. design (e = dtype's bytes): the forward reads x and writes the
     2d-wide result, 3e; the backward reads the 2d-wide gradient and x and writes dx, then reads both again for
-    delta's reduction, 7e (6 and 14 B for bf16). Beyond the design, delta's rotations (H, T, 2, d) in float32 cost
-    each direction 50 to 60 / B bytes per element of x, for any B the same per token. The H200 timed the eager path
-    (bench_kernel.py's pope_triton) slower after issue 67: docs/benchmarks.md."""
+    delta's reduction, 7e (6 and 14 B for bf16). Of what eager mode moves beyond that, delta's rotations (H, T, 2, d)
+    in float32 cost each direction 50 to 60 / B bytes per element of x (the same per position for any B), the
+    float32 passes over x's elements the rest. The H200 timed the eager path (bench_kernel.py's pope_triton) slower
+    after issue 67: docs/benchmarks.md."""
     from pope import pope_cartesian, pope_rotation_table
 
     g = torch.Generator(device=device).manual_seed(0)
@@ -643,34 +651,39 @@ POPE_TRANSFORM_NAMES = ("softplus", "cartesian", "sigmoid")
 GRADIENT_NAMES = ("backward", "sigmoid", "sum", "triton_red")
 
 
-# the optimizer's kernels by name, in whatever phase the profiler places them (on an H200 RoPE's fused AdamW,
-# multi_tensor_apply, fell outside the optimizer's GPU range)
-OPTIMIZER_NAMES = ("multi_tensor_apply", "adam", "_foreach_", "optimizer.")
-# Inductor's generated kernels, whose descriptive names list the aten ops they fuse: one named after an op that
-# feeds attention (..._attention_forward_...) is no attention kernel
+# AdamW's kernels by name, in whatever phase the profiler places them (on an H200 RoPE's fused AdamW,
+# multi_tensor_apply_kernel<...FusedAdamMathFunctor...>, fell outside the optimizer's GPU range); not every
+# multi_tensor_apply or _foreach_ op: FSDP2's copy-in in the forward is one
+OPTIMIZER_NAMES = ("adam", "optimizer.")
+# Inductor's generated kernels, whose descriptive names list the aten ops they fuse: one named after PoPE's custom op
+# it feeds (..._attention_forward_..., ..._attention_backward_...) is no attention kernel but the transform's
 INDUCTOR_PREFIXES = ("triton_poi_", "triton_red_", "triton_per_")
+POPE_OP_NAMES = ("attention_forward", "attention_backward")
 
 
 def kernel_group(name, phase):
     """KERNEL_GROUPS' group of a kernel (CUDA) or top-level op (CPU) of the training step by its name and the step's
     phase ('fwd', 'bwd', 'optimizer') it ran in: everything in the optimizer phase, and AdamW's kernels anywhere
     (OPTIMIZER_NAMES), is 'optimizer' (clipping, AdamW, the delta clamp); else attention (ATTENTION_NAMES, never an
-    Inductor kernel: INDUCTOR_PREFIXES), matmul (MATMUL_NAMES), PoPE's transform (POPE_TRANSFORM_NAMES: fwd in the
-    forward; in the backward recompute, or bwd when the name holds a gradient op, GRADIENT_NAMES); the rest 'norms,
-    pointwise'. A heuristic on names: a transform kernel that Inductor fuses with no op of those names counts as
-    pointwise, as do the eager transform's mul ops; bench.py --only=bytes attributes bytes by the ops' source lines
-    instead."""
+    Inductor kernel: INDUCTOR_PREFIXES), matmul (MATMUL_NAMES), PoPE's transform (POPE_TRANSFORM_NAMES, or an
+    Inductor kernel named after PoPE's custom ops, POPE_OP_NAMES: fwd in the forward; in the backward recompute, or
+    bwd when the name holds a gradient op, GRADIENT_NAMES, the op attention_backward aside); the rest 'norms,
+    pointwise' (RoPE's rotation among them). A heuristic on names: a transform kernel that Inductor fuses with no op
+    of those names counts as pointwise, as do the eager transform's mul ops; bench.py --only=bytes attributes bytes
+    by the ops' source lines instead."""
     n = name.lower()
     if phase == "optimizer" or any(o in n for o in OPTIMIZER_NAMES):
         return "optimizer"
-    if not n.startswith(INDUCTOR_PREFIXES) and any(a in n for a in ATTENTION_NAMES):
+    inductor = n.startswith(INDUCTOR_PREFIXES)
+    if not inductor and any(a in n for a in ATTENTION_NAMES):
         return "attention"
     if any(m in n for m in MATMUL_NAMES):
         return "matmul"
-    if any(t in n for t in POPE_TRANSFORM_NAMES):
+    if any(t in n for t in POPE_TRANSFORM_NAMES) or (inductor and any(o in n for o in POPE_OP_NAMES)):
         if phase == "fwd":
             return "pope transform fwd"
-        return "pope transform bwd" if any(g in n for g in GRADIENT_NAMES) else "pope transform recompute"
+        gradient = any(g in n.replace("attention_backward", "") for g in GRADIENT_NAMES)
+        return "pope transform bwd" if gradient else "pope transform recompute"
     return "norms, pointwise"
 
 
@@ -712,7 +725,8 @@ def profile_kernels(step, device, n_steps=2, top=8):
         gpu_ranges = [r for r, e in zip(ranges, [e for e in events if e.name in names]) if on_device(e)]
         ranges = gpu_ranges or [r for r, e in zip(ranges, [e for e in events if e.name in names]) if not on_device(e)]
         # kernels, not the GPU-side copies of record_function ranges (Optimizer.step#AdamW.step: counted twice before)
-        kernels = [e for e in events if on_device(e) and e.name not in names and not e.is_user_annotation]
+        annotation = lambda e: getattr(e, "is_user_annotation", False)  # noqa: E731
+        kernels = [e for e in events if on_device(e) and e.name not in names and not annotation(e)]
     else:
         kernels = [e for e in events if not on_device(e) and _top_level(e)]
     groups = {g: {"fwd": 0.0, "bwd": 0.0, "rest": 0.0} for g in KERNEL_GROUPS}
@@ -723,7 +737,7 @@ def profile_kernels(step, device, n_steps=2, top=8):
         group = kernel_group(e.name, phase)
         ms = e.time_range.elapsed_us() / per
         groups[group]["rest" if group == "optimizer" else phase] += ms
-        if phase in ("fwd", "bwd"):
+        if phase in ("fwd", "bwd") and group != "optimizer":
             calls, total = by_name.get((phase, e.name), (0, 0.0))
             by_name[phase, e.name] = (calls + 1, total + ms)
     busy = _union_us([(e.time_range.start, e.time_range.end) for e in kernels])

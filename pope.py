@@ -179,7 +179,8 @@ def _pair_rotations(rows, cos_delta, sin_delta, ct):
 
 
 def _pair_magnitudes(x, magnitude, scale, ct):
-    """scale * magnitude(x) over (..., 2, d), one per half of the Cartesian form, the same values either way. Under
+    """scale * magnitude(x) over (..., 2, d), one per half of the Cartesian form: the same values either way (to one
+    ulp where the CPU's vectorised softplus leaves a scalar tail). Under
     torch.compile x is broadcast before the magnitude function, not its result: Inductor's CPU heuristic stores a
     broadcast softplus (exp, log1p: "heavy" ops) in a float32 buffer of its own, a write and a read of 4 bytes per
     element that the CUDA backend does not make. In eager mode the broadcast would materialise x twice in float32
@@ -219,7 +220,9 @@ class _Cartesian(torch.autograd.Function):
         x, rows, cos_delta, sin_delta = ctx.saved_tensors
         magnitude, scale = ctx.args
         ct = torch.promote_types(x.dtype, torch.float32)
-        g = grad.unflatten(-1, (2, x.shape[-1]))  # in its own dtype: each product with rot (ct) promotes, exactly
+        g = grad.unflatten(-1, (2, x.shape[-1]))  # bf16 / fp16: each product with rot (ct) promotes it, exactly
+        if torch.is_grad_enabled() or torch.promote_types(g.dtype, ct) != ct:
+            g = g.to(ct)  # create_graph (one cast for the second derivative to flow through), or g wider than ct
         rot = _pair_rotations(rows, cos_delta, sin_delta, ct)
         xf = x.to(ct)
         dx = ddelta = None

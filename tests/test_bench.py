@@ -366,11 +366,13 @@ def test_the_timed_step_is_train_pys_clipped_and_clamped_with_15_rounds(monkeypa
 
 def test_dispatch_bytes_counts_each_ops_tensors_and_pope_cartesian_stays_within_its_bound():
     """bench.dispatch_bytes sums every data-moving aten op's tensors: x.to(float32) alone is one op of 2 + 4 bytes per
-    bf16 element, views none. bench.eager_transform_bytes, PoPE's transform op by op in eager mode per element of x,
-    stays within today's bound: forward <= 60 (85 while eager mode also broadcast x before softplus, as Inductor
-    wants), backward <= 136 (155 while the 2d-wide gradient was copied to float32 first); design 6 and 14."""
+    bf16 element, a broadcast input counts its elements once, views count nothing. bench.eager_transform_bytes,
+    PoPE's transform op by op in eager mode per element of x, stays within today's bound: forward <= 60 (83 while
+    eager mode also broadcast x before softplus, as Inductor wants), backward <= 136 (155 while the 2d-wide gradient
+    was copied to float32 first); design 6 and 14."""
     x = torch.randn(4, 8, dtype=torch.bfloat16)
     assert bench.dispatch_bytes(lambda: x.to(torch.float32))[1:] == (1, 6 * x.numel())
+    assert bench.dispatch_bytes(lambda: x.expand(3, 4, 8).to(torch.float32))[1:] == (1, 2 * 32 + 4 * 96)
     assert bench.dispatch_bytes(lambda: x.unsqueeze(0).transpose(1, 2))[1:] == (0, 0)
     got = bench.eager_transform_bytes()
     assert got["design_fwd"] == 6 and got["design_bwd"] == 14

@@ -163,10 +163,13 @@ def test_bytes_per_token_are_slopes_over_all_the_batchs_tokens_row_by_row(monkey
         ("triton_red_fused__fused_rms_norm_0", "fwd", "norms, pointwise"),
         ("triton_poi_fused_mul_softplus_0", "optimizer", "optimizer"),
         ("aten::_foreach_mul_", "optimizer", "optimizer"),
-        # seen on an H200: Inductor kernels named after the op they feed, and AdamW outside the optimizer's range
-        ("triton_poi_fused__to_copy__unsafe_view_add_attention_forward_cat_2", "fwd", "norms, pointwise"),
+        # seen on an H200: Inductor kernels named after PoPE's op they feed, and AdamW outside the optimizer's range
+        ("triton_poi_fused__to_copy__unsafe_view_add_attention_forward_cat_2", "fwd", "pope transform fwd"),
+        ("triton_poi_fused__to_copy_add_attention_backward_4", "bwd", "pope transform recompute"),
         ("triton_poi_fused__to_copy_add_attention_backward_mul_sigmoid_sum_9", "bwd", "pope transform bwd"),
         ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "bwd", "optimizer"),
+        ("void at::native::multi_tensor_apply_kernel<CopyFunctor>", "fwd", "norms, pointwise"),  # FSDP2's copy-in
+        ("triton_poi_fused__scaled_dot_product_cudnn_attention_add_cat_3", "fwd", "norms, pointwise"),  # RoPE's
         ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "fwd", "attention"),
     ],
 )
