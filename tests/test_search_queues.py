@@ -385,6 +385,64 @@ def test_i74_registered_analysis_runs_on_the_registered_arms(tmp_path, monkeypat
     assert mod.holm_adjusted(0.3, 0.9) == {"H2a": 0.6, "H2b": 0.9}
 
 
+def test_i74_report_tables_and_draws_the_four_registered_arms(tmp_path):
+    """The closing figure's command (docs/runs/i54-report.py --prefix=i74, named in docs/extrapolation.md) on records
+    written from the registered queue's own configs: one row per arm, the fine-tunes labelled with the steps and lr
+    their records hold (7680, 3e-3), mean ± sd per length against numpy's (ddof 1), the last-256 loss table, and a
+    PNG. Other studies' records in the folder (i60-*) are not read."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    q = tmp_path / "reg.tsv"
+    argv = ["--n=5", "--steps=7680", "--yarn_lr=3e-3", "--popeft_lr=3e-3", f"--out={q}"]
+    subprocess.run([sys.executable, I74_REGISTERED, *argv], check=True, cwd=REPO, capture_output=True)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    lengths = (256, 512, 1024, 2048, 4096)
+    base = {"rope": 40.0, "pope": 8.0, "yarn": 14.0, "popeft": 7.0}
+    ppl = {}  # (arm, length) -> the five seeds' values
+    for i, (name, out, args, _) in enumerate(lines(q)):
+        arm, j = name.split("-")[1], i // 4
+        cfg = configure(train.DEFAULTS, args.split() + [f"--out_dir={out}"])
+        (runs / f"{name}.json").write_text(json.dumps({"config": cfg, "run": {"name": name}}))
+        rows = ["run,label,protocol,one_document,length,tokens,ppl,last_loss"]
+        for L in lengths:
+            v = base[arm] * L / 4096 + 0.37 * j * j  # unequal spreads across seeds
+            ppl.setdefault((arm, L), []).append(v)
+            rows.append(f"{out},{arm},tiled,True,{L},249856,{v},{1.0 + j / 100}")
+        (runs / f"{name}.extrapolation.csv").write_text("\n".join(rows) + "\n")
+    (runs / "i60-yarn-s1.extrapolation.csv").write_text(
+        "run,label,protocol,one_document,length,tokens,ppl,last_loss\nx,yarn,tiled,True,4096,1,999,9\n"
+    )
+    png = tmp_path / "fig.png"
+    report = os.path.join(REPO, "docs", "runs", "i54-report.py")
+    out = subprocess.run(
+        [sys.executable, report, "--prefix=i74", f"--runs={runs}", f"--png={png}"],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout
+    labels = {
+        "rope": "RoPE (lr 2e-3)",
+        "pope": "PoPE (δ at zero, lr 2e-3)",
+        "yarn": "RoPE + YaRN (s = 4, 7680-step fine-tune at 4x, lr 3e-3)",
+        "popeft": "PoPE+ft (7680-step fine-tune at 4x, lr 3e-3)",
+    }
+    table = [ln for ln in out.split("\n\n")[0].splitlines() if ln.startswith("| ") and not ln.startswith("| arm")]
+    assert [r.split("|")[1].strip() for r in table] == list(labels.values()), out
+    for arm, row in zip(labels, table):
+        cells = [c.strip() for c in row.split("|")[2:-1]]
+        assert cells[0] == "5" and cells[1] == "7401, 7402, 7403, 7404, 7405"
+        for L, cell in zip(lengths, cells[2:]):
+            v = np.array(ppl[arm, L], dtype=np.float64)
+            assert cell == f"{v.mean():.3f} ± {v.std(ddof=1):.3f}", (arm, L, cell)
+    assert f"| {labels['popeft']} | " + " | ".join(["1.0200 ± 0.0158"] * 5) + " |" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
 def test_i74_cpu_total_sums_records_and_the_uncounted_ledger(tmp_path, monkeypatch, capsys):
     """--cpu: the issue's CPU time is its records' run.cpu_s (search i74s-*, registered i74-*-s*) plus the ledger of
     processes no record holds. Known sums; a record without cpu_s is named and counts 0; other studies' records,
