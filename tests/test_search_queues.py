@@ -455,7 +455,11 @@ def test_i74_cpu_total_sums_records_and_the_uncounted_ledger(tmp_path, monkeypat
     for name, c in cpu.items():
         (runs / f"{name}.json").write_text(json.dumps({"run": {"name": name, "cpu_s": c}}))
         (runs / f"{name}.log.jsonl").write_text(json.dumps({"iter": 0, "cpu_s": 1e6}) + "\n")
-    (runs / "i74-rope-s7401.json").write_text(json.dumps({"run": {"name": "i74-rope-s7401"}}))  # no cpu_s
+    pre = {"max_iters": 3000, "batch_size": 8, "block_size": 256, "gradient_accumulation_steps": 1}
+    rope = {"run": {"name": "i74-rope-s7401"}, "config": pre}  # no cpu_s
+    (runs / "i74-rope-s7401.json").write_text(json.dumps(rope))
+    ft = {"max_iters": 7680, "batch_size": 8, "block_size": 1024, "gradient_accumulation_steps": 2}
+    (runs / "i74-yarn-s7401.json").write_text(json.dumps({"run": {"name": "y", "cpu_s": 11000.0}, "config": ft}))
     (runs / "i74-power-val16x-pope.csv").write_text("run,ppl\nx,7.6\n")
     ledger = runs / mod.LEDGER
     header = "what,steps,cpu_s_per_step,cpu_s,note\n"
@@ -466,6 +470,15 @@ def test_i74_cpu_total_sums_records_and_the_uncounted_ledger(tmp_path, monkeypat
     assert c["total"] == 9700.5 + 12100.0 + 688.0 and c["no_cpu"] == ["i74-rope-s7401.json"]
     out = capsys.readouterr().out
     assert "total: 22488 CPU-s = 6.2 core-hours" in out and "i74-rope-s7401.json" in out
+    assert c["arms"]["yarn"] == {
+        "runs": 1,
+        "cpu_s": 11000.0,
+        "characters": [7680 * 16 * 1024],
+        "parent_characters": [3000 * 8 * 256],
+    }
+    assert c["arms"]["rope"] == {"runs": 1, "cpu_s": 0.0, "characters": [6144000], "parent_characters": []}
+    assert c["arms"]["pope"]["characters"] == [] and c["arms"]["popeft"]["runs"] == 0  # pope: no config
+    assert "  yarn: 1 runs, 3.1 core-hours (3.06 per run), 125.8 M + rope's 6.1 M" in out
     ledger.write_text(header + "b,0,measured,,\n")
     with pytest.raises(SystemExit, match=r"row 1 \('b'\): cpu_s '' is not seconds"):
         mod.main(["--cpu"])

@@ -4,7 +4,7 @@ repo root with YaRN's step count N (the doubling rule), the lrs the search chose
     python docs/runs/i74-registered-queue.py --n=5 --steps=7680 --yarn_lr=3e-4 --popeft_lr=3e-4
     # -> docs/runs/i74-registered.tsv
     python docs/runs/i74-registered-queue.py --verdicts   # once every registered run is in: H2a, H2b (Holm), H2c
-    python docs/runs/i74-registered-queue.py --cpu        # the issue's CPU time: records + the uncounted ledger
+    python docs/runs/i74-registered-queue.py --cpu        # the issue's CPU time: records + uncounted ledger; per arm
     python docs/runs/i74-registered-queue.py --take_records MAIN_RUNS WORKTREE   # i74-registered-resume.sh's step
     python docs/runs/i74-registered-queue.py --land /work/wt-i74r   # the lane's new records into main, with bullets
 
@@ -115,17 +115,35 @@ def verdicts():
 def cpu_total(folder="docs/runs"):
     """Issue 74's CPU time (user + system, seconds) from the files in `folder`: {"search": the i74s-*.json records'
     run.cpu_s summed, "registered": the i74-*-s*.json records', "uncounted": LEDGER's cpu_s column (processes no
-    record holds), "total": the three summed, "no_cpu": the records without cpu_s, which count as 0}. Raises
-    SystemExit naming the row of a ledger cpu_s that is not a number."""
+    record holds), "total": the three summed, "no_cpu": the records without cpu_s, which count as 0, "arms": per
+    registered arm (ARMS) {"runs": records, "cpu_s": their cpu_s summed, "characters": the characters one run
+    trains on, sorted distinct values of max_iters x batch_size x gradient_accumulation_steps x block_size (one
+    process, as every registered run), "parent_characters": the same of its parent's arm (PARENT; [] for a
+    pretraining)}}. Raises SystemExit naming the row of a ledger cpu_s that is not a number."""
     out, no_cpu = {}, []
+    arms = {arm: {"runs": 0, "cpu_s": 0.0, "characters": set()} for arm in ARMS}
     for part, pattern in (("search", "i74s-*.json"), ("registered", "i74-*-s*.json")):
         out[part] = 0.0
         for path in sorted(glob.glob(os.path.join(folder, pattern))):
             with open(path) as f:
-                cpu = (json.load(f).get("run") or {}).get("cpu_s")
+                record = json.load(f)
+            cpu = (record.get("run") or {}).get("cpu_s")
             if cpu is None:
                 no_cpu.append(os.path.basename(path))
             out[part] += cpu or 0.0
+            arm = os.path.basename(path).split("-")[1]
+            if part == "registered" and arm in arms:
+                arms[arm]["runs"] += 1
+                arms[arm]["cpu_s"] += cpu or 0.0
+                c = record.get("config") or {}
+                if c:
+                    steps = c["max_iters"] * c["batch_size"] * c.get("gradient_accumulation_steps", 1)
+                    arms[arm]["characters"].add(steps * c["block_size"])
+    for a in arms.values():
+        a["characters"] = sorted(a["characters"])
+    for arm, a in arms.items():
+        a["parent_characters"] = arms[PARENT[arm]]["characters"] if arm in PARENT else []
+    out["arms"] = arms
     with open(os.path.join(folder, LEDGER)) as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     out["uncounted"] = 0.0
@@ -314,6 +332,15 @@ def main(argv=None):
             print(f"{part}: {c[part]:.0f} CPU-s = {c[part] / 3600:.1f} core-hours")
         if c["no_cpu"]:
             print("records without cpu_s (counted as 0): " + ", ".join(c["no_cpu"]))
+        print("registered, per arm: runs, CPU, characters per run (a fine-tune's after its parent's)")
+        for arm, a in c["arms"].items():
+            chars = "/".join(f"{x / 1e6:.1f} M" for x in a["characters"]) or "-"
+            parent = "/".join(f"{x / 1e6:.1f} M" for x in a["parent_characters"])
+            per_run = a["cpu_s"] / a["runs"] / 3600 if a["runs"] else 0.0
+            print(
+                f"  {arm}: {a['runs']} runs, {a['cpu_s'] / 3600:.1f} core-hours ({per_run:.2f} per run), {chars}"
+                + (f" + {PARENT[arm]}'s {parent}" if parent else "")
+            )
         return c
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, required=True, help="seeds per arm, from the registration's power rule")
