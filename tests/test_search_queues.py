@@ -463,22 +463,29 @@ def test_i74_cpu_total_sums_records_and_the_uncounted_ledger(tmp_path, monkeypat
     (runs / "i74-power-val16x-pope.csv").write_text("run,ppl\nx,7.6\n")
     ledger = runs / mod.LEDGER
     header = "what,steps,cpu_s_per_step,cpu_s,note\n"
-    ledger.write_text('# a comment, "with, commas"\n' + header + '"a, killed",300,2.0,600,x\nb,0,measured,88,\n')
+    killed = '"i74-yarn-s7401, killed process (steps 0 to 300)",300,2.0,720,x\n'  # yarn's, in its arm's line
+    killed += '"i74s-yarn-n7680-lr3e-3-code-s6002, x",1,1,5,\n"i74-yarn-3840 queue, x",1,1,5,\n'  # in no arm
+    ledger.write_text(
+        '# a comment, "with, commas"\n' + header + '"a, killed",300,2.0,600,x\nb,0,measured,88,\n' + killed
+    )
     monkeypatch.chdir(tmp_path)
     c = mod.main(["--cpu"])
-    assert c["search"] == 9700.5 and c["registered"] == 12100.0 and c["uncounted"] == 688.0
-    assert c["total"] == 9700.5 + 12100.0 + 688.0 and c["no_cpu"] == ["i74-rope-s7401.json"]
+    assert c["search"] == 9700.5 and c["registered"] == 12100.0 and c["uncounted"] == 1418.0
+    assert c["total"] == 9700.5 + 12100.0 + 1418.0 and c["no_cpu"] == ["i74-rope-s7401.json"]
     out = capsys.readouterr().out
-    assert "total: 22488 CPU-s = 6.2 core-hours" in out and "i74-rope-s7401.json" in out
-    assert c["arms"]["yarn"] == {
+    assert "total: 23218 CPU-s = 6.4 core-hours" in out and "i74-rope-s7401.json" in out
+    want = {"runs": 1, "cpu_s": 11000.0, "ledger_s": 720.0, "characters": [7680 * 16 * 1024]}
+    assert c["arms"]["yarn"] == want | {"parent_characters": [3000 * 8 * 256]}
+    assert c["arms"]["rope"] == {
         "runs": 1,
-        "cpu_s": 11000.0,
-        "characters": [7680 * 16 * 1024],
-        "parent_characters": [3000 * 8 * 256],
+        "cpu_s": 0.0,
+        "ledger_s": 0.0,
+        "characters": [6144000],
+        "parent_characters": [],
     }
-    assert c["arms"]["rope"] == {"runs": 1, "cpu_s": 0.0, "characters": [6144000], "parent_characters": []}
     assert c["arms"]["pope"]["characters"] == [] and c["arms"]["popeft"]["runs"] == 0  # pope: no config
-    assert "  yarn: 1 runs, 3.1 core-hours (3.06 per run), 125.8 M + rope's 6.1 M" in out
+    yarn = "  yarn: 1 runs, 3.1 core-hours (3.06 per run), 125.8 M + rope's 6.1 M; the ledger's killed processes"
+    assert yarn + " of its runs: 0.2 more\n" in out and "  rope: 1 runs, 0.0 core-hours (0.00 per run), 6.1 M\n" in out
     ledger.write_text(header + "b,0,measured,,\n")
     with pytest.raises(SystemExit, match=r"row 1 \('b'\): cpu_s '' is not seconds"):
         mod.main(["--cpu"])

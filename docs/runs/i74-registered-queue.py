@@ -116,12 +116,13 @@ def cpu_total(folder="docs/runs"):
     """Issue 74's CPU time (user + system, seconds) from the files in `folder`: {"search": the i74s-*.json records'
     run.cpu_s summed, "registered": the i74-*-s*.json records', "uncounted": LEDGER's cpu_s column (processes no
     record holds), "total": the three summed, "no_cpu": the records without cpu_s, which count as 0, "arms": per
-    registered arm (ARMS) {"runs": records, "cpu_s": their cpu_s summed, "characters": the characters one run
-    trains on, sorted distinct values of max_iters x batch_size x gradient_accumulation_steps x block_size (one
-    process, as every registered run), "parent_characters": the same of its parent's arm (PARENT; [] for a
-    pretraining)}}. Raises SystemExit naming the row of a ledger cpu_s that is not a number."""
+    registered arm (ARMS) {"runs": records, "cpu_s": their cpu_s summed, "ledger_s": the ledger's rows whose
+    `what` starts with one of its runs' names (i74-ARM-sSEED: a registered run's killed process), "characters": the
+    characters one run trains on, sorted distinct values of max_iters x batch_size x gradient_accumulation_steps x
+    block_size (one process, as every registered run), "parent_characters": the same of its parent's arm (PARENT; []
+    for a pretraining)}}. Raises SystemExit naming the row of a ledger cpu_s that is not a number."""
     out, no_cpu = {}, []
-    arms = {arm: {"runs": 0, "cpu_s": 0.0, "characters": set()} for arm in ARMS}
+    arms = {arm: {"runs": 0, "cpu_s": 0.0, "ledger_s": 0.0, "characters": set()} for arm in ARMS}
     for part, pattern in (("search", "i74s-*.json"), ("registered", "i74-*-s*.json")):
         out[part] = 0.0
         for path in sorted(glob.glob(os.path.join(folder, pattern))):
@@ -153,6 +154,10 @@ def cpu_total(folder="docs/runs"):
         except (TypeError, ValueError):
             bad = f"{LEDGER}, row {i} ({row.get('what')!r}): cpu_s {row.get('cpu_s')!r} is not seconds"
             raise SystemExit(bad) from None
+        what = (row.get("what") or "").split(",")[0].split()  # "i74-popeft-s7404, killed process ...": that arm's
+        arm = what[0].split("-") if what else []
+        if len(arm) == 3 and arm[0] == "i74" and arm[1] in arms and arm[2][:1] == "s":
+            arms[arm[1]]["ledger_s"] += float(row["cpu_s"])
     out["total"] = out["search"] + out["registered"] + out["uncounted"]
     out["no_cpu"] = no_cpu
     return out
@@ -340,6 +345,11 @@ def main(argv=None):
             print(
                 f"  {arm}: {a['runs']} runs, {a['cpu_s'] / 3600:.1f} core-hours ({per_run:.2f} per run), {chars}"
                 + (f" + {PARENT[arm]}'s {parent}" if parent else "")
+                + (
+                    f"; the ledger's killed processes of its runs: {a['ledger_s'] / 3600:.1f} more"
+                    if a["ledger_s"]
+                    else ""
+                )
             )
         return c
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
