@@ -28,6 +28,7 @@ import glob
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -154,10 +155,9 @@ def cpu_total(folder="docs/runs"):
         except (TypeError, ValueError):
             bad = f"{LEDGER}, row {i} ({row.get('what')!r}): cpu_s {row.get('cpu_s')!r} is not seconds"
             raise SystemExit(bad) from None
-        what = (row.get("what") or "").split(",")[0].split()  # "i74-popeft-s7404, killed process ...": that arm's
-        arm = what[0].split("-") if what else []
-        if len(arm) == 3 and arm[0] == "i74" and arm[1] in arms and arm[2][:1] == "s":
-            arms[arm[1]]["ledger_s"] += float(row["cpu_s"])
+        run = re.match(rf"i74-({'|'.join(ARMS)})-s\d+\b", row.get("what") or "")  # "i74-popeft-s7404, killed ..."
+        if run:
+            arms[run[1]]["ledger_s"] += float(row["cpu_s"])
     out["total"] = out["search"] + out["registered"] + out["uncounted"]
     out["no_cpu"] = no_cpu
     return out
