@@ -1,9 +1,11 @@
 #!/bin/bash
-# issue 74's registered analysis, run once from main's root when all 20 records are in (OMP 1 thread each).
+# issue 74's registered analysis, run once when all 20 records were in (OMP 1 thread each); its outputs, as printed:
+# docs/runs/i74-result-outputs.txt. The commands are the registration's (ANALYSIS in i74-registered-queue.py), plus
+# PoPE vs PoPE+ft (no verdict), the figure and --cpu. Usage: bash docs/runs/i74-close.sh [OUT_DIR]
 set -e
-cd /work/main
+cd "$(dirname "$0")/../.."
 n=$(ls docs/runs/i74-{rope,yarn,pope,popeft}-s74*.json | wc -l); [ "$n" = 20 ] || { echo "only $n records"; exit 1; }
-o=/work/close-out; A=block_size,eval_interval,learning_rate,log_interval,lr_decay_iters,max_iters,min_lr,rope_original_block_size,rope_scaling,rope_yarn_ramp,warmup_iters
+o=${1:-/tmp/i74-close-out}; mkdir -p "$o"; A=block_size,eval_interval,learning_rate,log_interval,lr_decay_iters,max_iters,min_lr,rope_original_block_size,rope_scaling,rope_yarn_ramp,warmup_iters
 L=4096,256,512,1024,2048
 export OMP_NUM_THREADS=1
 python docs/runs/i74-registered-queue.py --verdicts > $o/verdicts.txt 2>&1
